@@ -1,0 +1,140 @@
+"""Throughput beside accuracy: per-device training/eval samples/s, tokens/s, step time, peak memory.
+
+Timing covers the wall-clock time of each training step (forward, backward, optimizer) from
+`on_train_batch_start` to `on_train_batch_end`, CUDA-synchronised when on GPU, counting only steps
+after ``warmup_steps`` (the first steps pay for allocation and kernel selection). Data loading
+between steps is not counted: the figure is the model's speed, comparable across backends.
+Tokens are the real (unpadded) tokens of the batch. Peak memory is CUDA's max allocated memory
+on GPU and the process's peak resident set size on CPU.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+def _count(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """(samples, real tokens) of a batch; two-sequence tasks count both sequences' tokens."""
+    samples = int(batch["labels"].shape[0])
+    tokens = sum(int(batch[k].sum()) for k in ("mask", "mask2") if k in batch)
+    return samples, tokens
+
+
+class ThroughputMonitor(L.Callback):
+    def __init__(self, warmup_steps: int = 10, log_every_n_steps: int = 50):
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.warmup_steps, self.log_every_n_steps = warmup_steps, log_every_n_steps
+        self.train_time = self.train_samples = self.train_tokens = self.train_steps = 0
+        self.eval_time = self.eval_samples = 0
+        self._t0 = self._eval_t0 = 0.0
+        self._seen_steps = 0
+
+    # ---- training -------------------------------------------------------------------------
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        _sync(pl_module.device)
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        _sync(pl_module.device)
+        elapsed = time.perf_counter() - self._t0
+        self._seen_steps += 1
+        if self._seen_steps <= self.warmup_steps:
+            return
+        samples, tokens = _count(batch)
+        self.train_time += elapsed
+        self.train_samples += samples
+        self.train_tokens += tokens
+        self.train_steps += 1
+        if self.train_steps % self.log_every_n_steps == 0:
+            pl_module.log_dict(self.train_metrics(pl_module.device), on_step=True, on_epoch=False)
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def _eval_start(self, pl_module) -> None:
+        _sync(pl_module.device)
+        self._eval_t0 = time.perf_counter()
+
+    def _eval_end(self, pl_module, batch) -> None:
+        _sync(pl_module.device)
+        self.eval_time += time.perf_counter() - self._eval_t0
+        self.eval_samples += _count(batch)[0]
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            self._eval_start(pl_module)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            self._eval_end(pl_module, batch)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._eval_start(pl_module)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._eval_end(pl_module, batch)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking and self.eval_time > 0:
+            pl_module.log("perf/eval_samples_per_sec", self.eval_samples / self.eval_time)
+
+    # ---- results ------------------------------------------------------------------------------
+    def train_metrics(self, device: torch.device) -> dict[str, float]:
+        if self.train_steps == 0:
+            return {"perf/peak_mem_mb": peak_memory_mb(device)}
+        return {
+            "perf/train_samples_per_sec": self.train_samples / self.train_time,
+            "perf/train_tokens_per_sec": self.train_tokens / self.train_time,
+            "perf/step_ms": 1000.0 * self.train_time / self.train_steps,
+            "perf/peak_mem_mb": peak_memory_mb(device),
+        }
+
+    def results(self, device: torch.device) -> dict[str, float | None]:
+        """Per-device figures for the run summary (None where nothing was measured)."""
+        metrics = self.train_metrics(device)
+        return {
+            "train_samples_per_sec": metrics.get("perf/train_samples_per_sec"),
+            "train_tokens_per_sec": metrics.get("perf/train_tokens_per_sec"),
+            "step_ms": metrics.get("perf/step_ms"),
+            "eval_samples_per_sec": self.eval_samples / self.eval_time if self.eval_time > 0 else None,
+            "peak_mem_mb": metrics["perf/peak_mem_mb"],
+        }
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        figures = self.results(pl_module.device)
+        world = trainer.world_size
+        lines = [f"{'throughput (per device)':<32}{'value':>14}"]
+        for key, value in figures.items():
+            lines.append(f"{key:<32}{'n/a' if value is None else f'{value:,.2f}':>14}")
+        if world > 1 and figures["train_samples_per_sec"]:
+            lines.append(f"{'train_samples_per_sec (total)':<32}{figures['train_samples_per_sec'] * world:>14,.2f}")
+        lines.append(f"(timed {self.train_steps} steps after {self.warmup_steps} warm-up steps)")
+        rank_zero_info("\n".join(lines))
+
+    # ---- checkpointing: counters survive a resume ---------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        keys = ("train_time", "train_samples", "train_tokens", "train_steps", "eval_time", "eval_samples",
+                "_seen_steps")
+        return {k: getattr(self, k) for k in keys}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for key, value in state_dict.items():
+            setattr(self, key, value)

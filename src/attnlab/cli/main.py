@@ -1,0 +1,45 @@
+"""The `attnlab` console script: one sub-command per job that is not training.
+
+Each sub-command lives in its own module under `attnlab.cli` and exposes
+`register(subparsers)`, which adds its parser and sets `func` (called with the parsed args,
+returning an exit code). Sub-commands are imported lazily so `attnlab --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "bench": "attnlab.cli.bench",
+    "report": "attnlab.cli.report",
+    "data": "attnlab.cli.data",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnlab", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    for module_name in SUBCOMMANDS.values():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:
+                raise
+            continue  # sub-command not shipped in this build
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

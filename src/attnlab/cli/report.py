@@ -1,0 +1,58 @@
+"""`attnlab report`: comparison tables and plots from run and sweep directories.
+
+Only the argument handling lives here; the work is in `attnlab.reporting`, usable without the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from attnlab.reporting import METRICS, ReportError, make_report
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the `report` sub-command to the `attnlab` parser."""
+    parser = subparsers.add_parser(
+        "report",
+        help="accuracy and throughput tables + plots from run/sweep dirs",
+        description=(
+            "Collect every summary.json under the given run or sweep directories and write "
+            "accuracy.{md,csv}, throughput.{md,csv}, runs.csv, acc_vs_throughput.png and "
+            "throughput_vs_seqlen.png into --out-dir; the two markdown tables are also printed."
+        ),
+    )
+    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run or sweep directories")
+    parser.add_argument(
+        "--out-dir", type=Path, default=Path("report"), help="output folder (default: report/)"
+    )
+    parser.add_argument(
+        "--metric", choices=METRICS, default="test_acc", help="accuracy to tabulate (default: test_acc)"
+    )
+    parser.add_argument(
+        "--baseline", default="softmax", help="backend the speed-ups are relative to (default: softmax)"
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the report; 0 on success, 2 when there is nothing valid to report (message on stderr)."""
+
+    def warn(path: Path, reason: str) -> None:
+        # `reason` starts with the file's path (see `attnlab.reporting.parse_summary`).
+        print(f"attnlab report: warning: skipped {reason}", file=sys.stderr)
+
+    try:
+        report = make_report(
+            args.dirs, args.out_dir, metric=args.metric, baseline=args.baseline, on_skip=warn
+        )
+    except ReportError as err:
+        print(f"attnlab report: error: {err}", file=sys.stderr)
+        return 2
+    print(report.accuracy_md)
+    print(report.throughput_md)
+    summary = f"{len(report.runs)} run(s) reported, {len(report.skipped)} skipped"
+    print(f"{summary}; files written to {args.out_dir}/", file=sys.stderr)
+    return 0

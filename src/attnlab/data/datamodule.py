@@ -1,0 +1,122 @@
+"""One LightningDataModule for every token-sequence task; the task's data comes from a *source*.
+
+A source knows one dataset family (ListOps, Pathfinder, ...): ``prepare()`` generates or checks
+files (run once per node, before training), ``load()`` returns the ``train``/``val``/``test``
+datasets, and ``description`` says which files or generator fed the run (logged, and written to
+``summary.json`` as ``data_source``). This module only batches: length buckets for training,
+length-sorted batches for evaluation, padding masks everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import lightning as L
+import numpy as np
+from torch.utils.data import DataLoader
+
+from attnlab.data.common import LengthBucketSampler, TokenSequenceDataset, pad_collate
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "val", "test")
+
+
+class DataSource(Protocol):
+    name: str
+    vocab_size: int
+
+    def prepare(self) -> None: ...
+
+    def load(self) -> dict[str, TokenSequenceDataset]: ...
+
+    @property
+    def description(self) -> str: ...
+
+
+class SequenceDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        source: DataSource,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        bucket_by_length: bool = True,
+        pad_to_multiple_of: int = 1,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.source = source
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
+        self.num_workers, self.bucket_by_length = num_workers, bucket_by_length
+        self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
+        self.datasets: dict[str, TokenSequenceDataset] = {}
+
+    def prepare_data(self) -> None:
+        self.source.prepare()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        self.datasets = self.source.load()
+        missing = [s for s in SPLITS if s not in self.datasets]
+        if missing:
+            raise ValueError(f"data source {self.source.name!r} returned no {', '.join(missing)} split")
+        sizes = ", ".join(f"{s} {len(self.datasets[s]):,}" for s in SPLITS)
+        log.info("data: %s (%s)", self.source.description, sizes)
+
+    def majority_baseline(self, split: str = "test") -> float:
+        """Accuracy of always predicting the most frequent label of ``split``."""
+        self.setup()
+        labels = self.datasets[split].labels
+        return float(np.bincount(labels).max() / len(labels))
+
+    def max_length(self, split: str = "train") -> int:
+        self.setup()
+        return int(self.datasets[split].lengths().max())
+
+    def _loader(self, split: str, batch_sampler) -> DataLoader:
+        return DataLoader(
+            self.datasets[split],
+            batch_sampler=batch_sampler,
+            num_workers=self.num_workers,
+            collate_fn=self._collate,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def _collate(self, batch):
+        return pad_collate(batch, self.pad_to_multiple_of)
+
+    def _replicas(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return 1, 0
+        return trainer.world_size, trainer.global_rank
+
+    def train_dataloader(self) -> DataLoader:
+        replicas, rank = self._replicas()
+        dataset = self.datasets["train"]
+        sampler = LengthBucketSampler(
+            dataset.lengths(), self.batch_size, shuffle=True, seed=self.seed,
+            pool_batches=50 if self.bucket_by_length else 1, drop_last=True,
+            num_replicas=replicas, rank=rank,
+        )
+        if self.trainer is not None:
+            sampler.set_epoch(self.trainer.current_epoch)
+        return self._loader("train", sampler)
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        replicas, rank = self._replicas()
+        dataset = self.datasets[split]
+        order = np.argsort(dataset.lengths(), kind="stable")
+        batches = [order[i : i + self.eval_batch_size].tolist() for i in range(0, len(order), self.eval_batch_size)]
+        # each rank evaluates a disjoint share; metrics are reduced across ranks by torchmetrics
+        return self._loader(split, batches[rank::replicas])
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")

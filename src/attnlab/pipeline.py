@@ -1,0 +1,124 @@
+"""The training pipeline behind ``python train.py``: data, model, trainer, fit, test, summary.
+
+Readable top to bottom, like lightning-hydra-template's ``train.py``. Everything is built from the
+composed Hydra config with ``hydra.utils.instantiate``; this function adds only what needs two
+objects at once (the data's vocabulary for the model, the trainer's results for the summary).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.callbacks.throughput import ThroughputMonitor
+from attnlab.summary import git_commit, write_summary
+
+log = logging.getLogger(__name__)
+
+
+def _find(callbacks: list, kind: type):
+    return next((c for c in callbacks if isinstance(c, kind) and getattr(c, "monitor", True)), None)
+
+
+def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
+    """``null`` starts fresh; ``auto`` resumes from ``<run_dir>/checkpoints/last.ckpt`` when it exists."""
+    if ckpt_path in (None, "", "null"):
+        return None
+    if ckpt_path == "auto":
+        last = run_dir / "checkpoints" / "last.ckpt"
+        return str(last) if last.exists() else None
+    if not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path!r} does not exist (give a .ckpt file, 'auto' or null)")
+    return str(ckpt_path)
+
+
+def hyperparameters(cfg: DictConfig, params: int, seq_len: int) -> dict[str, Any]:
+    """What a dashboard needs to set runs side by side."""
+    model = cfg.task.model
+    return {
+        "task": cfg.task.name, "attn": cfg.attn.name, "seed": cfg.seed, "params": params, "seq_len": seq_len,
+        "dim": model.get("dim"), "depth": model.get("depth"), "num_heads": model.get("num_heads"),
+        "batch_size": cfg.task.data.batch_size, "lr": cfg.task.module.optimizer.get("lr"),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Fit, test the best checkpoint, write ``summary.json``; return the summary."""
+    started = time.time()
+    run_dir = Path(cfg.paths.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = instantiate(cfg.task.data)
+    datamodule.prepare_data()
+    datamodule.setup()
+    model = instantiate(cfg.task.model, vocab_size=datamodule.source.vocab_size, attention=instantiate(cfg.attn))
+    module = instantiate(cfg.task.module, model=model)
+    callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None]
+    loggers = [instantiate(lg) for lg in cfg.get("logger", {}).values() if lg is not None]
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+
+    params = sum(p.numel() for p in model.parameters())
+    seq_len = datamodule.max_length("train")
+    for logger in trainer.loggers:
+        logger.log_hyperparams(hyperparameters(cfg, params, seq_len))
+    log.info("model: %s attention, %s parameters; longest training sequence %d", cfg.attn.name, f"{params:,}", seq_len)
+
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg.get("ckpt_path"), run_dir))
+
+    checkpoint = _find(trainer.callbacks, ModelCheckpoint)
+    best_path = checkpoint.best_model_path if checkpoint else ""
+    test_acc = None
+    if cfg.get("test", True):
+        results = trainer.test(module, datamodule=datamodule, ckpt_path=best_path or None, weights_only=False)
+        test_acc = results[0].get("test/acc") if results else None
+
+    throughput = _find(trainer.callbacks, ThroughputMonitor)
+    perf = throughput.results(module.device) if throughput else {}
+    best_val = checkpoint.best_model_score if checkpoint else None
+    summary = {
+        "task": cfg.task.name,
+        "attn": cfg.attn.name,
+        "seed": cfg.seed,
+        "val_acc": float(best_val) if best_val is not None else None,
+        "test_acc": float(test_acc) if test_acc is not None else None,
+        "baseline_acc": datamodule.majority_baseline("test"),
+        "train_samples_per_sec": perf.get("train_samples_per_sec"),
+        "train_tokens_per_sec": perf.get("train_tokens_per_sec"),
+        "eval_samples_per_sec": perf.get("eval_samples_per_sec"),
+        "peak_mem_mb": perf.get("peak_mem_mb"),
+        "params": params,
+        "wall_time_s": time.time() - started,
+        "steps": trainer.global_step,
+        "seq_len": seq_len,
+        "world_size": trainer.world_size,
+        "git_commit": git_commit(Path(__file__).parent),
+        "data_source": datamodule.source.description,
+        "best_checkpoint": best_path or None,
+    }
+    if trainer.is_global_zero:
+        path = write_summary(run_dir, summary)
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        _print_closing_lines(summary, path)
+    return summary
+
+
+def _print_closing_lines(summary: dict[str, Any], path: Path) -> None:
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.2f}%"  # noqa: E731
+    rate = lambda x: "n/a" if x is None else f"{x:,.1f}"  # noqa: E731
+    print(
+        f"\n{summary['task']} / {summary['attn']}: test accuracy {pct(summary['test_acc'])} "
+        f"(majority baseline {pct(summary['baseline_acc'])}, best val {pct(summary['val_acc'])})\n"
+        f"throughput: {rate(summary['train_samples_per_sec'])} train samples/s per device, "
+        f"{rate(summary['eval_samples_per_sec'])} eval samples/s, peak memory "
+        f"{rate(summary['peak_mem_mb'])} MB, {summary['steps']} steps in {summary['wall_time_s']:.0f} s\n"
+        f"summary: {path}"
+    )

@@ -1,0 +1,683 @@
+"""Turn run directories into comparison tables and plots (the paper's Tables 1-2, for any sweep).
+
+The only input is the `summary.json` each run writes (see the design notes, section 3), so a report
+can be rebuilt at any time from copied run directories, without checkpoints or loggers.
+
+Outputs, all written by `write_report`:
+
+- `accuracy.md` / `accuracy.csv`: backends × tasks, "mean ± std (n)" over seeds in percent, an
+  Average column and a row with the majority-class baseline of each task;
+- `throughput.md` / `throughput.csv`: per task × backend, train samples/s per device, speed-up
+  against a baseline backend, eval samples/s and peak memory;
+- `runs.csv`: one row per summary with every field, for spreadsheets;
+- `acc_vs_throughput.png` and `throughput_vs_seqlen.png`.
+
+Standard deviations are sample standard deviations (ddof = 1) over seeds, 0 for a single run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUMMARY_NAME = "summary.json"
+
+#: Known backends first, in the paper's order; anything else follows alphabetically.
+BACKEND_ORDER = ("softmax", "sliced_relu", "sliced_relu_bump", "linear", "performer")
+#: LRA tasks in the benchmark's usual order; anything else follows alphabetically.
+TASK_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+
+METRICS = ("test_acc", "val_acc")
+
+#: Every field a run summary may carry, in the order `runs.csv` lists them.
+SUMMARY_FIELDS = (
+    "task",
+    "attn",
+    "seed",
+    "val_acc",
+    "test_acc",
+    "baseline_acc",
+    "train_samples_per_sec",
+    "eval_samples_per_sec",
+    "peak_mem_mb",
+    "params",
+    "wall_time_s",
+    "steps",
+    "seq_len",
+    "world_size",
+    "git_commit",
+    "data_source",
+)
+_FRACTION_FIELDS = ("val_acc", "test_acc", "baseline_acc")
+_NUMBER_FIELDS = (
+    *_FRACTION_FIELDS,
+    "train_samples_per_sec",
+    "eval_samples_per_sec",
+    "peak_mem_mb",
+    "params",
+    "wall_time_s",
+    "steps",
+    "seq_len",
+    "world_size",
+)
+_INTEGER_FIELDS = ("seed", "params", "steps", "seq_len", "world_size")
+
+MISSING = "—"  # a table cell with no value (the combination was not run, or did not report it)
+
+
+class ReportError(ValueError):
+    """Bad input for a report: the message names the path or value at fault."""
+
+
+def backend_sort_key(name: str) -> tuple[int, int, str]:
+    """Known backends in `BACKEND_ORDER`, then the others alphabetically."""
+    return _ordered_key(name, BACKEND_ORDER)
+
+
+def task_sort_key(name: str) -> tuple[int, int, str]:
+    """LRA tasks in `TASK_ORDER`, then the others alphabetically."""
+    return _ordered_key(name, TASK_ORDER)
+
+
+def _ordered_key(name: str, known: Sequence[str]) -> tuple[int, int, str]:
+    if name in known:
+        return (0, known.index(name), "")
+    return (1, 0, name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run's `summary.json`, validated; `fields` keeps every key the file had."""
+
+    path: Path
+    fields: dict[str, Any]
+
+    @property
+    def task(self) -> str:
+        return self.fields["task"]
+
+    @property
+    def attn(self) -> str:
+        return self.fields["attn"]
+
+    def get(self, key: str) -> Any:
+        return self.fields.get(key)
+
+
+@dataclass
+class LoadResult:
+    """The valid runs found, and the files skipped with the reason (for warnings)."""
+
+    runs: list[RunSummary] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def find_summaries(dirs: Iterable[str | Path]) -> list[Path]:
+    """All `summary.json` files under the given run or sweep dirs (a summary file itself is accepted).
+
+    Sorted and de-duplicated, so overlapping arguments (a sweep and one of its runs) count each run once.
+    """
+    found: dict[Path, Path] = {}
+    for entry in dirs:
+        path = Path(entry)
+        if not path.exists():
+            raise ReportError(f"run or sweep directory {str(path)!r} does not exist")
+        if path.is_file():
+            if path.name != SUMMARY_NAME:
+                raise ReportError(
+                    f"{str(path)!r} is a file but not a {SUMMARY_NAME}; pass a run or sweep dir"
+                )
+            candidates = [path]
+        else:
+            candidates = sorted(p for p in path.rglob(SUMMARY_NAME) if p.is_file())
+        for candidate in candidates:
+            found.setdefault(candidate.resolve(), candidate)
+    return [found[key] for key in sorted(found)]
+
+
+def parse_summary(path: Path) -> RunSummary:
+    """Read and check one summary; raise `ReportError` naming the file and the problem."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise ReportError(f"{path}: cannot read: {err}") from err
+    except json.JSONDecodeError as err:
+        raise ReportError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise ReportError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    for key in ("task", "attn"):
+        value = data.get(key)
+        if not isinstance(value, str) or not value:
+            found = "missing" if key not in data else f"{value!r}"
+            raise ReportError(f"{path}: required key {key!r} must be a non-empty string ({found})")
+    for key in _NUMBER_FIELDS + ("seed",):
+        value = data.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ReportError(f"{path}: {key!r} must be a finite number or null, got {value!r}")
+        if key in _INTEGER_FIELDS and value != int(value):
+            raise ReportError(f"{path}: {key!r} must be an integer, got {value!r}")
+        if key in _FRACTION_FIELDS and not 0.0 <= value <= 1.0:
+            raise ReportError(f"{path}: {key!r} must be a fraction in [0, 1], got {value!r}")
+    return RunSummary(path=Path(path), fields=data)
+
+
+def load_runs(dirs: Iterable[str | Path], on_skip: Callable[[Path, str], None] | None = None) -> LoadResult:
+    """Parse every summary under `dirs`; invalid files are listed in `skipped` (and passed to `on_skip`).
+
+    One broken run must not hide a whole sweep, so invalid files are skipped rather than raised.
+    Raises `ReportError` when a dir does not exist or when no valid summary remains, naming the dirs.
+    """
+    dirs = [Path(d) for d in dirs]
+    if not dirs:
+        raise ReportError("no run or sweep directory given")
+    paths = find_summaries(dirs)
+    searched = ", ".join(repr(str(d)) for d in dirs)
+    if not paths:
+        raise ReportError(f"no {SUMMARY_NAME} found under {searched}")
+    result = LoadResult()
+    for path in paths:
+        try:
+            result.runs.append(parse_summary(path))
+        except ReportError as err:
+            result.skipped.append((path, str(err)))
+            if on_skip is not None:
+                on_skip(path, str(err))
+    if not result.runs:
+        raise ReportError(f"none of the {len(paths)} {SUMMARY_NAME} file(s) found under {searched} is valid")
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# Statistics and tables
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample standard deviation of n values (std 0 when n == 1)."""
+
+    mean: float
+    std: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Iterable[float | None]) -> Stat | None:
+        """None when no value is present: nulls are ignored (a run that did not report the field)."""
+        present = [float(v) for v in values if v is not None]
+        if not present:
+            return None
+        std = statistics.stdev(present) if len(present) > 1 else 0.0
+        return cls(statistics.fmean(present), std, len(present))
+
+
+def _pct_cell(stat: Stat | None) -> str:
+    if stat is None:
+        return MISSING
+    return f"{100 * stat.mean:.2f} ± {100 * stat.std:.2f} ({stat.n})"
+
+
+@dataclass
+class AccuracyTable:
+    """Accuracy per backend × task (fractions); `baseline` is the majority class per task."""
+
+    metric: str
+    tasks: list[str]
+    backends: list[str]
+    cells: dict[tuple[str, str], Stat | None]  # (backend, task) -> stat
+    baseline: dict[str, Stat | None]  # task -> stat of baseline_acc
+
+    def average(self, backend: str) -> tuple[float | None, int]:
+        """Mean over tasks of the per-task means, and how many tasks it covers."""
+        means = [s.mean for t in self.tasks if (s := self.cells[(backend, t)]) is not None]
+        return (statistics.fmean(means) if means else None), len(means)
+
+    def baseline_average(self) -> tuple[float | None, int]:
+        means = [s.mean for t in self.tasks if (s := self.baseline[t]) is not None]
+        return (statistics.fmean(means) if means else None), len(means)
+
+
+def accuracy_table(runs: Sequence[RunSummary], metric: str = "test_acc") -> AccuracyTable:
+    """Group runs by (task, attn) and summarise `metric` over seeds."""
+    if metric not in METRICS:
+        raise ReportError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
+    tasks = sorted({r.task for r in runs}, key=task_sort_key)
+    backends = sorted({r.attn for r in runs}, key=backend_sort_key)
+    cells = {
+        (b, t): Stat.of(r.get(metric) for r in runs if r.attn == b and r.task == t)
+        for b in backends
+        for t in tasks
+    }
+    baseline = {t: Stat.of(r.get("baseline_acc") for r in runs if r.task == t) for t in tasks}
+    return AccuracyTable(metric, tasks, backends, cells, baseline)
+
+
+def _average_cell(value: float | None, covered: int, total: int) -> str:
+    if value is None:
+        return MISSING
+    text = f"{100 * value:.2f}"
+    # An average over fewer tasks than the others is not comparable: say so in the cell.
+    return text if covered == total else f"{text} ({covered}/{total} tasks)"
+
+
+def accuracy_markdown(table: AccuracyTable) -> str:
+    header = ["backend", *table.tasks, "Average"]
+    rows = []
+    for b in table.backends:
+        avg, covered = table.average(b)
+        cells = [_pct_cell(table.cells[(b, t)]) for t in table.tasks]
+        rows.append([b, *cells, _average_cell(avg, covered, len(table.tasks))])
+    avg, covered = table.baseline_average()
+    base_cells = [MISSING if (s := table.baseline[t]) is None else f"{100 * s.mean:.2f}" for t in table.tasks]
+    rows.append(["majority class", *base_cells, _average_cell(avg, covered, len(table.tasks))])
+    title = (
+        f"## Accuracy ({table.metric}, %)\n\n"
+        "Cells: mean ± sample std over seeds (number of runs). "
+        "Majority class: baseline_acc on the test split.\n\n"
+    )
+    return title + _markdown(header, rows)
+
+
+def accuracy_csv_rows(table: AccuracyTable) -> tuple[list[str], list[list[Any]]]:
+    """Numeric CSV (percent): `<task>_mean`, `<task>_std`, `<task>_n` per task, then the average."""
+    header = ["backend"]
+    for t in table.tasks:
+        header += [f"{t}_mean", f"{t}_std", f"{t}_n"]
+    header += ["average", "average_tasks"]
+    rows = []
+    for b in table.backends:
+        row: list[Any] = [b]
+        for t in table.tasks:
+            row += _stat_csv(table.cells[(b, t)])
+        avg, covered = table.average(b)
+        rows.append([*row, _num(avg, percent=True), covered])
+    row = ["majority class"]
+    for t in table.tasks:
+        row += _stat_csv(table.baseline[t])
+    avg, covered = table.baseline_average()
+    rows.append([*row, _num(avg, percent=True), covered])
+    return header, rows
+
+
+def _stat_csv(stat: Stat | None) -> list[Any]:
+    if stat is None:
+        return ["", "", 0]
+    return [_num(stat.mean, percent=True), _num(stat.std, percent=True), stat.n]
+
+
+def _num(value: float | None, percent: bool = False, digits: int = 4) -> str:
+    if value is None:
+        return ""
+    return f"{(100 * value if percent else value):.{digits}f}"
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    """One (task, seq_len, backend) group; `seq_len` is None when the task was not split by length."""
+
+    task: str
+    seq_len: int | None
+    backend: str
+    runs: int
+    train_samples_per_sec: Stat | None
+    eval_samples_per_sec: Stat | None
+    peak_mem_mb: float | None  # the largest over the group's runs: what must fit on the device
+    speedup: float | None  # train samples/s over the baseline backend's, same task (and length)
+    seq_lens: tuple[int, ...]  # the distinct lengths the group's runs used (for display)
+
+
+def throughput_table(runs: Sequence[RunSummary], baseline: str = "softmax") -> list[ThroughputRow]:
+    """Summarise throughput per task × backend, with speed-up against `baseline`.
+
+    Runs are grouped by (task, attn). When the runs of a task used several sequence lengths, the
+    whole task is grouped by (task, attn, seq_len) instead, so each speed-up compares equal lengths.
+    """
+    out: list[ThroughputRow] = []
+    for task in sorted({r.task for r in runs}, key=task_sort_key):
+        for length, chunk in _split_by_length([r for r in runs if r.task == task]):
+            groups = {b: [r for r in chunk if r.attn == b] for b in {r.attn for r in chunk}}
+            base = groups.get(baseline)
+            base_stat = Stat.of(r.get("train_samples_per_sec") for r in base) if base else None
+            for backend in sorted(groups, key=backend_sort_key):
+                group = groups[backend]
+                train = Stat.of(r.get("train_samples_per_sec") for r in group)
+                speedup = None
+                if train is not None and base_stat is not None and base_stat.mean > 0:
+                    speedup = train.mean / base_stat.mean
+                mems = [r.get("peak_mem_mb") for r in group if r.get("peak_mem_mb") is not None]
+                seq_lens = tuple(
+                    sorted({int(r.get("seq_len")) for r in group if r.get("seq_len") is not None})
+                )
+                out.append(
+                    ThroughputRow(
+                        task=task,
+                        seq_len=length,
+                        backend=backend,
+                        runs=len(group),
+                        train_samples_per_sec=train,
+                        eval_samples_per_sec=Stat.of(r.get("eval_samples_per_sec") for r in group),
+                        peak_mem_mb=max(mems) if mems else None,
+                        speedup=speedup,
+                        seq_lens=seq_lens,
+                    )
+                )
+    return out
+
+
+def _split_by_length(task_runs: Sequence[RunSummary]) -> list[tuple[int | None, list[RunSummary]]]:
+    """One task's runs as [(None, all)] when they share one seq_len, else one chunk per seq_len.
+
+    Throughput is only comparable at equal lengths, so a task run at several lengths is split.
+    """
+    lengths = {r.get("seq_len") for r in task_runs}
+    if len(lengths) <= 1:
+        return [(None, list(task_runs))]
+    ordered = sorted(lengths, key=lambda v: (v is None, v or 0))
+    return [(length, [r for r in task_runs if r.get("seq_len") == length]) for length in ordered]
+
+
+def _seq_len_text(row: ThroughputRow) -> str:
+    if not row.seq_lens:
+        return MISSING
+    return "/".join(str(v) for v in row.seq_lens)
+
+
+def throughput_markdown(rows: Sequence[ThroughputRow], baseline: str = "softmax") -> str:
+    header = [
+        "task",
+        "seq_len",
+        "backend",
+        "runs",
+        "train samples/s/device",
+        f"speed-up vs {baseline}",
+        "eval samples/s/device",
+        "peak mem (MB)",
+    ]
+    body = []
+    for r in rows:
+        body.append(
+            [
+                r.task,
+                _seq_len_text(r),
+                r.backend,
+                str(r.runs),
+                MISSING if r.train_samples_per_sec is None else f"{r.train_samples_per_sec.mean:.1f}",
+                "n/a" if r.speedup is None else f"{r.speedup:.2f}×",
+                MISSING if r.eval_samples_per_sec is None else f"{r.eval_samples_per_sec.mean:.1f}",
+                MISSING if r.peak_mem_mb is None else f"{r.peak_mem_mb:.0f}",
+            ]
+        )
+    title = (
+        "## Throughput (mean over runs; per device)\n\n"
+        f"Speed-up: train samples/s over {baseline}'s on the same task (and length); "
+        f"n/a when {baseline} has no throughput there. Peak memory: largest over the runs.\n\n"
+    )
+    return title + _markdown(header, body)
+
+
+def throughput_csv_rows(rows: Sequence[ThroughputRow], baseline: str = "softmax") -> tuple[list[str], list]:
+    header = [
+        "task",
+        "seq_len",
+        "backend",
+        "runs",
+        "train_samples_per_sec",
+        "train_samples_per_sec_std",
+        f"speedup_vs_{baseline}",
+        "eval_samples_per_sec",
+        "peak_mem_mb",
+    ]
+    body = []
+    for r in rows:
+        train = r.train_samples_per_sec
+        body.append(
+            [
+                r.task,
+                _seq_len_text(r).replace(MISSING, ""),
+                r.backend,
+                r.runs,
+                _num(train.mean if train else None),
+                _num(train.std if train else None),
+                _num(r.speedup) if r.speedup is not None else "n/a",
+                _num(r.eval_samples_per_sec.mean if r.eval_samples_per_sec else None),
+                _num(r.peak_mem_mb, digits=1),
+            ]
+        )
+    return header, body
+
+
+def runs_csv_rows(runs: Sequence[RunSummary]) -> tuple[list[str], list[list[Any]]]:
+    """Every field of every summary: the standard fields first, then any extra key, then the path."""
+    extra = sorted({k for r in runs for k in r.fields} - set(SUMMARY_FIELDS))
+    header = [*SUMMARY_FIELDS, *extra, "path"]
+    ordered = sorted(
+        runs,
+        key=lambda r: (
+            task_sort_key(r.task),
+            backend_sort_key(r.attn),
+            _seed_key(r.get("seed")),
+            str(r.path),
+        ),
+    )
+    body = []
+    for r in ordered:
+        row = [_csv_value(r.get(k)) for k in (*SUMMARY_FIELDS, *extra)]
+        body.append([*row, str(r.path)])
+    return header, body
+
+
+def _seed_key(seed: Any) -> tuple[int, float]:
+    return (1, 0.0) if seed is None else (0, float(seed))
+
+
+def _csv_value(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# Plots (matplotlib's object API: no pyplot, so no global backend or figure state is touched)
+
+
+def _style(backends: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """A fixed colour and marker per backend, the same in every panel and plot."""
+    colours = [f"C{i}" for i in range(10)]
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
+    return {b: (colours[i % 10], markers[i % len(markers)]) for i, b in enumerate(backends)}
+
+
+def _panels(n: int, title: str):
+    from matplotlib.figure import Figure
+
+    ncols = max(1, min(3, n))
+    nrows = max(1, math.ceil(n / ncols))
+    fig = Figure(figsize=(4.6 * ncols, 3.8 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    return fig, axes
+
+
+def plot_acc_vs_throughput(runs: Sequence[RunSummary], path: Path, metric: str = "test_acc") -> Path:
+    """One panel per task: accuracy (mean ± std over seeds) vs train samples/s, one marker per backend.
+
+    A task run at several lengths gets one point per (backend, seq_len), labelled with the length,
+    so that no error bar spans different lengths.
+    """
+    if metric not in METRICS:
+        raise ReportError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
+    tasks = sorted({r.task for r in runs}, key=task_sort_key)
+    style = _style(sorted({r.attn for r in runs}, key=backend_sort_key))
+    fig, axes = _panels(len(tasks), f"{metric} vs train throughput (per device)")
+    for ax, task in zip(axes, tasks, strict=False):
+        task_runs = [r for r in runs if r.task == task]
+        labelled: set[str] = set()
+        for length, chunk in _split_by_length(task_runs):
+            for b in sorted({r.attn for r in chunk}, key=backend_sort_key):
+                group = [r for r in chunk if r.attn == b]
+                acc = Stat.of(r.get(metric) for r in group)
+                speed = Stat.of(r.get("train_samples_per_sec") for r in group)
+                if acc is None or speed is None or speed.mean <= 0:
+                    continue
+                colour, marker = style[b]
+                x, y = speed.mean, 100 * acc.mean
+                ax.errorbar(
+                    x,
+                    y,
+                    xerr=speed.std,
+                    yerr=100 * acc.std,
+                    fmt=marker,
+                    color=colour,
+                    markersize=8,
+                    capsize=3,
+                    label=None if b in labelled else b,
+                )
+                labelled.add(b)
+                if length is not None:
+                    ax.annotate(str(length), (x, y), textcoords="offset points", xytext=(5, 5), fontsize=7)
+        base = Stat.of(r.get("baseline_acc") for r in task_runs)
+        if base is not None:
+            ax.axhline(100 * base.mean, color="grey", linestyle="--", linewidth=1, label="majority class")
+        if labelled:
+            ax.set_xscale("log")
+            ax.legend(fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "no run with both values", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(task)
+        ax.set_xlabel("train samples/s per device")
+        ax.set_ylabel(f"{metric} (%)")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_throughput_vs_seqlen(runs: Sequence[RunSummary], path: Path) -> Path:
+    """One panel per task, one line per backend: mean train samples/s against seq_len, log-log."""
+    tasks = sorted({r.task for r in runs}, key=task_sort_key)
+    backends = sorted({r.attn for r in runs}, key=backend_sort_key)
+    style = _style(backends)
+    fig, axes = _panels(len(tasks), "train throughput vs sequence length (per device)")
+    for ax, task in zip(axes, tasks, strict=False):
+        plotted = False
+        for b in backends:
+            group = [r for r in runs if r.task == task and r.attn == b]
+            lengths = sorted({r.get("seq_len") for r in group if r.get("seq_len") is not None})
+            points = []
+            for length in lengths:
+                stat = Stat.of(r.get("train_samples_per_sec") for r in group if r.get("seq_len") == length)
+                if stat is not None and stat.mean > 0 and length > 0:
+                    points.append((length, stat.mean))
+            if not points:
+                continue
+            colour, marker = style[b]
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker=marker, color=colour, label=b)
+            plotted = True
+        if plotted:
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.legend(fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "no run with both values", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(task)
+        ax.set_xlabel("seq_len")
+        ax.set_ylabel("train samples/s per device")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Whole report
+
+
+@dataclass
+class Report:
+    """What `make_report` produced: the markdown tables, the written files and the skipped summaries."""
+
+    accuracy_md: str
+    throughput_md: str
+    files: dict[str, Path]
+    runs: list[RunSummary]
+    skipped: list[tuple[Path, str]]
+
+
+def write_report(
+    runs: Sequence[RunSummary],
+    out_dir: str | Path,
+    metric: str = "test_acc",
+    baseline: str = "softmax",
+) -> tuple[str, str, dict[str, Path]]:
+    """Write every table and plot for `runs` into `out_dir`; return both markdown tables and the paths."""
+    if not runs:
+        raise ReportError("no runs to report")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--out-dir {str(out)!r} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    acc = accuracy_table(runs, metric)
+    thr = throughput_table(runs, baseline)
+    acc_md = accuracy_markdown(acc)
+    thr_md = throughput_markdown(thr, baseline)
+    files = {name: out / name for name in _FILE_NAMES}
+    files["accuracy.md"].write_text(acc_md, encoding="utf-8")
+    files["throughput.md"].write_text(thr_md, encoding="utf-8")
+    _write_csv(files["accuracy.csv"], *accuracy_csv_rows(acc))
+    _write_csv(files["throughput.csv"], *throughput_csv_rows(thr, baseline))
+    _write_csv(files["runs.csv"], *runs_csv_rows(runs))
+    plot_acc_vs_throughput(runs, files["acc_vs_throughput.png"], metric)
+    plot_throughput_vs_seqlen(runs, files["throughput_vs_seqlen.png"])
+    return acc_md, thr_md, files
+
+
+_FILE_NAMES = (
+    "accuracy.md",
+    "accuracy.csv",
+    "throughput.md",
+    "throughput.csv",
+    "runs.csv",
+    "acc_vs_throughput.png",
+    "throughput_vs_seqlen.png",
+)
+
+
+def make_report(
+    dirs: Iterable[str | Path],
+    out_dir: str | Path = "report",
+    metric: str = "test_acc",
+    baseline: str = "softmax",
+    on_skip: Callable[[Path, str], None] | None = None,
+) -> Report:
+    """Load every summary under `dirs` and write the report; `on_skip` hears about each invalid file."""
+    if metric not in METRICS:
+        raise ReportError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
+    loaded = load_runs(dirs, on_skip)
+    acc_md, thr_md, files = write_report(loaded.runs, out_dir, metric, baseline)
+    return Report(acc_md, thr_md, files, loaded.runs, loaded.skipped)

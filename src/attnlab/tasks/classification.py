@@ -1,0 +1,79 @@
+"""The classification LightningModule: cross-entropy, accuracy, AdamW + warm-up/decay.
+
+The model is any ``nn.Module`` taking the batch's ``input_ids``/``mask`` (and ``input_ids2``/``mask2``
+for two-sequence tasks) and returning logits; the optimizer and scheduler arrive as partials from
+config, so nothing here knows which task or attention backend it trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
+
+MODEL_INPUTS = ("input_ids", "mask", "input_ids2", "mask2")
+
+
+class ClassificationTask(L.LightningModule):
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        weight_decay_exclude_norm_bias: bool = True,
+    ):
+        super().__init__()
+        self.model = model
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.exclude_norm_bias = weight_decay_exclude_norm_bias
+        self.metrics = nn.ModuleDict(
+            {f"{stage}_acc": MulticlassAccuracy(num_classes, average="micro") for stage in ("train", "val", "test")}
+        )
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.model(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
+
+    def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
+        logits = self(batch)
+        labels = batch["labels"]
+        loss = F.cross_entropy(logits.float(), labels)
+        metric = self.metrics[f"{stage}_acc"]
+        metric(logits.detach(), labels)
+        on_step = stage == "train"
+        batch_size = labels.shape[0]
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True,
+                 batch_size=batch_size, sync_dist=not on_step)
+        self.log(f"{stage}/acc", metric, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=batch_size)
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        return self._step(batch, "train")
+
+    def validation_step(self, batch, batch_idx):
+        self._step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._step(batch, "test")
+
+    def _param_groups(self) -> list[dict]:
+        """No weight decay on biases, norms, embeddings' positions and 1-D parameters (the usual AdamW rule)."""
+        if not self.exclude_norm_bias:
+            return [{"params": [p for p in self.parameters() if p.requires_grad]}]
+        decay, no_decay = [], []
+        for p in self.parameters():
+            if p.requires_grad:
+                (no_decay if p.ndim < 2 else decay).append(p)
+        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(self._param_groups())
+        if self.scheduler_factory is None:
+            return optimizer
+        total_steps = int(self.trainer.estimated_stepping_batches)
+        scheduler = self.scheduler_factory(optimizer, total_steps=total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

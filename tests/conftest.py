@@ -1,0 +1,47 @@
+"""Shared fixtures: compose the real Hydra configs the way `python train.py` does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO_ROOT / "conf"
+
+
+@pytest.fixture(autouse=True)
+def _small_torch_threads():
+    """Tests are many small ops; one thread avoids oversubscribing the 2-core CI machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def compose_train_config(overrides: list[str], tmp_path: Path):
+    """The composed `conf/train.yaml` with run and data dirs under ``tmp_path``, as Hydra's app sets it."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            config_name="train",
+            overrides=[f"hydra.run.dir={tmp_path / 'run'}", *overrides],
+            return_hydra_config=True,
+        )
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+        cfg.hydra.runtime.cwd = str(REPO_ROOT)
+        cfg.paths.data_dir = str(tmp_path / "data")
+        cfg.paths.output_dir = str(tmp_path / "outputs")
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+@pytest.fixture
+def train_config(tmp_path):
+    return lambda *overrides: compose_train_config(list(overrides), tmp_path)
