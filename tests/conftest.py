@@ -39,6 +39,8 @@ def compose_train_config(overrides: list[str], tmp_path: Path):
         cfg.paths.data_dir = str(tmp_path / "data")
         cfg.paths.output_dir = str(tmp_path / "outputs")
     HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]  # as in a real run: the app's config has no hydra node, the resolver reads it
     return cfg
 
 

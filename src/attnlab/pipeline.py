@@ -50,9 +50,18 @@ def hyperparameters(cfg: DictConfig, params: int, seq_len: int) -> dict[str, Any
     }
 
 
+def _route_lightning_logs_to_root() -> None:
+    """Lightning installs its own console handler; under Hydra's root handler every line came twice."""
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit, test the best checkpoint, write ``summary.json``; return the summary."""
     started = time.time()
+    _route_lightning_logs_to_root()
     run_dir = Path(cfg.paths.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)

@@ -93,8 +93,13 @@ class ThroughputMonitor(L.Callback):
         self._eval_end(pl_module, batch)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking and self.eval_time > 0:
-            pl_module.log("perf/eval_samples_per_sec", self.eval_samples / self.eval_time)
+        """Each validation point carries the throughput so far, beside its accuracy."""
+        if trainer.sanity_checking:
+            return
+        metrics = self.train_metrics(pl_module.device)
+        if self.eval_time > 0:
+            metrics["perf/eval_samples_per_sec"] = self.eval_samples / self.eval_time
+        pl_module.log_dict(metrics)
 
     # ---- results ------------------------------------------------------------------------------
     def train_metrics(self, device: torch.device) -> dict[str, float]:

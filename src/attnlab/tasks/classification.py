@@ -44,11 +44,12 @@ class ClassificationTask(L.LightningModule):
         loss = F.cross_entropy(logits.float(), labels)
         metric = self.metrics[f"{stage}_acc"]
         metric(logits.detach(), labels)
-        on_step = stage == "train"
+        # training metrics per step, evaluation metrics per epoch: one name each (train/loss, val/acc, ...)
+        train = stage == "train"
         batch_size = labels.shape[0]
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True,
-                 batch_size=batch_size, sync_dist=not on_step)
-        self.log(f"{stage}/acc", metric, on_step=on_step, on_epoch=True, prog_bar=True, batch_size=batch_size)
+        self.log(f"{stage}/loss", loss, on_step=train, on_epoch=not train, prog_bar=True,
+                 batch_size=batch_size, sync_dist=not train)
+        self.log(f"{stage}/acc", metric, on_step=train, on_epoch=not train, prog_bar=True, batch_size=batch_size)
         return loss
 
     def training_step(self, batch, batch_idx):

@@ -1,0 +1,29 @@
+"""Attention backends: pure ops (`attnlab.attention.ops`), nn.Module layers, and the registry.
+
+Depends on torch only (no Lightning, no Hydra), so every backend can be built and tested standalone:
+
+    from attnlab.attention import build_attention
+    layer = build_attention("sliced_relu", dim=128, num_heads=4, rope=True)
+"""
+
+from __future__ import annotations
+
+from attnlab.attention import ops
+from attnlab.attention.registry import (
+    UnsupportedAttentionError,
+    available_backends,
+    backend_capabilities,
+    backend_options,
+    build_attention,
+    check_support,
+)
+
+__all__ = [
+    "UnsupportedAttentionError",
+    "available_backends",
+    "backend_capabilities",
+    "backend_options",
+    "build_attention",
+    "check_support",
+    "ops",
+]

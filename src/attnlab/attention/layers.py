@@ -1,0 +1,314 @@
+"""Multi-head attention layers, one nn.Module per backend, all mapping (B, T, dim) -> (B, T, dim).
+
+Every layer shares the same skeleton (fused q/k/v projection, optional RoPE on q and k, the backend's
+op, output projection) and the same constructor keywords: dim, num_heads, rope, rope_base, dropout,
+causal, qkv_bias. Backend-specific keywords come after those. Each class declares its `capabilities`,
+which the registry reads to refuse requests a backend cannot serve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.attention.linear import (
+    DEFAULT_CHUNK_SIZE,
+    accumulation_dtype,
+    linear_attention,
+    linear_attention_step,
+)
+from attnlab.attention.performer import PerformerFeatureMap, performer_attention
+from attnlab.attention.rope import RotaryEmbedding
+from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bump_attention
+from attnlab.attention.softmax import softmax_attention
+
+ALL_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; `reasons` explains each unsupported feature (shown in errors)."""
+
+    padding_mask: bool = True
+    causal: bool = False
+    recurrent_step: bool = False
+    dtypes: tuple[torch.dtype, ...] = ALL_FLOAT_DTYPES
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+class LinearAttentionState(NamedTuple):
+    """Decoding state of a causal LinearAttention layer: S (B, H, D, D), z (B, H, D), tokens seen."""
+
+    S: torch.Tensor
+    z: torch.Tensor
+    position: int
+
+
+class AttentionLayer(nn.Module):
+    """Shared skeleton; subclasses implement `attend(q, k, v, key_padding_mask)` on (B, H, T, D)."""
+
+    name: str = ""
+    capabilities = Capabilities()
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        rope: bool = False,
+        rope_base: float = 10000.0,
+        dropout: float = 0.0,
+        causal: bool = False,
+        qkv_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if dim < 1 or num_heads < 1 or dim % num_heads != 0:
+            raise ValueError(
+                f"dim must be a positive multiple of num_heads; got dim={dim}, num_heads={num_heads} "
+                f"(dim % num_heads = {dim % num_heads if num_heads > 0 else 'undefined'})"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if causal and not self.capabilities.causal:
+            raise ValueError(
+                f"attention backend '{self.name}' does not support causal=True: "
+                f"{self.capabilities.reasons.get('causal', 'not implemented')}"
+            )
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.causal = causal
+        self.dropout = dropout
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.out_proj = nn.Linear(dim, dim)
+        self.rotary = RotaryEmbedding(self.head_dim, rope_base) if rope else None
+
+    def heads(self, x: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, dim) -> q, k, v of shape (B, H, T, D), RoPE applied to q and k if enabled."""
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, offset=offset)
+        return q, k, v
+
+    def merge(self, o: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, Dv) -> (B, T, H·Dv), heads kept together per token."""
+        b, h, t, d = o.shape
+        return o.transpose(1, 2).reshape(b, t, h * d)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement attend()")
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"expected x of shape (B, T, dim={self.dim}), got {tuple(x.shape)}")
+        if key_padding_mask is not None and (
+            key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != tuple(x.shape[:2])
+        ):
+            raise ValueError(
+                f"key_padding_mask must be bool of shape (B, T) = {tuple(x.shape[:2])}, True = real token; "
+                f"got dtype {key_padding_mask.dtype}, shape {tuple(key_padding_mask.shape)}"
+            )
+        q, k, v = self.heads(x)
+        o = self.attend(q, k, v, key_padding_mask)
+        return self.out_proj(self.merge(o))
+
+    def output_dropout(self, o: torch.Tensor) -> torch.Tensor:
+        """Dropout on the attention output, for backends without an attention matrix to drop from."""
+        return F.dropout(o, p=self.dropout, training=self.training)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, causal={self.causal}, dropout={self.dropout}"
+
+
+class SoftmaxAttention(AttentionLayer):
+    """Standard multi-head attention via SDPA; `dropout` drops attention weights."""
+
+    name = "softmax"
+    capabilities = Capabilities(causal=True, reasons={"recurrent_step": "no constant-size state (KV cache)"})
+
+    def attend(self, q, k, v, key_padding_mask):
+        p = self.dropout if self.training else 0.0
+        return softmax_attention(q, k, v, key_padding_mask, causal=self.causal, dropout_p=p)
+
+
+class LinearAttention(AttentionLayer):
+    """Linear attention, φ = elu + 1. Causal layers also decode token by token with `step`."""
+
+    name = "linear"
+    capabilities = Capabilities(causal=True, recurrent_step=True)
+
+    def __init__(
+        self, dim: int, num_heads: int, *, eps: float = 1e-6, chunk_size: int = DEFAULT_CHUNK_SIZE, **common
+    ) -> None:
+        super().__init__(dim, num_heads, **common)
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+        self.eps = eps
+        self.chunk_size = chunk_size
+
+    def attend(self, q, k, v, key_padding_mask):
+        o = linear_attention(
+            q, k, v, key_padding_mask, causal=self.causal, eps=self.eps, chunk_size=self.chunk_size
+        )
+        return self.output_dropout(o)
+
+    def step(
+        self, x_t: torch.Tensor, state: LinearAttentionState | None = None
+    ) -> tuple[torch.Tensor, LinearAttentionState]:
+        """Decode one token x_t (B, dim) -> (y_t (B, dim), new state), same weights as `forward`.
+
+        Feeding x_0, x_1, ... gives the rows of `forward(x)` of a causal layer (in eval mode).
+        """
+        if not self.causal:
+            raise ValueError(
+                "LinearAttention.step needs a causal layer (causal=True): a non-causal output depends on "
+                "future tokens, which a recurrent decoder has not seen"
+            )
+        if x_t.dim() != 2 or x_t.shape[-1] != self.dim:
+            raise ValueError(f"expected x_t of shape (B, dim={self.dim}), got {tuple(x_t.shape)}")
+        position = 0 if state is None else state.position
+        q, k, v = self.heads(x_t[:, None, :], offset=position)
+        previous = None if state is None else (state.S, state.z)
+        o, (s_new, z_new) = linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], previous, eps=self.eps)
+        y = self.out_proj(self.output_dropout(o).reshape(x_t.shape[0], self.dim))
+        return y, LinearAttentionState(s_new, z_new, position + 1)
+
+
+class PerformerAttention(AttentionLayer):
+    """FAVOR+ attention with `num_features` random features redrawn every `redraw_interval` train calls."""
+
+    name = "performer"
+    capabilities = Capabilities(
+        causal=True, reasons={"recurrent_step": "decoding with a fixed projection is not implemented"}
+    )
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        num_features: int = 256,
+        redraw_interval: int | None = 1000,
+        seed: int | None = None,
+        eps: float = 1e-6,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        **common,
+    ) -> None:
+        super().__init__(dim, num_heads, **common)
+        self.feature_map = PerformerFeatureMap(self.head_dim, num_features, redraw_interval, seed)
+        self.eps = eps
+        self.chunk_size = chunk_size
+
+    def attend(self, q, k, v, key_padding_mask):
+        o = performer_attention(
+            q,
+            k,
+            v,
+            self.feature_map(),
+            key_padding_mask,
+            causal=self.causal,
+            eps=self.eps,
+            chunk_size=self.chunk_size,
+        )
+        return self.output_dropout(o)
+
+
+_NOT_CAUSAL = (
+    "scores are sorted over the whole sequence, so every query sees every key (no causal form implemented)"
+)
+
+
+class SlicedReLUAttention(AttentionLayer):
+    """Sliced ReLU attention (design.md §2): Π slices each token's concatenated heads to one score per head.
+
+    `projection="mlp"` is H·D -> H·D -> H with GELU, `"linear"` is H·D -> H. The same Π maps q to s and
+    k to t, which are then standardised jointly per sequence and head over valid tokens.
+    """
+
+    name = "sliced_relu"
+    capabilities = Capabilities(
+        reasons={"causal": _NOT_CAUSAL, "recurrent_step": "no recurrent form"},
+    )
+
+    def __init__(
+        self, dim: int, num_heads: int, *, projection: str = "mlp", eps: float = 1e-4, **common
+    ) -> None:
+        super().__init__(dim, num_heads, **common)
+        if projection == "mlp":
+            self.slicer = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, num_heads))
+        elif projection == "linear":
+            self.slicer = nn.Linear(dim, num_heads)
+        else:
+            raise ValueError(f"projection must be 'mlp' or 'linear', got {projection!r}")
+        self.projection = projection
+        self.eps = eps
+
+    def attend(self, q, k, v, key_padding_mask):
+        s, t = standardise_scores(
+            slice_tokens(self.slicer, q), slice_tokens(self.slicer, k), key_padding_mask
+        )
+        o = sliced_relu_attention(s, t, v, key_padding_mask, eps=self.eps)  # scores stay in float32+
+        return self.output_dropout(o)
+
+
+def slice_tokens(slicer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) -> (B, H, T): Π applied to each token's heads concatenated, a (B, T, H·D) tensor.
+
+    The head axis is moved next to D before flattening; reshaping (B, H, T, D) in place would glue
+    pieces of different tokens together, and a token's score would depend on other tokens.
+    """
+    b, h, t, d = x.shape
+    tokens = x.transpose(1, 2).reshape(b, t, h * d)
+    return slicer(tokens).transpose(1, 2)
+
+
+def standardise_scores(
+    s: torch.Tensor, t: torch.Tensor, key_padding_mask: torch.Tensor | None, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shift and scale s, t (B, H, T) by one mean and one std shared by both, per sequence and head.
+
+    Statistics run over valid tokens only: mean m of the pooled {s_i} ∪ {t_j}, var_s = mean (s_i − m)²,
+    var_t likewise, std = sqrt((var_s + var_t)/2 + eps), i.e. the std of the pooled set. Sharing them
+    keeps the s − t differences that the kernel sees meaningful. Computed in float32 at least.
+    """
+    acc = accumulation_dtype(s.dtype)
+    s, t = s.to(acc), t.to(acc)
+    # (B, 1, T) weights of the tokens that count
+    weight = torch.ones_like(s[:, :1]) if key_padding_mask is None else key_padding_mask[:, None, :].to(acc)
+    count = weight.sum(dim=-1, keepdim=True).clamp_min(1.0)
+    mean = ((s * weight).sum(-1, keepdim=True) + (t * weight).sum(-1, keepdim=True)) / (2 * count)
+    var_s = ((s - mean) ** 2 * weight).sum(-1, keepdim=True) / count
+    var_t = ((t - mean) ** 2 * weight).sum(-1, keepdim=True) / count
+    std = torch.sqrt((var_s + var_t) / 2 + eps)
+    return (s - mean) / std, (t - mean) / std
+
+
+class SlicedReLUBumpAttention(AttentionLayer):
+    """Sliced ReLU-bump attention: linear Π without bias, no standardisation, learned per-head bandwidth."""
+
+    name = "sliced_relu_bump"
+    capabilities = Capabilities(
+        reasons={"causal": _NOT_CAUSAL, "recurrent_step": "no recurrent form"},
+    )
+
+    def __init__(self, dim: int, num_heads: int, **common) -> None:
+        super().__init__(dim, num_heads, **common)
+        self.slicer = nn.Linear(dim, num_heads, bias=False)
+        self.bandwidth_logit = nn.Parameter(torch.zeros(num_heads))  # θ_h; b_h = softplus(θ_h) + 1e-4
+
+    @property
+    def bandwidth(self) -> torch.Tensor:
+        """Per-head hat width b_h = softplus(θ_h) + 1e-4 (> 0 so the kernel never degenerates)."""
+        return F.softplus(self.bandwidth_logit) + 1e-4
+
+    def attend(self, q, k, v, key_padding_mask):
+        s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
+        o = sliced_relu_bump_attention(s, t, v, self.bandwidth, key_padding_mask)
+        return self.output_dropout(o)

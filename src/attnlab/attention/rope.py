@@ -1,0 +1,70 @@
+"""Rotary position embedding (Su et al. 2021) for q, k of shape (B, H, T, D).
+
+Channel pairs (i, i + D/2) are rotated by the angle pos · base^(-2i/D), so the dot product of a rotated
+query and key depends on the positions only through their difference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last axis: a 90° turn of every channel pair."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (..., T, D) with tables cos, sin broadcastable to it."""
+    return x * cos + rotate_half(x) * sin
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to q and k; cos/sin tables are cached per (device, dtype) and grown on demand.
+
+    The tables are computed in float64 and cast once, and kept out of the module's buffers on purpose:
+    `model.half()` would otherwise round the angles of far positions.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if head_dim < 2 or head_dim % 2 != 0:
+            raise ValueError(f"RoPE needs an even head dimension >= 2, got head_dim={head_dim}")
+        if base <= 0:
+            raise ValueError(f"rope base must be positive, got {base}")
+        self.head_dim = head_dim
+        self.base = float(base)
+        self._cache: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def tables(
+        self, length: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape (length, D) for positions 0..length-1."""
+        key = (torch.device(device), dtype)
+        cached = self._cache.get(key)
+        if cached is None or cached[0].shape[0] < length:
+            size = max(length, 2 * cached[0].shape[0]) if cached is not None else length
+            inv_freq = self.base ** (
+                -torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim
+            )
+            angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
+            angles = torch.cat((angles, angles), dim=-1)
+            cached = (angles.cos().to(dtype), angles.sin().to(dtype))
+            self._cache[key] = cached
+        return cached[0][:length], cached[1][:length]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q, k (B, H, T, D) as if their first token sat at position `offset` (for decoding)."""
+        if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"RoPE was built for head_dim={self.head_dim}; got q {tuple(q.shape)}, k {tuple(k.shape)}"
+            )
+        t = q.shape[-2]
+        cos, sin = self.tables(offset + t, q.device, q.dtype)
+        cos, sin = cos[offset:], sin[offset:]
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base:g}"

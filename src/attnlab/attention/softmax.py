@@ -1,0 +1,65 @@
+"""Softmax (scaled dot-product) attention through PyTorch's fused kernels."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def check_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
+) -> None:
+    """Shape checks shared by the q/k/v ops, so a wrong layout fails loudly instead of broadcasting."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"q, k, v must be (B, H, T, D); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape != k.shape:
+        raise ValueError(
+            f"q and k must have the same shape (B, H, T, D); got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"v must be (B, H, T, Dv) with (B, H, T) = {tuple(k.shape[:3])}; got {tuple(v.shape)}"
+        )
+    if key_padding_mask is not None:
+        b, _, t, _ = k.shape
+        if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != (b, t):
+            raise ValueError(
+                f"key_padding_mask must be a bool tensor of shape (B, T) = ({b}, {t}), True = real token; "
+                f"got dtype {key_padding_mask.dtype} and shape {tuple(key_padding_mask.shape)}"
+            )
+
+
+def softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    causal: bool = False,
+    *,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """softmax(q kᵀ / √D) v for q, k, v of shape (B, H, T, D) -> (B, H, T, Dv).
+
+    `key_padding_mask` is a bool (B, T), True = real token; padded keys get zero weight. A query that
+    sees no key at all (a fully padded sequence, or a causal row before the first real token) would
+    be a 0/0 softmax, so its output is set to zero instead of NaN, and so is the output of every padded
+    query. `dropout_p` is attention dropout (pass 0 at evaluation).
+    """
+    check_qkv(q, k, v, key_padding_mask)
+    b, _, t, _ = q.shape
+    if key_padding_mask is None:
+        # No mask lets SDPA pick the flash kernel; `is_causal` keeps it on that path.
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)
+
+    allowed = key_padding_mask[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
+    if causal:
+        tril = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        allowed = allowed & tril  # (B, 1, T, T)
+    # Rows with no allowed key: let them attend everywhere (finite softmax), then zero their output.
+    empty_row = ~allowed.any(dim=-1, keepdim=True)
+    allowed = allowed | empty_row
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+    keep = ~empty_row & key_padding_mask[:, None, :, None]  # (B, 1, T, 1): valid query that saw a key
+    return out.masked_fill(~keep, 0.0)

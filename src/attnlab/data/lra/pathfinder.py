@@ -1,0 +1,405 @@
+"""Pathfinder and Path-X (Long Range Arena): reading the official layout, or generating it.
+
+Files (the ``lra_release`` tarball, or `generate_pathfinder`)::
+
+    <root>/pathfinder<res>/<curv_baseline | curv_contour_length_9 | curv_contour_length_14>/
+        imgs/<k>/sample_<i>.png      greyscale, res x res
+        metadata/<k>.npy             plain text despite the extension; one row per image:
+                                     "imgs/<k> sample_<i>.png <i> <label> <7 generator settings>"
+
+Only columns 0 (folder), 1 (file) and 3 (label) are used. LRA's Pathfinder is 32 px ``hard``
+(``curv_contour_length_14``) and Path-X is 128 px ``hard``.
+
+Tokens: LRA feeds the pixel values 0-255 as tokens; attnlab keeps id 0 for padding, so pixel ``p``
+becomes token ``p + 1`` and the vocabulary has 257 ids. Every sequence has ``res²`` tokens, so no
+padding ever happens, but the convention is the same as for every other dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from attnlab.data.common import DataError, MissingDataError, TokenSequenceDataset
+from attnlab.data.lra.pathfinder_generator import (
+    GENERATOR_FILE,
+    batch_is_complete,
+    dataset_dir,
+    difficulty_folder,
+    generate_pathfinder,
+)
+
+log = logging.getLogger(__name__)
+
+VOCAB_SIZE = 257  # pixel values 0-255 shifted by one; 0 is padding
+TOKEN_OFFSET = 1
+SPLITS = ("train", "val", "test")
+SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
+HOW_TO_OBTAIN = (
+    "Get it from the LRA release (lra_release.gz, linked from the google-research/long-range-arena "
+    "README; extract it so that this folder exists), or generate it with "
+    "`attnlab data prepare lra --task pathfinder` (attnlab.data.lra.pathfinder.ensure_pathfinder)."
+)
+
+
+class _TokenRows(Sequence):
+    """Read-only view of a uint8 pixel matrix as token-id rows (pixel + 1), built per access."""
+
+    def __init__(self, pixels: np.ndarray):
+        self._pixels = pixels
+
+    def __len__(self) -> int:
+        return len(self._pixels)
+
+    def __getitem__(self, index):
+        return self._pixels[index].astype(np.int64) + TOKEN_OFFSET
+
+
+class PathfinderDataset(TokenSequenceDataset):
+    """Flattened images in one ``(N, res²)`` uint8 array; example ``i`` has ``input_ids =
+    pixels[i] + 1`` (int64) and its label. ``pixels`` keeps the raw 0-255 values."""
+
+    def __init__(self, pixels: np.ndarray, labels: Sequence[int], resolution: int):
+        # no super().__init__: it would copy the rows into a list; the base class only needs these
+        pixels = np.asarray(pixels, dtype=np.uint8)
+        if pixels.ndim != 2 or pixels.shape[1] != resolution * resolution:
+            raise ValueError(f"pixels must be (N, {resolution * resolution}), got {pixels.shape}")
+        if len(labels) != len(pixels):
+            raise ValueError(f"{len(pixels)} images but {len(labels)} labels")
+        self.pixels, self.resolution = pixels, resolution
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.sequences, self.sequences2 = _TokenRows(pixels), None
+
+    def __len__(self) -> int:
+        return len(self.pixels)
+
+    def lengths(self) -> np.ndarray:
+        return np.full(len(self), self.pixels.shape[1], dtype=np.int64)
+
+    def __getitem__(self, index: int) -> dict:
+        ids = torch.from_numpy(self.pixels[index].astype(np.int64)) + TOKEN_OFFSET
+        return {"input_ids": ids, "label": int(self.labels[index])}
+
+
+# ---------------------------------------------------------------------------------------------
+# metadata and layout
+
+
+@dataclass
+class _Row:
+    folder: str
+    file: str
+    label: int
+
+
+def read_metadata(path: str | Path) -> list[_Row]:
+    """Rows of one ``metadata/<k>.npy`` text file; a malformed row raises DataError (file:line)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(path, f"not a text metadata file ({err.reason})") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        columns = line.split()
+        if len(columns) < 4:
+            raise DataError(
+                path,
+                f"expected at least 4 space-separated columns (folder, file, index, label), "
+                f"got {len(columns)}: {line.strip()!r}",
+                number,
+            )
+        if columns[3] not in ("0", "1"):
+            raise DataError(path, f"label (column 4) must be 0 or 1, got {columns[3]!r}", number)
+        rows.append(_Row(columns[0], columns[1], int(columns[3])))
+    return rows
+
+
+def _metadata_files(directory: Path) -> list[Path]:
+    """``metadata/*.npy`` in batch order (numeric names first, as in the release)."""
+    meta = directory / "metadata"
+    if not meta.is_dir():
+        return []
+    files = [p for p in meta.glob("*.npy") if not p.name.startswith(".")]
+    return sorted(files, key=lambda p: (0, int(p.stem), "") if p.stem.isdigit() else (1, 0, p.stem))
+
+
+@dataclass
+class _Layout:
+    """What is on disk for one resolution and difficulty."""
+
+    directory: Path
+    metadata: list[Path] = field(default_factory=list)
+    generator: dict | None = None
+    problems: list[str] = field(default_factory=list)  # why the set is partial
+
+    @property
+    def status(self) -> str:
+        if not self.metadata and not self.problems:
+            return "missing"
+        return "partial" if self.problems else "complete"
+
+
+def _inspect(directory: Path) -> _Layout:
+    layout = _Layout(directory, _metadata_files(directory))
+    generator_file = directory / GENERATOR_FILE
+    if generator_file.is_file():
+        layout.generator = json.loads(generator_file.read_text(encoding="utf-8"))
+        total, per_batch = int(layout.generator["num_images"]), int(layout.generator["images_per_batch"])
+        expected = [min(per_batch, total - start) for start in range(0, total, per_batch)]
+        incomplete = [k for k, count in enumerate(expected) if not batch_is_complete(directory, k, count)]
+        if incomplete:
+            shown = ", ".join(map(str, incomplete[:10])) + (" ..." if len(incomplete) > 10 else "")
+            layout.problems.append(
+                f"generation unfinished: {len(incomplete)} of {len(expected)} batches incomplete ({shown}); "
+                "run the generator again to resume"
+            )
+    else:
+        with_metadata = {p.stem for p in layout.metadata}
+        imgs = directory / "imgs"
+        orphans = (
+            sorted(p.name for p in imgs.iterdir() if p.is_dir() and p.name not in with_metadata)
+            if (imgs.is_dir())
+            else []
+        )
+        if orphans:
+            layout.problems.append(
+                f"image folders without a metadata file: imgs/{', imgs/'.join(orphans[:5])}"
+                + (" ..." if len(orphans) > 5 else "")
+                + " (an interrupted extraction or generation)"
+            )
+    return layout
+
+
+def _require_complete(layout: _Layout) -> None:
+    if layout.status == "missing":
+        raise MissingDataError(layout.directory, HOW_TO_OBTAIN)
+    if layout.status == "partial":
+        raise MissingDataError(
+            layout.directory, f"The set there is partial: {'; '.join(layout.problems)}. {HOW_TO_OBTAIN}"
+        )
+
+
+def _split_of_rows(count: int, split_seed: int) -> np.ndarray:
+    """0/1/2 (train/val/test) per row: a permutation seeded by ``split_seed``, cut 80/10/10."""
+    order = np.random.default_rng(split_seed).permutation(count)
+    n_train = int(round(SPLIT_FRACTIONS[0] * count))
+    n_val = int(round(SPLIT_FRACTIONS[1] * count))
+    split = np.empty(count, dtype=np.int8)
+    split[order[:n_train]] = 0
+    split[order[n_train : n_train + n_val]] = 1
+    split[order[n_train + n_val :]] = 2
+    return split
+
+
+def _collect_rows(layout: _Layout, max_images: int | None) -> list[tuple[Path, _Row]]:
+    rows = []
+    for meta in layout.metadata:
+        for row in read_metadata(meta):
+            rows.append((layout.directory / row.folder / row.file, row))
+            if max_images is not None and len(rows) >= max_images:
+                return rows
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# images
+
+
+def read_image(path: Path, resolution: int) -> np.ndarray | str:
+    """Flattened uint8 pixels, or why the image is unusable (missing, empty, corrupt, wrong size,
+    blank: a constant image cannot be a Pathfinder sample, which always shows its markers)."""
+    try:
+        if path.stat().st_size == 0:
+            return "empty file"
+        with Image.open(path) as image:
+            pixels = np.asarray(image.convert("L"), dtype=np.uint8)
+    except FileNotFoundError:
+        return "missing"
+    except Exception as err:  # PIL raises many kinds for damaged files
+        return f"unreadable ({type(err).__name__})"
+    if pixels.shape != (resolution, resolution):
+        return f"size {pixels.shape[1]}x{pixels.shape[0]}, expected {resolution}x{resolution}"
+    if pixels.min() == pixels.max():
+        return "blank"
+    return pixels.reshape(-1)
+
+
+def _compact(pixels: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Drop the rows where ``keep`` is False, in place (no second copy of a multi-GB array)."""
+    if keep.all():
+        return pixels
+    write = 0
+    for index in np.flatnonzero(keep):
+        if index != write:
+            pixels[write] = pixels[index]
+        write += 1
+    return pixels[:write]
+
+
+def load_pathfinder(
+    root: str | Path,
+    resolution: int = 32,
+    difficulty: str | int = "hard",
+    max_images: int | None = None,
+    split_seed: int = 0,
+    workers: int | None = None,
+) -> dict[str, PathfinderDataset]:
+    """``train`` / ``val`` / ``test`` datasets from ``<root>/pathfinder<res>/<difficulty folder>``.
+
+    Split: the metadata rows, in batch order (``max_images`` keeps the first ones), are permuted
+    with ``numpy.random.default_rng(split_seed)`` and cut 80 / 10 / 10 %, as LRA cut its TFDS
+    set; the assignment depends only on the row count, so it is the same on every machine.
+    Images that cannot be used (missing, empty, corrupt, wrong size, blank; the release has one,
+    ``pathfinder32/curv_baseline/imgs/0/sample_172.png``) are skipped with one warning that
+    counts them. A missing or partial set raises MissingDataError; a malformed metadata row,
+    DataError naming file and line.
+    """
+    directory = dataset_dir(root, resolution, difficulty)
+    layout = _inspect(directory)
+    _require_complete(layout)
+    rows = _collect_rows(layout, max_images)
+    split = _split_of_rows(len(rows), split_seed)
+    # rows are stored grouped by split, so each split is a contiguous block of one array
+    order = np.argsort(split, kind="stable")
+    slot = np.empty(len(rows), dtype=np.int64)
+    slot[order] = np.arange(len(rows))
+    pixels = np.empty((len(rows), resolution * resolution), dtype=np.uint8)
+    ok = np.zeros(len(rows), dtype=bool)
+    problems: list[tuple[Path, str]] = []
+
+    def read_chunk(start: int) -> None:
+        for i in range(start, min(start + 512, len(rows))):
+            result = read_image(rows[i][0], resolution)
+            if isinstance(result, str):
+                problems.append((rows[i][0], result))
+            else:
+                pixels[slot[i]] = result
+                ok[slot[i]] = True
+
+    with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
+        list(pool.map(read_chunk, range(0, len(rows), 512)))
+    if problems:
+        path, reason = sorted(problems)[0]
+        log.warning(
+            "Pathfinder: skipped %d of %d images that could not be used (missing, empty, corrupt, "
+            "wrong size or blank), e.g. %s (%s)",
+            len(problems),
+            len(rows),
+            path,
+            reason,
+        )
+    labels = np.array([row.label for _, row in rows], dtype=np.int64)[order]
+    datasets, start = {}, 0
+    for index, name in enumerate(SPLITS):
+        stop = start + int(np.count_nonzero(split == index))
+        keep = ok[start:stop]
+        block = _compact(pixels[start:stop], keep)
+        datasets[name] = PathfinderDataset(block, labels[start:stop][keep], resolution)
+        start = stop
+    return datasets
+
+
+# ---------------------------------------------------------------------------------------------
+# preparing and describing
+
+
+def ensure_pathfinder(
+    root: str | Path,
+    resolution: int = 32,
+    difficulty: str | int = "hard",
+    num_images: int = 20_000,
+    seed: int = 0,
+    generate: bool = True,
+    images_per_batch: int = 1000,
+    workers: int | None = None,
+    progress: bool = True,
+) -> Path:
+    """Make sure a usable set exists; returns its folder.
+
+    A complete release-style set (no ``generator.json``) is used as found, whatever its size. A
+    generated set is reused when it holds ``num_images`` images made with the same settings;
+    otherwise the generator resumes or extends it (and refuses other settings). With
+    ``generate=False`` a missing or partial set raises MissingDataError.
+    """
+    directory = dataset_dir(root, resolution, difficulty)
+    layout = _inspect(directory)
+    if layout.status == "complete" and layout.generator is None:
+        return directory
+    if layout.status == "partial" and layout.generator is None:
+        _require_complete(layout)  # a damaged release: never write generated files into it
+    if (
+        layout.status == "complete"
+        and layout.generator is not None
+        and int(layout.generator["num_images"]) >= num_images
+        and layout.generator.get("seed") == seed
+        and int(layout.generator["images_per_batch"]) == images_per_batch
+    ):
+        return directory
+    if not generate:
+        _require_complete(layout)
+        raise MissingDataError(
+            directory,
+            f"It holds {layout.generator['num_images']} generated images "
+            f"(seed {layout.generator.get('seed')}), not the {num_images} (seed {seed}) requested, "
+            f"and generate=False. {HOW_TO_OBTAIN}",
+        )
+    log.info("generating %d Pathfinder images into %s", num_images, directory)
+    return generate_pathfinder(
+        root,
+        resolution,
+        difficulty,
+        num_images=num_images,
+        images_per_batch=images_per_batch,
+        seed=seed,
+        workers=workers,
+        progress=progress,
+    )
+
+
+def describe(root: str | Path, resolution: int = 32, difficulty: str | int = "hard") -> dict:
+    """What is on disk, for ``attnlab data prepare``: status (``missing`` / ``partial`` /
+    ``complete``), source (``release`` or ``generated``), metadata rows, usable files per split
+    (listed and present with a non-zero size; images are not decoded), and what is missing."""
+    directory = dataset_dir(root, resolution, difficulty)
+    layout = _inspect(directory)
+    info = {
+        "path": str(directory),
+        "resolution": resolution,
+        "difficulty": difficulty_folder(difficulty),
+        "status": layout.status,
+        "source": None if layout.status == "missing" else ("generated" if layout.generator else "release"),
+        "generator": layout.generator,
+        "metadata_files": len(layout.metadata),
+        "rows": 0,
+        "splits": dict.fromkeys(SPLITS, 0),
+        "missing": list(layout.problems),
+        "how_to_obtain": HOW_TO_OBTAIN,
+    }
+    if layout.status == "missing":
+        info["missing"].append(f"{directory} (no metadata/*.npy)")
+        return info
+    try:
+        rows = _collect_rows(layout, None)
+    except DataError as err:
+        info["missing"].append(str(err))
+        return info
+    split = _split_of_rows(len(rows), 0)
+    present = np.array([path.is_file() and path.stat().st_size > 0 for path, _ in rows], dtype=bool)
+    info["rows"] = len(rows)
+    info["splits"] = {name: int(np.count_nonzero(present & (split == i))) for i, name in enumerate(SPLITS)}
+    absent = [path for (path, _), here in zip(rows, present, strict=True) if not here]
+    if absent:
+        info["missing"].append(f"{len(absent)} listed images absent or empty, e.g. {absent[0]}")
+    return info

@@ -1,0 +1,130 @@
+"""Performer / FAVOR+: feature properties, approximation of softmax, padding, redraw schedule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.attention import reference
+from attnlab.attention.performer import (
+    PerformerFeatureMap,
+    favor_features,
+    orthogonal_gaussian_projection,
+    performer_attention,
+)
+
+
+def lengths_mask(lengths: list[int], t: int) -> torch.Tensor:
+    return torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def small_qkv(shape, seed=0, scale=0.5, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return [scale * torch.randn(*shape, generator=g, dtype=dtype) for _ in range(3)]
+
+
+def test_projection_blocks_are_orthogonal():
+    d, m = 8, 20
+    w = orthogonal_gaussian_projection(m, d, torch.Generator().manual_seed(0))
+    assert w.shape == (m, d)
+    directions = w / w.norm(dim=1, keepdim=True)
+    for start in range(0, m, d):
+        block = directions[start : start + d]
+        torch.testing.assert_close(
+            block @ block.T, torch.eye(block.shape[0], dtype=w.dtype), atol=1e-12, rtol=0
+        )
+
+
+def test_features_estimate_the_softmax_kernel():
+    d, m = 4, 20000
+    g = torch.Generator().manual_seed(0)
+    q, k = 0.5 * torch.randn(2, 1, 1, 3, d, generator=g, dtype=torch.float64)
+    w = orthogonal_gaussian_projection(m, d, g)
+    # No stabiliser shift for a single query/key pair, so the product estimates exp(q·k/√d) itself.
+    phi_q = favor_features(q, w, is_query=False, stabilizer_eps=0.0)
+    phi_k = favor_features(k, w, is_query=False, stabilizer_eps=0.0)
+    shift_q = (torch.einsum("bhtd,md->bhtm", q * d**-0.25, w)).amax(dim=(-1, -2), keepdim=True)
+    shift_k = (torch.einsum("bhtd,md->bhtm", k * d**-0.25, w)).amax(dim=(-1, -2), keepdim=True)
+    estimate = (phi_q * phi_k).sum(-1) * torch.exp(shift_q + shift_k)[..., 0]
+    exact = torch.exp((q * k).sum(-1) / d**0.5)
+    torch.testing.assert_close(estimate, exact, rtol=0.05, atol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_approximates_softmax_attention_and_improves_with_more_features(causal):
+    q, k, v = small_qkv((2, 2, 12, 8))
+    exact = reference.softmax_attention(q, k, v, causal=causal)
+    errors = []
+    for m in (16, 4096):
+        w = orthogonal_gaussian_projection(m, 8, torch.Generator().manual_seed(3))
+        out = performer_attention(q, k, v, w, causal=causal, chunk_size=5)
+        errors.append(((out - exact).norm() / exact.norm()).item())
+    assert errors[1] < 0.05, errors
+    assert errors[1] < errors[0], errors
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padding_is_invisible_and_gradients_flow(causal):
+    lengths, t = [7, 3], 7
+    q, k, v = small_qkv((2, 2, t, 4))
+    mask = lengths_mask(lengths, t)
+    garbage = ~mask[:, None, :, None]
+    q, k, v = (x.masked_fill(garbage, 30.0).requires_grad_() for x in (q, k, v))
+    w = orthogonal_gaussian_projection(64, 4, torch.Generator().manual_seed(0))
+    out = performer_attention(q, k, v, w, mask, causal=causal, chunk_size=3)
+    for i, n in enumerate(lengths):
+        sl = (slice(i, i + 1), slice(None), slice(0, n))
+        alone = performer_attention(q[sl], k[sl], v[sl], w, causal=causal)
+        torch.testing.assert_close(out[sl], alone, rtol=0, atol=1e-12)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+def test_half_precision_input_keeps_dtype():
+    q, k, v = small_qkv((1, 2, 10, 8), dtype=torch.float32)
+    w = orthogonal_gaussian_projection(32, 8, torch.Generator().manual_seed(0)).float()
+    out32 = performer_attention(q, k, v, w)
+    out16 = performer_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), w)
+    assert out16.dtype == torch.bfloat16
+    torch.testing.assert_close(out16.float(), out32, rtol=0.05, atol=0.05)
+
+
+def test_feature_map_redraws_on_schedule_and_is_seeded():
+    fmap = PerformerFeatureMap(head_dim=4, num_features=8, redraw_interval=3, seed=7)
+    seen = [fmap().clone() for _ in range(7)]  # training mode by default
+    changed = [not torch.equal(a, b) for a, b in zip(seen, seen[1:], strict=False)]
+    assert changed == [False, False, True, False, False, True]  # new draws at calls 4 and 7
+    assert fmap.draws == 2 and fmap.calls == 7
+
+    fmap.eval()
+    frozen = fmap().clone()
+    for _ in range(5):
+        assert torch.equal(fmap(), frozen)  # evaluation never redraws nor counts
+    assert fmap.calls == 7
+
+    twin = PerformerFeatureMap(head_dim=4, num_features=8, redraw_interval=3, seed=7)
+    assert torch.equal(twin(), seen[0])
+    other = PerformerFeatureMap(head_dim=4, num_features=8, redraw_interval=3, seed=8)
+    assert not torch.equal(other(), seen[0])
+
+    resumed = PerformerFeatureMap(head_dim=4, num_features=8, redraw_interval=3, seed=0)
+    resumed.load_state_dict(fmap.state_dict())
+    assert resumed.calls == 7 and resumed.draws == 2 and torch.equal(resumed.projection, frozen)
+    fmap.train()
+    resumed.train()
+    for _ in range(4):
+        assert torch.equal(resumed(), fmap())
+
+
+def test_feature_map_without_redraw_and_seed_from_global_rng():
+    fmap = PerformerFeatureMap(head_dim=4, num_features=8, redraw_interval=None)
+    first = fmap().clone()
+    for _ in range(10):
+        assert torch.equal(fmap(), first)
+    torch.manual_seed(123)
+    a = PerformerFeatureMap(head_dim=4, num_features=8)
+    torch.manual_seed(123)
+    b = PerformerFeatureMap(head_dim=4, num_features=8)
+    assert a.seed == b.seed and torch.equal(a.projection, b.projection)
+    with pytest.raises(ValueError, match="redraw_interval"):
+        PerformerFeatureMap(head_dim=4, num_features=8, redraw_interval=-1)

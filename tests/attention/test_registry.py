@@ -1,0 +1,131 @@
+"""The attention registry (names, options, capabilities) and the Hydra attn configs built through it."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import hydra.utils
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import attnlab.attention as attention
+from attnlab.attention import (
+    UnsupportedAttentionError,
+    available_backends,
+    backend_capabilities,
+    backend_options,
+    build_attention,
+    check_support,
+)
+from attnlab.attention.layers import (
+    LinearAttention,
+    PerformerAttention,
+    SlicedReLUAttention,
+    SlicedReLUBumpAttention,
+    SoftmaxAttention,
+)
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "attn"
+EXPECTED = {
+    "softmax": SoftmaxAttention,
+    "sliced_relu": SlicedReLUAttention,
+    "sliced_relu_bump": SlicedReLUBumpAttention,
+    "linear": LinearAttention,
+    "performer": PerformerAttention,
+}
+COMMON = ["rope", "rope_base", "dropout", "causal", "qkv_bias"]
+
+
+def test_every_backend_is_registered_and_builds():
+    assert available_backends() == list(EXPECTED)
+    for name, cls in EXPECTED.items():
+        layer = build_attention(name, 16, 4, rope=True, dropout=0.1)
+        assert type(layer) is cls
+        assert layer(torch.randn(2, 5, 16)).shape == (2, 5, 16)
+
+
+def test_unknown_name_lists_known_backends():
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'") as err:
+        build_attention("flash", 16, 4)
+    for name in EXPECTED:
+        assert name in str(err.value)
+    with pytest.raises(ValueError, match="known backends"):
+        backend_capabilities("nope")
+
+
+def test_unknown_option_lists_accepted_ones():
+    with pytest.raises(ValueError, match="unknown option.*num_features.*'sliced_relu'") as err:
+        build_attention("sliced_relu", 16, 4, num_features=8)
+    assert "accepted options: " + ", ".join([*COMMON, "projection", "eps"]) in str(err.value)
+
+
+def test_options_are_read_from_constructors():
+    assert list(backend_options("softmax")) == COMMON
+    assert list(backend_options("linear")) == [*COMMON, "eps", "chunk_size"]
+    assert backend_options("performer")["num_features"] == 256
+    assert backend_options("sliced_relu")["projection"] == "mlp"
+
+
+@pytest.mark.parametrize("dim,heads", [(10, 4), (16, 0), (0, 2)])
+def test_bad_width_or_head_count(dim, heads):
+    with pytest.raises(ValueError, match="dim"):
+        build_attention("softmax", dim, heads)
+
+
+@pytest.mark.parametrize("name", ["sliced_relu", "sliced_relu_bump"])
+def test_unsupported_causal_names_backend_and_reason(name):
+    with pytest.raises(UnsupportedAttentionError, match=f"backend '{name}'.*causal: scores are sorted"):
+        build_attention(name, 16, 4, causal=True)
+    with pytest.raises(ValueError, match=f"'{name}' does not support causal=True"):
+        EXPECTED[name](16, 4, causal=True)  # the layer refuses too when built directly
+
+
+def test_capabilities_and_check_support():
+    assert backend_capabilities("linear").recurrent_step and backend_capabilities("linear").causal
+    assert not backend_capabilities("sliced_relu").causal
+    assert all(backend_capabilities(n).padding_mask for n in EXPECTED)
+    assert check_support("linear", causal=True, recurrent_step=True, dtype=torch.bfloat16) == []
+    reasons = check_support("softmax", recurrent_step=True)
+    assert len(reasons) == 1 and reasons[0].startswith("recurrent_step:")
+    assert check_support("softmax", dtype=torch.int64)[0].startswith("dtype:")
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_hydra_config_composes_and_instantiates(name):
+    path = CONF_DIR / f"{name}.yaml"
+    cfg = OmegaConf.load(path)
+    assert cfg.name == name and cfg._target_ == "attnlab.attention.build_attention" and cfg._partial_
+    options = {k: v for k, v in OmegaConf.to_container(cfg).items() if not k.startswith("_") and k != "name"}
+    assert not {"dim", "num_heads", "rope", "dropout"} & set(options)
+    accepted = backend_options(name)
+    for key, value in options.items():  # config defaults are the code defaults
+        assert key in accepted, key
+        assert value == accepted[key], (key, value, accepted[key])
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):  # one comment line above every option
+        if line and not line.startswith(("#", " ", "_target_", "_partial_", "name:")):
+            assert lines[i - 1].startswith("#"), f"{path.name}: no comment above {line!r}"
+
+    factory = hydra.utils.instantiate(cfg)
+    layer = factory(dim=16, num_heads=2, rope=True, dropout=0.1)
+    assert type(layer) is EXPECTED[name] and layer.training
+    mask = torch.tensor([[True, True, True, False]])
+    assert layer(torch.randn(1, 4, 16), key_padding_mask=mask).shape == (1, 4, 16)
+
+
+def test_attention_package_needs_neither_lightning_nor_hydra():
+    src = Path(inspect.getfile(attention)).parent
+    for file in src.glob("*.py"):
+        text = file.read_text()
+        for banned in ("import lightning", "from lightning", "import hydra", "from hydra"):
+            assert banned not in text, f"{file.name}: {banned}"
+    code = (
+        "import sys, attnlab.attention; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'hydra')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,359 @@
+"""The O(T log T) sliced ReLU / ReLU-bump ops against the naive float64 references.
+
+Outputs must agree to 1e-9 and every gradient (s, t, v and the bandwidth) to 1e-7, on awkward
+shapes, padded batches, tied scores and random shapes; plus precision at long T in float32,
+half-precision inputs, input validation, gradcheck and a memory bound that rules out T×T.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab.attention import reference as ref
+from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bump_attention
+
+F64 = torch.float64
+OUT_TOL = 1e-9
+GRAD_TOL = 1e-7
+
+
+def random_inputs(batch, heads, length, dim, seed=0, dtype=F64):
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randn(batch, heads, length, generator=gen, dtype=F64)
+    t = torch.randn(batch, heads, length, generator=gen, dtype=F64)
+    v = torch.randn(batch, heads, length, dim, generator=gen, dtype=F64)
+    bandwidth = torch.rand(heads, generator=gen, dtype=F64) + 0.3
+    return s.to(dtype), t.to(dtype), v.to(dtype), bandwidth.to(dtype)
+
+
+def run_both(kind, s, t, v, bandwidth, mask, grad_seed=1):
+    """Outputs and gradients (w.r.t. s, t, v [, bandwidth]) of the fast op and the reference."""
+    fast_op, ref_op = {
+        "relu": (sliced_relu_attention, ref.sliced_relu_attention),
+        "bump": (sliced_relu_bump_attention, ref.sliced_relu_bump_attention),
+    }[kind]
+    args = (s, t, v) if kind == "relu" else (s, t, v, bandwidth)
+    results = []
+    for op in (fast_op, ref_op):
+        inputs = [x.detach().clone().requires_grad_() for x in args]
+        out = op(*inputs, key_padding_mask=mask)
+        grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=out.dtype)
+        results.append((out, torch.autograd.grad(out, inputs, grad_out)))
+    return results
+
+
+def assert_matches_reference(kind, s, t, v, bandwidth, mask=None):
+    (out, grads), (ref_out, ref_grads) = run_both(kind, s, t, v, bandwidth, mask)
+    assert torch.isfinite(out).all()
+    assert (out - ref_out).abs().max().item() <= OUT_TOL
+    for name, got, expected in zip(["s", "t", "v", "bandwidth"], grads, ref_grads, strict=False):
+        err = (got - expected).abs().max().item()
+        assert err <= GRAD_TOL, f"{kind}: gradient of {name} off by {err:.3g}"
+
+
+KINDS = ["relu", "bump"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 1, 1, 1), (1, 1, 2, 3), (2, 3, 7, 1), (3, 2, 33, 5), (1, 4, 64, 16), (2, 1, 129, 2)],
+    ids=lambda shape: "x".join(map(str, shape)),
+)
+def test_matches_reference(kind, shape):
+    assert_matches_reference(kind, *random_inputs(*shape, seed=sum(shape)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wide_scores_and_narrow_bandwidth(kind):
+    s, t, v, bandwidth = random_inputs(2, 2, 50, 3, seed=5)
+    assert_matches_reference(kind, 10 * s, 10 * t, v, bandwidth / 10)
+
+
+# ---- padding ----------------------------------------------------------------------------------
+
+
+def padded_batch(lengths, heads=2, length=13, dim=3, seed=0):
+    """A padded batch whose padded slots hold huge (finite) garbage, with its mask."""
+    s, t, v, bandwidth = random_inputs(len(lengths), heads, length, dim, seed=seed)
+    mask = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
+    gen = torch.Generator().manual_seed(seed + 100)
+    garbage = ~mask[:, None, :]
+    s = torch.where(garbage, 1e6 * torch.randn(s.shape, generator=gen, dtype=F64), s)
+    t = torch.where(garbage, -1e6 * torch.randn(t.shape, generator=gen, dtype=F64), t)
+    v = torch.where(garbage[..., None], 1e8 * torch.randn(v.shape, generator=gen, dtype=F64), v)
+    return s, t, v, bandwidth, mask
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padding_matches_reference(kind):
+    s, t, v, bandwidth, mask = padded_batch([13, 9, 1, 0])
+    assert_matches_reference(kind, s, t, v, bandwidth, mask)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padded_batch_equals_each_sequence_alone(kind):
+    lengths = [13, 8, 1]
+    s, t, v, bandwidth, mask = padded_batch(lengths)
+    op = sliced_relu_attention if kind == "relu" else sliced_relu_bump_attention
+    extra = () if kind == "relu" else (bandwidth,)
+    inputs = [x.clone().requires_grad_() for x in (s, t, v)]
+    out = op(*inputs, *extra, key_padding_mask=mask)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    grads = torch.autograd.grad(out, inputs, grad_out)
+    assert torch.isfinite(out).all()
+    for b, n in enumerate(lengths):
+        alone = [x[b : b + 1, :, :n].clone().requires_grad_() for x in (s, t, v)]
+        out_alone = op(*alone, *extra)
+        grads_alone = torch.autograd.grad(out_alone, alone, grad_out[b : b + 1, :, :n])
+        assert torch.allclose(out[b : b + 1, :, :n], out_alone, atol=1e-12, rtol=0)
+        assert torch.all(out[b, :, n:] == 0), "padded query positions output zeros"
+        for got, expected in zip(grads, grads_alone, strict=True):
+            assert torch.allclose(got[b : b + 1, :, :n], expected, atol=1e-10, rtol=0)
+            assert torch.all(got[b, :, n:] == 0), "padded inputs receive no gradient"
+
+
+# ---- ties -------------------------------------------------------------------------------------
+
+
+def tied_inputs(seed, batch=2, heads=2, length=24, dim=3):
+    """Scores from {-2, ..., 2}: many ties between keys, between queries, and between the two."""
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randint(-2, 3, (batch, heads, length), generator=gen).to(F64)
+    t = torch.randint(-2, 3, (batch, heads, length), generator=gen).to(F64)
+    v = torch.randn(batch, heads, length, dim, generator=gen, dtype=F64)
+    bandwidth = torch.tensor([1.0, 2.0], dtype=F64)  # |s - t| = b happens: the hat's outer kinks
+    return s, t, v, bandwidth
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tied_scores(kind):
+    assert_matches_reference(kind, *tied_inputs(seed=0))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_queries_equal_keys(kind):
+    s, _, v, bandwidth = random_inputs(2, 2, 17, 3, seed=7)
+    assert_matches_reference(kind, s, s.clone(), v, bandwidth)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_all_scores_equal(kind):
+    # Sliced ReLU: every |s - t| is 0, so the normaliser sits on the eps floor.
+    _, _, v, bandwidth = random_inputs(1, 2, 9, 2, seed=8)
+    s = torch.full((1, 2, 9), 0.25, dtype=F64)
+    assert_matches_reference(kind, s, s.clone(), v, bandwidth)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tied_scores_with_padding(kind):
+    s, t, v, bandwidth = tied_inputs(seed=1, batch=3)
+    mask = torch.arange(24)[None, :] < torch.tensor([[24], [10], [3]])
+    assert_matches_reference(kind, s, t, v, bandwidth, mask)
+
+
+# ---- random shapes ----------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kind=st.sampled_from(KINDS),
+    batch=st.integers(1, 3),
+    heads=st.integers(1, 3),
+    length=st.integers(1, 40),
+    dim=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    ties=st.booleans(),
+    padded=st.booleans(),
+)
+def test_random_shapes(kind, batch, heads, length, dim, seed, ties, padded):
+    s, t, v, _ = random_inputs(batch, heads, length, dim, seed=seed)
+    bandwidth = torch.rand(heads, generator=torch.Generator().manual_seed(seed), dtype=F64) + 0.2
+    if ties:
+        s, t = s.round(), t.round()
+        bandwidth = bandwidth.round().clamp_min(1.0)
+    mask = None
+    if padded:
+        gen = torch.Generator().manual_seed(seed + 1)
+        mask = torch.arange(length)[None, :] < torch.randint(0, length + 1, (batch, 1), generator=gen)
+    assert_matches_reference(kind, s, t, v, bandwidth, mask)
+
+
+# ---- precision and dtypes ---------------------------------------------------------------------
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.double() - expected).norm() / expected.norm()).item()
+
+
+def chunked_reference_rows(s, t, v, rows, eps=1e-4):
+    """Float64 sliced ReLU outputs of the query positions ``rows`` only (B = H = 1), O(len(rows)·T)."""
+    s64, t64, v64 = s[0, 0].double(), t[0, 0].double(), v[0, 0].double()
+    centred = v64 - v64.mean(dim=0)
+    outs = []
+    for chunk in rows.split(256):
+        diff = s64[chunk][:, None] - t64[None, :]
+        outs.append(2 * (torch.relu(diff) @ centred) / diff.abs().sum(dim=1, keepdim=True).clamp_min(eps))
+    return torch.cat(outs)
+
+
+def long_sequence_errors(length: int, dim: int = 16):
+    """Relative errors of the float32 op at ``length`` against float64 (output and gradients)."""
+    gen = torch.Generator().manual_seed(0)
+    s, t = torch.randn(1, 1, length, generator=gen), torch.randn(1, 1, length, generator=gen)
+    v = torch.randn(1, 1, length, dim, generator=gen)
+    grad_out = torch.randn(1, 1, length, dim, generator=gen)
+    results = {}
+    for dtype in (torch.float32, F64):
+        inputs = [x.to(dtype).requires_grad_() for x in (s, t, v)]
+        out = sliced_relu_attention(*inputs)
+        results[dtype] = (out.detach(), torch.autograd.grad(out, inputs, grad_out.to(dtype)))
+    rows = torch.randperm(length, generator=gen)[:512]
+    naive = chunked_reference_rows(s, t, v, rows)
+    (out32, grads32), (out64, grads64) = results[torch.float32], results[F64]
+    return {
+        "float64 op vs naive (sampled rows)": relative_error(out64[0, 0, rows], naive),
+        "float32 output vs naive (sampled rows)": relative_error(out32[0, 0, rows], naive),
+        "float32 output vs float64 op": relative_error(out32, out64),
+        **{
+            f"float32 grad {n} vs float64": relative_error(a, b)
+            for n, a, b in zip("stv", grads32, grads64, strict=True)
+        },
+    }
+
+
+def check_long_sequence(length, record_property):
+    errors = long_sequence_errors(length)
+    for name, value in errors.items():
+        record_property(f"T={length} {name}", f"{value:.3g}")
+        print(f"T={length}: {name}: relative error {value:.3g}")
+    assert errors["float64 op vs naive (sampled rows)"] < 1e-10
+    assert errors["float32 output vs naive (sampled rows)"] < 1e-4
+    assert errors["float32 output vs float64 op"] < 1e-4
+    for name in ("s", "t", "v"):
+        assert errors[f"float32 grad {name} vs float64"] < 1e-3
+
+
+def test_float32_precision_moderate_length(record_property):
+    check_long_sequence(8192, record_property)
+
+
+def test_float32_precision_long_sequence(record_property):
+    check_long_sequence(65536, record_property)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs(kind, dtype):
+    s, t, v, bandwidth = random_inputs(2, 2, 300, 8, seed=4)
+    mask = torch.arange(300)[None, :] < torch.tensor([[300], [200]])
+    op = sliced_relu_attention if kind == "relu" else sliced_relu_bump_attention
+    extra = () if kind == "relu" else (bandwidth.to(dtype),)
+    inputs = [x.to(dtype).requires_grad_() for x in (s, t, v)]
+    out = op(*inputs, *extra, key_padding_mask=mask)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    out.float().square().sum().backward()
+    assert all(x.grad is not None and x.grad.dtype == dtype and torch.isfinite(x.grad).all() for x in inputs)
+    # Against float32 on the same (rounded) inputs: only the output rounding differs.
+    expected = op(*[x.detach().float() for x in inputs], *[b.float() for b in extra], key_padding_mask=mask)
+    tol = 1e-2 if dtype == torch.float16 else 3e-2
+    assert relative_error(out.detach().float(), expected.double()) < tol
+
+
+def test_float64_inputs_accumulate_in_float64():
+    s, t, v, _ = random_inputs(1, 1, 50, 2, seed=2)
+    assert sliced_relu_attention(s, t, v).dtype == F64
+    assert sliced_relu_attention(s.float(), t.float(), v.float()).dtype == torch.float32
+
+
+# ---- gradcheck ----------------------------------------------------------------------------------
+
+
+def test_gradcheck_sliced_relu():
+    s, t, v, _ = random_inputs(2, 1, 6, 2, seed=11)
+    mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    inputs = [x.requires_grad_() for x in (s, t, v)]
+    assert torch.autograd.gradcheck(lambda a, b, c: sliced_relu_attention(a, b, c, mask), inputs)
+
+
+def test_gradcheck_bump():
+    s, t, v, bandwidth = random_inputs(2, 2, 6, 2, seed=12)
+    mask = torch.tensor([[True] * 6, [True] * 5 + [False]])
+    inputs = [x.requires_grad_() for x in (s, t, v, 2 * bandwidth)]
+    assert torch.autograd.gradcheck(lambda a, b, c, d: sliced_relu_bump_attention(a, b, c, d, mask), inputs)
+
+
+# ---- input validation -------------------------------------------------------------------------
+
+
+def test_bad_inputs_name_the_expected_shape():
+    s, t, v, bandwidth = random_inputs(2, 3, 5, 4)
+    with pytest.raises(ValueError, match=r"s must have shape \(B, H, T\) = \(2, 3, 5\)"):
+        sliced_relu_attention(s[..., :4], t, v)
+    with pytest.raises(ValueError, match=r"t must have shape \(B, H, T\)"):
+        sliced_relu_attention(s, t[None], v)
+    with pytest.raises(ValueError, match=r"v must have shape \(B, H, T, D\)"):
+        sliced_relu_attention(s, t, v[..., 0])
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, T\) = \(2, 5\)"):
+        sliced_relu_attention(s, t, v, torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="key_padding_mask must be a bool tensor"):
+        sliced_relu_attention(s, t, v, torch.ones(2, 5))
+    with pytest.raises(TypeError, match="s must be float16, bfloat16, float32 or float64"):
+        sliced_relu_attention(s.long(), t, v)
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        sliced_relu_attention(s, t, v, eps=0.0)
+
+
+def test_bad_bandwidth():
+    s, t, v, bandwidth = random_inputs(2, 3, 5, 4)
+    with pytest.raises(ValueError, match=r"bandwidth must have shape \(H,\) = \(3,\), got \(2,\)"):
+        sliced_relu_bump_attention(s, t, v, bandwidth[:2])
+    with pytest.raises(ValueError, match=r"bandwidth must be > 0 everywhere, got \[.*-1\.0"):
+        sliced_relu_bump_attention(s, t, v, torch.tensor([1.0, -1.0, 2.0]))
+    with pytest.raises(ValueError, match="bandwidth must be > 0"):
+        sliced_relu_bump_attention(s, t, v, torch.tensor([1.0, 0.0, 2.0]))
+    with pytest.raises(TypeError, match="bandwidth must be a float tensor"):
+        sliced_relu_bump_attention(s, t, v, torch.tensor([1, 2, 3]))
+
+
+# ---- memory: nothing of size T×T ----------------------------------------------------------------
+
+
+def peak_tensor_bytes(fn) -> int:
+    """Peak of live tensor bytes allocated during ``fn`` (allocation/free events of the profiler)."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_memory_grows_linearly_not_quadratically(kind):
+    dim = 16
+    peaks = {}
+    for length in (2048, 8192):
+        s, t, v, bandwidth = random_inputs(1, 2, length, dim, dtype=torch.float32)
+        inputs = [x.requires_grad_() for x in (s, t, v)]
+        op = sliced_relu_attention if kind == "relu" else sliced_relu_bump_attention
+        extra = () if kind == "relu" else (bandwidth,)
+        grad_out = torch.ones_like(v)
+        peaks[length] = peak_tensor_bytes(lambda: op(*inputs, *extra).backward(grad_out))  # noqa: B023
+    one_tt = 2 * 8192 * 8192 * 4  # a single float32 T×T score matrix for the two heads: 512 MiB
+    value_bytes = 2 * 8192 * dim * 4
+    assert 0 < peaks[8192] < 24 * value_bytes, peaks  # a few (T, D) buffers, far below one T×T
+    assert 24 * value_bytes < one_tt / 20
+    assert peaks[8192] / peaks[2048] < 4 * 1.3, peaks
