@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from attnlab.data.common import MissingDataError, TokenSequenceDataset
-from attnlab.data.lra import image, listops, retrieval, text
+from attnlab.data.lra import image, listops, pathfinder, retrieval, text
 
 LRA_DIR = "lra_release"
 
@@ -68,6 +68,16 @@ class ListOpsSource:
             self.num_truncated += getattr(datasets[split], "num_truncated", 0)
         return datasets
 
+    def status(self) -> dict:
+        """Per split: file, presence, row count, expected count (for `attnlab data prepare`)."""
+        splits = {}
+        for split, path in listops.split_paths(self.root).items():
+            present = path.is_file()
+            count = sum(1 for _ in path.open()) - 1 if present else None
+            splits[split] = {"path": str(path), "present": present, "num_examples": count,
+                             "expected_examples": self.generator_args["sizes"][split]}
+        return {"task": self.name, "splits": splits, "how_to_obtain": listops._HOW_TO_OBTAIN}
+
     @property
     def description(self) -> str:
         if self.provenance_file.is_file():
@@ -95,6 +105,10 @@ class _FileSource(abc.ABC):
     def _load_split(self, split: str) -> tuple[TokenSequenceDataset, str]:
         """One split and the ``data_source`` string saying what was read."""
 
+    def status(self) -> dict:
+        """Per split: path, presence and size, as the task module's ``describe`` reports it."""
+        return self._module.describe(self.data_dir)
+
     @abc.abstractmethod
     def prepare(self) -> None:
         """Check the files are there; raise MissingDataError with the expected path otherwise."""
@@ -116,6 +130,7 @@ class TextSource(_FileSource):
     """IMDB reviews as bytes (LRA Text): ``<data_dir>/aclImdb`` or the cached Hugging Face ``imdb``."""
 
     name = "text"
+    _module = text
 
     def __init__(self, data_dir: str | Path, max_length: int = 4096):
         super().__init__(data_dir)
@@ -132,6 +147,7 @@ class RetrievalSource(_FileSource):
     """AAN document pairs (LRA Retrieval) from ``<data_dir>/lra_release/tsv_data/new_aan_pairs.*.tsv``."""
 
     name = "retrieval"
+    _module = retrieval
 
     def __init__(self, data_dir: str | Path, max_length: int = 4000):
         super().__init__(data_dir)
@@ -151,9 +167,70 @@ class ImageSource(_FileSource):
     """CIFAR-10 in grey levels (LRA Image): ``<data_dir>/cifar-10-batches-py`` or cached HF ``cifar10``."""
 
     name = "image"
+    _module = image
 
     def prepare(self) -> None:
         self._origin = image.ensure_image(self.data_dir)
 
     def _load_split(self, split):
         return image.load_image(self.data_dir, split)
+
+
+class PathfinderSource:
+    """Pathfinder / Path-X from ``<data_dir>/lra_release/pathfinder<res>/<difficulty folder>``.
+
+    The official release is used as found; otherwise attnlab's generator makes (or resumes)
+    ``num_images`` images there. ``max_images`` reads only the first ones (quick runs).
+    """
+
+    vocab_size = pathfinder.VOCAB_SIZE
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        resolution: int = 32,
+        difficulty: str = "hard",
+        generate: bool = True,
+        num_images: int = 20_000,
+        seed: int = 0,
+        max_images: int | None = None,
+        workers: int | None = None,
+    ):
+        self.root = Path(data_dir) / LRA_DIR
+        self.name = "pathx" if resolution == 128 else f"pathfinder{resolution}"
+        self.resolution, self.difficulty = resolution, difficulty
+        self.generate, self.num_images, self.seed = generate, num_images, seed
+        self.max_images, self.workers = max_images, workers
+
+    def prepare(self) -> None:
+        pathfinder.ensure_pathfinder(
+            self.root, self.resolution, self.difficulty, num_images=self.num_images, seed=self.seed,
+            generate=self.generate, workers=self.workers,
+        )
+
+    def load(self) -> dict[str, TokenSequenceDataset]:
+        self.prepare()
+        return pathfinder.load_pathfinder(self.root, self.resolution, self.difficulty, max_images=self.max_images)
+
+    def status(self) -> dict:
+        info = pathfinder.describe(self.root, self.resolution, self.difficulty)
+        expected = dict(zip(("train", "val", "test"), (0.8, 0.1, 0.1), strict=True))
+        total = info["rows"] if info["source"] == "release" else self.num_images
+        splits = {
+            split: {"path": info["path"], "present": info["splits"][split] > 0,
+                    "num_examples": info["splits"][split], "expected_examples": round(total * fraction)}
+            for split, fraction in expected.items()
+        }
+        return {"task": self.name, "splits": splits, "how_to_obtain": info["how_to_obtain"],
+                "problems": info["missing"], "source": info["source"]}
+
+    @property
+    def description(self) -> str:
+        info = pathfinder.describe(self.root, self.resolution, self.difficulty)
+        if info["source"] == "generated":
+            gen = info["generator"] or {}
+            origin = f"generated by attnlab's Pathfinder generator (seed {gen.get('seed')}, {info['rows']} images)"
+        else:
+            origin = f"{info['rows']} images as found (official LRA release layout)"
+        limit = f", first {self.max_images} used" if self.max_images else ""
+        return f"{self.name} {info['difficulty']} in {info['path']}: {origin}{limit}"

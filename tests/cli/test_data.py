@@ -1,0 +1,36 @@
+from attnlab.cli.main import main
+
+TINY = ["task.data.source.sizes.train=30", "task.data.source.sizes.val=5", "task.data.source.sizes.test=5",
+        "task.data.source.min_length=5", "task.data.source.max_length=40"]
+
+
+def test_check_only_names_every_missing_path_and_fails(tmp_path, capsys):
+    code = main(["data", "prepare", "lra", "--task", "all", "--check-only", "--data-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert f"{tmp_path}/lra_release/tsv_data/new_aan_pairs.eval.tsv" in out
+    assert f"{tmp_path}/aclImdb/train" in out and "aclImdb_v1.tar.gz" in out
+    assert f"{tmp_path}/lra_release/pathfinder128/curv_contour_length_14" in out
+    assert not (tmp_path / "lra_release" / "listops-short").exists()  # --check-only generates nothing
+
+
+def test_prepare_generates_listops_then_reports_it_complete(tmp_path, capsys):
+    args = ["data", "prepare", "lra", "--task", "listops", "--data-dir", str(tmp_path), *TINY]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "train  ok      30 of 30 expected" in out
+    assert (tmp_path / "lra_release" / "listops-short" / "basic_test.tsv").is_file()
+    assert main([*args[:5], "--check-only", *args[5:]]) == 0
+
+
+def test_prepare_follows_experiment_overrides(tmp_path, capsys):
+    main(["data", "prepare", "lra", "--task", "listops", "--check-only", "--data-dir", str(tmp_path),
+          "experiment=lra/listops"])
+    out = capsys.readouterr().out
+    assert "listops-1000/basic_train.tsv" in out and "of 96,000 expected" in out
+
+
+def test_retrieval_missing_is_reported_not_raised(tmp_path, capsys):
+    assert main(["data", "prepare", "lra", "--task", "retrieval", "--data-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "dataset not found" in out and "lra_release.gz" in out
