@@ -36,7 +36,8 @@ def compose_train_config(overrides: list[str], tmp_path: Path):
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(tmp_path / "run")
         cfg.hydra.runtime.cwd = str(REPO_ROOT)
-        cfg.paths.data_dir = str(tmp_path / "data")
+        if not any(o.startswith("paths.data_dir=") for o in overrides):
+            cfg.paths.data_dir = str(tmp_path / "data")
         cfg.paths.output_dir = str(tmp_path / "outputs")
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
