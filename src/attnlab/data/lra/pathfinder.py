@@ -168,16 +168,13 @@ def _inspect(directory: Path) -> _Layout:
     else:
         with_metadata = {p.stem for p in layout.metadata}
         imgs = directory / "imgs"
-        orphans = (
-            sorted(p.name for p in imgs.iterdir() if p.is_dir() and p.name not in with_metadata)
-            if (imgs.is_dir())
-            else []
-        )
+        folders = sorted(p.name for p in imgs.iterdir() if p.is_dir()) if imgs.is_dir() else []
+        orphans = [f"imgs/{name}" for name in folders if name not in with_metadata]
         if orphans:
+            more = " ..." if len(orphans) > 5 else ""
             layout.problems.append(
-                f"image folders without a metadata file: imgs/{', imgs/'.join(orphans[:5])}"
-                + (" ..." if len(orphans) > 5 else "")
-                + " (an interrupted extraction or generation)"
+                f"image folders without a metadata file: {', '.join(orphans[:5])}{more} "
+                "(an interrupted extraction or generation)"
             )
     return layout
 

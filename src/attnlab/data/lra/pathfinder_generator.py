@@ -736,8 +736,10 @@ def generate_pathfinder(
                 if bar is not None:
                     bar.update(count)
         elif jobs:
-            # spawn: safe whatever threads the parent runs (torch, loggers); chunks of one batch
-            with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            # fork where the platform has it: workers need only numpy and PIL, and unlike spawn it
+            # works from scripts without an `if __name__ == "__main__"` guard; chunks of one batch
+            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+            with multiprocessing.get_context(method).Pool(workers) as pool:
                 for _, count, _ in pool.imap_unordered(_write_batch, jobs):
                     if bar is not None:
                         bar.update(count)
