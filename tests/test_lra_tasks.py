@@ -10,9 +10,18 @@ import pytest
 from attnlab.data.common import MissingDataError
 from attnlab.pipeline import train
 
-QUICK = ["trainer.max_steps=2", "task.val_check_interval=2", "trainer.enable_progress_bar=false",
-         "trainer.num_sanity_val_steps=0", "logger=csv", "task.data.num_workers=0",
-         "task.data.batch_size=4", "task.data.eval_batch_size=8", "task.model.dim=16", "task.model.mlp_dim=32"]
+QUICK = [
+    "trainer.max_steps=2",
+    "task.val_check_interval=2",
+    "trainer.enable_progress_bar=false",
+    "trainer.num_sanity_val_steps=0",
+    "logger=csv",
+    "task.data.num_workers=0",
+    "task.data.batch_size=4",
+    "task.data.eval_batch_size=8",
+    "task.model.dim=16",
+    "task.model.mlp_dim=32",
+]
 
 
 def write_imdb(root, per_class=6):
@@ -23,15 +32,19 @@ def write_imdb(root, per_class=6):
             folder.mkdir(parents=True)
             for i in range(per_class):
                 words = " ".join(rng.choice(["good", "bad", "film", "plot", "très", "bien"], size=12))
-                (folder / f"{i}_{7 if label == 'pos' else 2}.txt").write_text(words + "<br />", encoding="utf-8")
+                (folder / f"{i}_{7 if label == 'pos' else 2}.txt").write_text(
+                    words + "<br />", encoding="utf-8"
+                )
 
 
 def write_aan(root, rows=12):
     folder = root / "lra_release" / "tsv_data"
     folder.mkdir(parents=True)
     for split in ("train", "eval", "test"):
-        lines = [f"{float(i % 2)}\tpaper{i}\tpaper{i + 1}\tabstract number {i}\tcited text {i * 7}"
-                 for i in range(rows)]
+        lines = [
+            f"{float(i % 2)}\tpaper{i}\tpaper{i + 1}\tabstract number {i}\tcited text {i * 7}"
+            for i in range(rows)
+        ]
         (folder / f"new_aan_pairs.{split}.tsv").write_text("\n".join(lines) + "\n")
 
 
@@ -40,8 +53,11 @@ def write_cifar(root, per_batch=20):
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                 b"labels": [int(x) for x in rng.integers(0, 10, per_batch)], b"batch_label": name.encode()}
+        batch = {
+            b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+            b"labels": [int(x) for x in rng.integers(0, 10, per_batch)],
+            b"batch_label": name.encode(),
+        }
         (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
 
 

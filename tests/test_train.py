@@ -17,10 +17,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TASKS = sorted(p.stem for p in (REPO_ROOT / "conf" / "task").glob("*.yaml"))
 ATTNS = sorted(p.stem for p in (REPO_ROOT / "conf" / "attn").glob("*.yaml"))
 TINY_LISTOPS = [
-    "task.data.source.sizes.train=192", "task.data.source.sizes.val=64", "task.data.source.sizes.test=64",
-    "task.data.source.min_length=10", "task.data.source.max_length=60", "task.data.batch_size=16",
-    "task.model.dim=16", "task.model.mlp_dim=32", "trainer.enable_progress_bar=false",
-    "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=2", "logger=csv",
+    "task.data.source.sizes.train=192",
+    "task.data.source.sizes.val=64",
+    "task.data.source.sizes.test=64",
+    "task.data.source.min_length=10",
+    "task.data.source.max_length=60",
+    "task.data.batch_size=16",
+    "task.model.dim=16",
+    "task.model.mlp_dim=32",
+    "trainer.enable_progress_bar=false",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.log_every_n_steps=2",
+    "logger=csv",
 ]
 
 
@@ -39,15 +47,35 @@ def test_every_task_and_backend_composes_and_builds(train_config, task, attn):
 
 
 def test_short_run_writes_summary_checkpoints_and_logs(train_config, tmp_path):
-    cfg = train_config(*TINY_LISTOPS, "trainer.max_steps=12", "task.val_check_interval=6",
-                       "callbacks.periodic_checkpoint.every_n_train_steps=4", "callbacks.throughput.warmup_steps=2")
+    cfg = train_config(
+        *TINY_LISTOPS,
+        "trainer.max_steps=12",
+        "task.val_check_interval=6",
+        "callbacks.periodic_checkpoint.every_n_train_steps=4",
+        "callbacks.throughput.warmup_steps=2",
+    )
     summary = train(cfg)
     run_dir = tmp_path / "run"
     written = json.loads((run_dir / "summary.json").read_text())
     assert written == json.loads(json.dumps(summary))
-    for key in ("task", "attn", "seed", "val_acc", "test_acc", "baseline_acc", "train_samples_per_sec",
-                "eval_samples_per_sec", "peak_mem_mb", "params", "wall_time_s", "steps", "seq_len",
-                "world_size", "git_commit", "data_source"):
+    for key in (
+        "task",
+        "attn",
+        "seed",
+        "val_acc",
+        "test_acc",
+        "baseline_acc",
+        "train_samples_per_sec",
+        "eval_samples_per_sec",
+        "peak_mem_mb",
+        "params",
+        "wall_time_s",
+        "steps",
+        "seq_len",
+        "world_size",
+        "git_commit",
+        "data_source",
+    ):
         assert key in written, key
     assert written["task"] == "listops" and written["attn"] == "sliced_relu" and written["steps"] == 12
     assert 0.0 <= written["test_acc"] <= 1.0 and 0.1 <= written["baseline_acc"] <= 1.0
@@ -69,8 +97,9 @@ def test_resume_continues_at_the_saved_step(train_config, tmp_path):
     assert saved["global_step"] == first["steps"] == 8
     assert saved["optimizer_states"] and saved["lr_schedulers"][0]["last_epoch"] == 8
 
-    resumed = train(train_config(*TINY_LISTOPS, "trainer.max_steps=12", "task.val_check_interval=4",
-                                 f"ckpt_path={ckpt}"))
+    resumed = train(
+        train_config(*TINY_LISTOPS, "trainer.max_steps=12", "task.val_check_interval=4", f"ckpt_path={ckpt}")
+    )
     assert resumed["steps"] == 12  # 4 more steps, not 12 from scratch
     final = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert final["lr_schedulers"][0]["last_epoch"] == 12
@@ -91,11 +120,19 @@ def test_unknown_task_and_attention_list_the_available_ones(train_config):
 def test_train_py_runs_from_the_command_line(tmp_path):
     """The real entry point, as `make train` calls it (tiny sizes)."""
     overrides = [o for o in TINY_LISTOPS if not o.startswith("logger")] + [
-        "trainer.max_steps=3", "task.val_check_interval=3", "attn=softmax",
-        f"paths.data_dir={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'run'}",
+        "trainer.max_steps=3",
+        "task.val_check_interval=3",
+        "attn=softmax",
+        f"paths.data_dir={tmp_path / 'data'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), *overrides], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), *overrides],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "test accuracy" in done.stdout and "majority baseline" in done.stdout
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["attn"] == "softmax"

@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.callbacks.throughput import ThroughputMonitor
+from attnlab.data.common import file_lock
 from attnlab.summary import git_commit, write_summary
 
 log = logging.getLogger(__name__)
@@ -27,13 +30,34 @@ def _find(callbacks: list, kind: type):
     return next((c for c in callbacks if isinstance(c, kind) and getattr(c, "monitor", True)), None)
 
 
+def _checkpoint_step(path: Path) -> int:
+    """The global step stored in a checkpoint (memory-mapped: the weights are not read)."""
+    try:
+        return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["global_step"])
+    except Exception as err:  # a checkpoint that cannot be read must not be picked silently
+        raise RuntimeError(f"cannot read the global step of checkpoint {path}: {err}") from err
+
+
+def resume_candidates(run_dir: Path) -> list[Path]:
+    """What a restarted run may continue from: Lightning's SLURM ``hpc_ckpt_<n>.ckpt``, ``last.ckpt``."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    return sorted(run_dir.glob("hpc_ckpt_*.ckpt")) + ([last] if last.is_file() else [])
+
+
 def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
-    """``null`` starts fresh; ``auto`` resumes from ``<run_dir>/checkpoints/last.ckpt`` when it exists."""
+    """``null`` starts fresh, except that Lightning itself resumes from ``<run_dir>/hpc_ckpt_<n>.ckpt``
+    under SLURM; ``auto`` resumes from the newest of ``hpc_ckpt_*.ckpt`` (written on SIGUSR1 before a
+    requeue) and ``checkpoints/last.ckpt`` (newest = highest global step, then latest mtime), or
+    starts fresh when there is none; a path resumes from that file."""
     if ckpt_path in (None, "", "null"):
         return None
     if ckpt_path == "auto":
-        last = run_dir / "checkpoints" / "last.ckpt"
-        return str(last) if last.exists() else None
+        candidates = resume_candidates(run_dir)
+        if not candidates:
+            return None
+        newest = max(candidates, key=lambda p: (_checkpoint_step(p), p.stat().st_mtime))
+        log.info("ckpt_path=auto: resuming from %s (of %s)", newest, ", ".join(p.name for p in candidates))
+        return str(newest)
     if not Path(ckpt_path).is_file():
         raise FileNotFoundError(f"ckpt_path={ckpt_path!r} does not exist (give a .ckpt file, 'auto' or null)")
     return str(ckpt_path)
@@ -43,9 +67,16 @@ def hyperparameters(cfg: DictConfig, params: int, seq_len: int) -> dict[str, Any
     """What a dashboard needs to set runs side by side."""
     model = cfg.task.model
     return {
-        "task": cfg.task.name, "attn": cfg.attn.name, "seed": cfg.seed, "params": params, "seq_len": seq_len,
-        "dim": model.get("dim"), "depth": model.get("depth"), "num_heads": model.get("num_heads"),
-        "batch_size": cfg.task.data.batch_size, "lr": cfg.task.module.optimizer.get("lr"),
+        "task": cfg.task.name,
+        "attn": cfg.attn.name,
+        "seed": cfg.seed,
+        "params": params,
+        "seq_len": seq_len,
+        "dim": model.get("dim"),
+        "depth": model.get("depth"),
+        "num_heads": model.get("num_heads"),
+        "batch_size": cfg.task.data.batch_size,
+        "lr": cfg.task.module.optimizer.get("lr"),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
 
@@ -67,19 +98,32 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.task.data)
-    datamodule.prepare_data()
+    # Every process (all DDP ranks, started together by srun) needs the data before the model can be
+    # built, and no process group exists yet: a file lock makes them take turns, so the data is
+    # generated once and the others find it complete.
+    with file_lock(Path(cfg.paths.data_dir) / ".attnlab-prepare.lock"):
+        datamodule.prepare_data()
     datamodule.setup()
-    model = instantiate(cfg.task.model, vocab_size=datamodule.source.vocab_size, attention=instantiate(cfg.attn))
+    model = instantiate(
+        cfg.task.model, vocab_size=datamodule.source.vocab_size, attention=instantiate(cfg.attn)
+    )
     module = instantiate(cfg.task.module, model=model)
     callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None]
     loggers = [instantiate(lg) for lg in cfg.get("logger", {}).values() if lg is not None]
+    if not loggers:  # `logger=none`: Lightning refuses a LearningRateMonitor without a logger
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
     params = sum(p.numel() for p in model.parameters())
     seq_len = datamodule.max_length("train")
     for logger in trainer.loggers:
         logger.log_hyperparams(hyperparameters(cfg, params, seq_len))
-    log.info("model: %s attention, %s parameters; longest training sequence %d", cfg.attn.name, f"{params:,}", seq_len)
+    log.info(
+        "model: %s attention, %s parameters; longest training sequence %d",
+        cfg.attn.name,
+        f"{params:,}",
+        seq_len,
+    )
 
     trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg.get("ckpt_path"), run_dir))
 
@@ -102,6 +146,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "baseline_acc": datamodule.majority_baseline("test"),
         "train_samples_per_sec": perf.get("train_samples_per_sec"),
         "train_tokens_per_sec": perf.get("train_tokens_per_sec"),
+        "train_samples_per_sec_total": perf.get("train_samples_per_sec_total"),
         "eval_samples_per_sec": perf.get("eval_samples_per_sec"),
         "peak_mem_mb": perf.get("peak_mem_mb"),
         "params": params,
@@ -117,16 +162,26 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         path = write_summary(run_dir, summary)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         _print_closing_lines(summary, path)
+    for logger in trainer.loggers:
+        if isinstance(
+            logger, WandbLogger
+        ):  # Lightning leaves it open: the next job of a -m sweep would reuse it
+            logger.experiment.finish()
     return summary
 
 
 def _print_closing_lines(summary: dict[str, Any], path: Path) -> None:
     pct = lambda x: "n/a" if x is None else f"{100 * x:.2f}%"  # noqa: E731
     rate = lambda x: "n/a" if x is None else f"{x:,.1f}"  # noqa: E731
+    total = (
+        f" ({rate(summary['train_samples_per_sec_total'])} over {summary['world_size']} devices)"
+        if summary["world_size"] > 1
+        else ""
+    )
     print(
         f"\n{summary['task']} / {summary['attn']}: test accuracy {pct(summary['test_acc'])} "
         f"(majority baseline {pct(summary['baseline_acc'])}, best val {pct(summary['val_acc'])})\n"
-        f"throughput: {rate(summary['train_samples_per_sec'])} train samples/s per device, "
+        f"throughput: {rate(summary['train_samples_per_sec'])} train samples/s per device{total}, "
         f"{rate(summary['eval_samples_per_sec'])} eval samples/s, peak memory "
         f"{rate(summary['peak_mem_mb'])} MB, {summary['steps']} steps in {summary['wall_time_s']:.0f} s\n"
         f"summary: {path}"

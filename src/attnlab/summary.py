@@ -9,9 +9,22 @@ from pathlib import Path
 from typing import Any
 
 SUMMARY_FIELDS = (
-    "task", "attn", "seed", "val_acc", "test_acc", "baseline_acc", "train_samples_per_sec",
-    "eval_samples_per_sec", "peak_mem_mb", "params", "wall_time_s", "steps", "seq_len", "world_size",
-    "git_commit", "data_source",
+    "task",
+    "attn",
+    "seed",
+    "val_acc",
+    "test_acc",
+    "baseline_acc",
+    "train_samples_per_sec",
+    "eval_samples_per_sec",
+    "peak_mem_mb",
+    "params",
+    "wall_time_s",
+    "steps",
+    "seq_len",
+    "world_size",
+    "git_commit",
+    "data_source",
 )
 
 

@@ -1,7 +1,12 @@
 from attnlab.cli.main import main
 
-TINY = ["task.data.source.sizes.train=30", "task.data.source.sizes.val=5", "task.data.source.sizes.test=5",
-        "task.data.source.min_length=5", "task.data.source.max_length=40"]
+TINY = [
+    "task.data.source.sizes.train=30",
+    "task.data.source.sizes.val=5",
+    "task.data.source.sizes.test=5",
+    "task.data.source.min_length=5",
+    "task.data.source.max_length=40",
+]
 
 
 def test_check_only_names_every_missing_path_and_fails(tmp_path, capsys):
@@ -24,8 +29,19 @@ def test_prepare_generates_listops_then_reports_it_complete(tmp_path, capsys):
 
 
 def test_prepare_follows_experiment_overrides(tmp_path, capsys):
-    main(["data", "prepare", "lra", "--task", "listops", "--check-only", "--data-dir", str(tmp_path),
-          "experiment=lra/listops"])
+    main(
+        [
+            "data",
+            "prepare",
+            "lra",
+            "--task",
+            "listops",
+            "--check-only",
+            "--data-dir",
+            str(tmp_path),
+            "experiment=lra/listops",
+        ]
+    )
     out = capsys.readouterr().out
     assert "listops-1000/basic_train.tsv" in out and "of 96,000 expected" in out
 

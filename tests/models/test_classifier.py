@@ -6,8 +6,17 @@ from attnlab.models.classifier import SequenceClassifier
 
 def make(**kwargs):
     torch.manual_seed(0)
-    defaults = dict(vocab_size=20, num_classes=5, attention="softmax", dim=16, depth=2, num_heads=2,
-                    mlp_dim=32, max_len=32, dropout=0.0)
+    defaults = dict(
+        vocab_size=20,
+        num_classes=5,
+        attention="softmax",
+        dim=16,
+        depth=2,
+        num_heads=2,
+        mlp_dim=32,
+        max_len=32,
+        dropout=0.0,
+    )
     return SequenceClassifier(**{**defaults, **kwargs}).eval()
 
 

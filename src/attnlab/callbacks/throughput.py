@@ -6,6 +6,10 @@ after ``warmup_steps`` (the first steps pay for allocation and kernel selection)
 between steps is not counted: the figure is the model's speed, comparable across backends.
 Tokens are the real (unpadded) tokens of the batch. Peak memory is CUDA's max allocated memory
 on GPU and the process's peak resident set size on CPU.
+
+Under DDP every figure is per device, and at the end of training the ranks' rates are summed with
+an all-reduce into ``train_samples_per_sec_total`` / ``train_tokens_per_sec_total`` (a sum of what
+each rank measured, not the per-device rate times the world size: ranks differ, e.g. in lengths).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class ThroughputMonitor(L.Callback):
         self.eval_time = self.eval_samples = 0
         self._t0 = self._eval_t0 = 0.0
         self._seen_steps = 0
+        self.total: dict[str, float] | None = None  # summed over ranks at the end of training
 
     # ---- training -------------------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -113,31 +118,55 @@ class ThroughputMonitor(L.Callback):
         }
 
     def results(self, device: torch.device) -> dict[str, float | None]:
-        """Per-device figures for the run summary (None where nothing was measured)."""
+        """Per-device figures for the run summary, and the totals over ranks (None where not measured)."""
         metrics = self.train_metrics(device)
+        total = self.total or {}
         return {
             "train_samples_per_sec": metrics.get("perf/train_samples_per_sec"),
             "train_tokens_per_sec": metrics.get("perf/train_tokens_per_sec"),
+            "train_samples_per_sec_total": total.get("train_samples_per_sec_total"),
+            "train_tokens_per_sec_total": total.get("train_tokens_per_sec_total"),
             "step_ms": metrics.get("perf/step_ms"),
             "eval_samples_per_sec": self.eval_samples / self.eval_time if self.eval_time > 0 else None,
             "peak_mem_mb": metrics["perf/peak_mem_mb"],
         }
 
+    def _sum_over_ranks(self, trainer, device: torch.device) -> dict[str, float] | None:
+        """All ranks' training rates added up (a collective: every rank calls it); None unless all timed."""
+        measured = self.train_steps > 0 and self.train_time > 0
+        local = [0.0, 0.0]
+        if measured:
+            local = [self.train_samples / self.train_time, self.train_tokens / self.train_time]
+        summed = trainer.strategy.reduce(
+            torch.tensor([*local, float(measured)], dtype=torch.float64, device=device), reduce_op="sum"
+        ).tolist()
+        if summed[2] < trainer.world_size:
+            return None
+        return {"train_samples_per_sec_total": summed[0], "train_tokens_per_sec_total": summed[1]}
+
     def on_train_end(self, trainer, pl_module) -> None:
+        self.total = self._sum_over_ranks(trainer, pl_module.device)
         figures = self.results(pl_module.device)
-        world = trainer.world_size
         lines = [f"{'throughput (per device)':<32}{'value':>14}"]
         for key, value in figures.items():
             lines.append(f"{key:<32}{'n/a' if value is None else f'{value:,.2f}':>14}")
-        if world > 1 and figures["train_samples_per_sec"]:
-            lines.append(f"{'train_samples_per_sec (total)':<32}{figures['train_samples_per_sec'] * world:>14,.2f}")
-        lines.append(f"(timed {self.train_steps} steps after {self.warmup_steps} warm-up steps)")
+        lines.append(
+            f"(timed {self.train_steps} steps after {self.warmup_steps} warm-up steps; "
+            f"*_total: summed over {trainer.world_size} rank(s))"
+        )
         rank_zero_info("\n".join(lines))
 
     # ---- checkpointing: counters survive a resume ---------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        keys = ("train_time", "train_samples", "train_tokens", "train_steps", "eval_time", "eval_samples",
-                "_seen_steps")
+        keys = (
+            "train_time",
+            "train_samples",
+            "train_tokens",
+            "train_steps",
+            "eval_time",
+            "eval_samples",
+            "_seen_steps",
+        )
         return {k: getattr(self, k) for k in keys}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -75,7 +75,8 @@ def register(subparsers) -> None:
     data = subparsers.add_parser("data", help="prepare or check datasets")
     actions = data.add_subparsers(dest="action", required=True)
     prepare = actions.add_parser(
-        "prepare", help="generate or check a benchmark's data, and say what is missing",
+        "prepare",
+        help="generate or check a benchmark's data, and say what is missing",
         description=__doc__.splitlines()[0],
     )
     prepare.add_argument("suite", choices=["lra"], help="benchmark suite")

@@ -8,14 +8,17 @@ which is the ``key_padding_mask`` the attention layers take.
 
 from __future__ import annotations
 
+import fcntl
 import math
 import random
+import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 PAD_ID = 0
 
@@ -97,11 +100,18 @@ def pad_collate(batch: list[dict], pad_to_multiple_of: int = 1) -> dict[str, tor
 
 
 class LengthBucketSampler(Sampler[list[int]]):
-    """Batches of similar lengths, so padding wastes little compute.
+    """Batches of similar lengths, so padding wastes little compute; resumable mid-epoch.
 
     Shuffles, cuts the shuffled order into pools of ``pool_batches`` batches, sorts each pool by
     length, cuts it into batches and shuffles the batches. Deterministic given ``seed`` and the
-    epoch (`set_epoch`), and shardable across DDP ranks (``num_replicas``, ``rank``).
+    epoch, and shardable across DDP ranks (``num_replicas``, ``rank``: rank r takes global batches
+    r, r + R, ...; every rank gets the same number of batches).
+
+    Each pass over the sampler is one epoch, and a pass after the first advances the epoch by
+    itself: Lightning calls ``set_epoch`` only on index samplers, never on a batch sampler, so
+    without this every epoch would repeat the first one's order. ``set_epoch(e)`` makes the next
+    pass epoch ``e``. ``state_dict``/``load_state_dict`` carry ``(epoch, next_batch)``: after a
+    load, the next pass continues that epoch at that batch (what a resumed run needs).
     """
 
     def __init__(
@@ -117,14 +127,24 @@ class LengthBucketSampler(Sampler[list[int]]):
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if pool_batches < 1:
+            raise ValueError(f"pool_batches must be >= 1, got {pool_batches}")
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(
+                f"need num_replicas >= 1 and 0 <= rank < num_replicas, "
+                f"got num_replicas={num_replicas}, rank={rank}"
+            )
         self.lengths = np.asarray(lengths)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.pool_batches, self.drop_last = pool_batches, drop_last
         self.num_replicas, self.rank = num_replicas, rank
-        self.epoch = 0
+        self.epoch = 0  # epoch of the pass in progress (or of the next pass, before it starts)
+        self.pass_start = 0  # first batch of the pass in progress (non-zero when it resumed mid-epoch)
+        self._position = 0  # batches of this epoch handed out so far by the pass in progress
+        self._next_is_fresh = True  # the next pass uses `epoch` as is (after init, set_epoch, a load)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.epoch, self.pass_start, self._position, self._next_is_fresh = epoch, 0, 0, True
 
     def _batches(self) -> list[list[int]]:
         rng = random.Random(self.seed + 1_000_003 * self.epoch)
@@ -140,12 +160,128 @@ class LengthBucketSampler(Sampler[list[int]]):
             batches = [b for b in batches if len(b) == self.batch_size]
         if self.shuffle:
             rng.shuffle(batches)
-        # every rank gets the same number of batches (DDP needs equal step counts)
-        per_rank = len(batches) // self.num_replicas if self.num_replicas > 1 else len(batches)
-        return batches[self.rank :: self.num_replicas][:per_rank]
+        return batches[self.rank :: self.num_replicas][: len(self)]
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self._batches())
+        if not self._next_is_fresh:
+            self.epoch, self.pass_start = self.epoch + 1, 0
+        self._next_is_fresh = False
+        batches = self._batches()
+        self._position = self.pass_start
+        for index in range(self.pass_start, len(batches)):
+            self._position = index + 1  # before yielding: a checkpoint taken now resumes after this batch
+            yield batches[index]
 
     def __len__(self) -> int:
-        return len(self._batches())
+        """Batches per epoch and rank; the same every epoch (pools are full except the last)."""
+        full_pools, rest = divmod(len(self.lengths), self.batch_size * self.pool_batches)
+        last = rest // self.batch_size if self.drop_last else math.ceil(rest / self.batch_size)
+        return (full_pools * self.pool_batches + last) // self.num_replicas
+
+    # ---- resuming ------------------------------------------------------------------------------------
+    def _identity(self) -> dict:
+        return {
+            "num_examples": len(self.lengths),
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "pool_batches": self.pool_batches,
+            "drop_last": self.drop_last,
+        }
+
+    def position_state(self, epoch: int, next_batch: int) -> dict:
+        """The state that resumes at ``next_batch`` of ``epoch`` (an epoch's end is the next one's start)."""
+        if next_batch >= len(self):
+            epoch, next_batch = epoch + 1, 0
+        return {
+            "epoch": epoch,
+            "next_batch": next_batch,
+            "num_replicas": self.num_replicas,
+            **self._identity(),
+        }
+
+    def state_dict(self) -> dict:
+        """Where this sampler's stream of batches stands: the next batch it will hand out."""
+        if self._next_is_fresh:
+            return self.position_state(self.epoch, self.pass_start)
+        return self.position_state(self.epoch, self._position)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next pass continue ``state``'s epoch at its next batch.
+
+        A different world size maps the position through the number of global batches consumed
+        (rounded up: a few batches may be skipped, none repeated). A different dataset, batch size
+        or shuffling makes the position meaningless: the saved epoch then starts over, with a warning.
+        """
+        epoch, next_batch = int(state["epoch"]), int(state["next_batch"])
+        changed = {k: (state.get(k), v) for k, v in self._identity().items() if state.get(k, v) != v}
+        if changed:
+            warnings.warn(
+                f"LengthBucketSampler: resuming with different settings (saved, now) {changed}; "
+                f"epoch {epoch} starts over from its first batch",
+                stacklevel=2,
+            )
+            next_batch = 0
+        saved_replicas = int(state.get("num_replicas", self.num_replicas))
+        if saved_replicas != self.num_replicas:
+            next_batch = math.ceil(next_batch * saved_replicas / self.num_replicas)
+        self.set_epoch(epoch)
+        self.pass_start = self._position = min(next_batch, len(self))
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader over a `LengthBucketSampler` whose position survives a checkpoint.
+
+    Lightning saves ``state_dict()`` of every training dataloader that has one into the checkpoint
+    (``loops.fit_loop.state_dict.combined_loader``) and calls ``load_state_dict`` on resume, before
+    it starts iterating; the next pass then yields only the batches the interrupted epoch had left.
+    The position counted here is what the training loop *received*, not what the sampler handed
+    out: worker processes prefetch batches ahead of the loop.
+
+    Give it a ``generator``: the DataLoader then draws its workers' base seed from it rather than
+    from torch's global generator, so creating an iterator (every epoch, every validation) does
+    not shift the random stream that dropout uses, and a resumed run sees the same stream.
+    """
+
+    def __init__(self, dataset: Dataset, batch_sampler: LengthBucketSampler, **kwargs):
+        if not isinstance(batch_sampler, LengthBucketSampler):
+            raise TypeError(
+                f"ResumableDataLoader needs a LengthBucketSampler, got {type(batch_sampler).__name__}"
+            )
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+        self._consumed: tuple[int, int] | None = None  # (epoch, next batch) as the consumer saw it
+
+    def __iter__(self) -> Iterator:
+        self._consumed = None
+        for batch in super().__iter__():
+            if self._consumed is None:  # the sampler's pass has started: its epoch and start are known
+                self._consumed = (self.batch_sampler.epoch, self.batch_sampler.pass_start)
+            epoch, position = self._consumed
+            self._consumed = (epoch, position + 1)
+            yield batch
+
+    def state_dict(self) -> dict:
+        if self._consumed is None:
+            return self.batch_sampler.state_dict()
+        return self.batch_sampler.position_state(*self._consumed)
+
+    def load_state_dict(self, state: dict) -> None:
+        self._consumed = None
+        self.batch_sampler.load_state_dict(state)
+
+
+@contextmanager
+def file_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if missing) for the duration of the block.
+
+    Several processes preparing the same dataset (DDP ranks started together by ``srun``) take
+    turns: the first generates the files, the others then find them complete.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -14,9 +14,10 @@ from typing import Protocol
 
 import lightning as L
 import numpy as np
+import torch
 from torch.utils.data import DataLoader
 
-from attnlab.data.common import LengthBucketSampler, TokenSequenceDataset, pad_collate
+from attnlab.data.common import LengthBucketSampler, ResumableDataLoader, TokenSequenceDataset, pad_collate
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
@@ -78,12 +79,18 @@ class SequenceDataModule(L.LightningDataModule):
         return int(self.datasets[split].lengths().max())
 
     def _loader(self, split: str, batch_sampler) -> DataLoader:
-        return DataLoader(
+        # Own generators (seeded per split): creating an iterator draws the workers' base seed from
+        # the loader's generator, never from torch's global one, so dropout's random stream does
+        # not depend on how many iterators were made (it must match between a run and its resume).
+        generator = torch.Generator().manual_seed(self.seed * len(SPLITS) + SPLITS.index(split))
+        loader_class = ResumableDataLoader if isinstance(batch_sampler, LengthBucketSampler) else DataLoader
+        return loader_class(
             self.datasets[split],
             batch_sampler=batch_sampler,
             num_workers=self.num_workers,
             collate_fn=self._collate,
             persistent_workers=self.num_workers > 0,
+            generator=generator,
         )
 
     def _collate(self, batch):
@@ -96,12 +103,18 @@ class SequenceDataModule(L.LightningDataModule):
         return trainer.world_size, trainer.global_rank
 
     def train_dataloader(self) -> DataLoader:
+        """Length-bucketed, sharded across ranks, and resumable mid-epoch (see `ResumableDataLoader`)."""
         replicas, rank = self._replicas()
         dataset = self.datasets["train"]
         sampler = LengthBucketSampler(
-            dataset.lengths(), self.batch_size, shuffle=True, seed=self.seed,
-            pool_batches=50 if self.bucket_by_length else 1, drop_last=True,
-            num_replicas=replicas, rank=rank,
+            dataset.lengths(),
+            self.batch_size,
+            shuffle=True,
+            seed=self.seed,
+            pool_batches=50 if self.bucket_by_length else 1,
+            drop_last=True,
+            num_replicas=replicas,
+            rank=rank,
         )
         if self.trainer is not None:
             sampler.set_epoch(self.trainer.current_epoch)
@@ -111,7 +124,8 @@ class SequenceDataModule(L.LightningDataModule):
         replicas, rank = self._replicas()
         dataset = self.datasets[split]
         order = np.argsort(dataset.lengths(), kind="stable")
-        batches = [order[i : i + self.eval_batch_size].tolist() for i in range(0, len(order), self.eval_batch_size)]
+        size = self.eval_batch_size
+        batches = [order[i : i + size].tolist() for i in range(0, len(order), size)]
         # each rank evaluates a disjoint share; metrics are reduced across ranks by torchmetrics
         return self._loader(split, batches[rank::replicas])
 

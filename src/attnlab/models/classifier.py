@@ -55,7 +55,9 @@ class SequenceClassifier(nn.Module):
         self.positions, self.pooling, self.max_len, self.dual = positions, pooling, max_len, dual
         self.embed = nn.Embedding(vocab_size, dim)
         extra = 1 if pooling == "cls" else 0
-        self.pos_embed = nn.Parameter(torch.zeros(1, max_len + extra, dim)) if positions == "learned" else None
+        self.pos_embed = (
+            nn.Parameter(torch.zeros(1, max_len + extra, dim)) if positions == "learned" else None
+        )
         self.cls = nn.Parameter(torch.zeros(1, 1, dim)) if pooling == "cls" else None
         self.drop = nn.Dropout(dropout)
         self.encoder = Encoder(

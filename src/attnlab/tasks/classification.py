@@ -32,7 +32,10 @@ class ClassificationTask(L.LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.exclude_norm_bias = weight_decay_exclude_norm_bias
         self.metrics = nn.ModuleDict(
-            {f"{stage}_acc": MulticlassAccuracy(num_classes, average="micro") for stage in ("train", "val", "test")}
+            {
+                f"{stage}_acc": MulticlassAccuracy(num_classes, average="micro")
+                for stage in ("train", "val", "test")
+            }
         )
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -47,9 +50,18 @@ class ClassificationTask(L.LightningModule):
         # training metrics per step, evaluation metrics per epoch: one name each (train/loss, val/acc, ...)
         train = stage == "train"
         batch_size = labels.shape[0]
-        self.log(f"{stage}/loss", loss, on_step=train, on_epoch=not train, prog_bar=True,
-                 batch_size=batch_size, sync_dist=not train)
-        self.log(f"{stage}/acc", metric, on_step=train, on_epoch=not train, prog_bar=True, batch_size=batch_size)
+        self.log(
+            f"{stage}/loss",
+            loss,
+            on_step=train,
+            on_epoch=not train,
+            prog_bar=True,
+            batch_size=batch_size,
+            sync_dist=not train,
+        )
+        self.log(
+            f"{stage}/acc", metric, on_step=train, on_epoch=not train, prog_bar=True, batch_size=batch_size
+        )
         return loss
 
     def training_step(self, batch, batch_idx):
@@ -62,7 +74,7 @@ class ClassificationTask(L.LightningModule):
         self._step(batch, "test")
 
     def _param_groups(self) -> list[dict]:
-        """No weight decay on biases, norms, embeddings' positions and 1-D parameters (the usual AdamW rule)."""
+        """No weight decay on biases and norm weights (the 1-D parameters), the usual AdamW rule."""
         if not self.exclude_norm_bias:
             return [{"params": [p for p in self.parameters() if p.requires_grad]}]
         decay, no_decay = [], []
