@@ -137,3 +137,12 @@ def test_train_py_runs_from_the_command_line(tmp_path):
     assert "test accuracy" in done.stdout and "majority baseline" in done.stdout
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["attn"] == "softmax"
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("attn", ATTNS)
+def test_every_backend_trains_listops_by_name(train_config, attn):
+    summary = train(
+        train_config(*TINY_LISTOPS, f"attn={attn}", "trainer.max_steps=3", "task.val_check_interval=3")
+    )
+    assert summary["attn"] == attn and summary["steps"] == 3
+    assert 0.0 <= summary["test_acc"] <= 1.0
