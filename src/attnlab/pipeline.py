@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.callbacks.throughput import ThroughputMonitor
+from attnlab.cluster import check_slurm_layout
 from attnlab.data.common import file_lock
 from attnlab.summary import git_commit, write_summary
 
@@ -92,6 +93,7 @@ def _route_lightning_logs_to_root() -> None:
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit, test the best checkpoint, write ``summary.json``; return the summary."""
     started = time.time()
+    check_slurm_layout(cfg)  # inside a SLURM job: does the allocation fit the trainer? fail before any work
     _route_lightning_logs_to_root()
     run_dir = Path(cfg.paths.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -123,11 +123,12 @@ class SequenceDataModule(L.LightningDataModule):
     def _eval_loader(self, split: str) -> DataLoader:
         replicas, rank = self._replicas()
         dataset = self.datasets[split]
-        order = np.argsort(dataset.lengths(), kind="stable")
+        # each rank evaluates a disjoint share of the examples (every rank gets some even when the split
+        # is smaller than one batch per rank); torchmetrics reduces the counts across ranks
+        order = np.argsort(dataset.lengths(), kind="stable")[rank::replicas]
         size = self.eval_batch_size
         batches = [order[i : i + size].tolist() for i in range(0, len(order), size)]
-        # each rank evaluates a disjoint share; metrics are reduced across ranks by torchmetrics
-        return self._loader(split, batches[rank::replicas])
+        return self._loader(split, batches)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")
