@@ -16,19 +16,11 @@ import pytest
 from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 
 from attnlab.pipeline import hyperparameters, train
+from tiny_runs import TINY_LISTOPS as TINY
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY_LISTOPS = [
-    "task.data.source.sizes.train=96",
-    "task.data.source.sizes.val=32",
-    "task.data.source.sizes.test=32",
-    "task.data.source.min_length=10",
-    "task.data.source.max_length=40",
-    "task.data.batch_size=16",
-    "task.model.dim=16",
-    "task.model.mlp_dim=32",
-    "trainer.enable_progress_bar=false",
-    "trainer.num_sanity_val_steps=0",
+    *TINY,
     "trainer.log_every_n_steps=2",
     "callbacks.throughput.warmup_steps=1",
     "trainer.max_steps=6",
@@ -80,7 +72,7 @@ def test_many_writes_series_and_hyperparameters_to_tensorboard_and_mlflow(train_
     assert client.get_metric_history(run.info.run_id, "test/acc"), "test accuracy missing from MLflow"
     params = run.data.params
     assert (params["task"], params["attn"], params["seed"]) == ("listops", "softmax", "3")
-    assert 0 < int(params["seq_len"]) <= 40 and int(params["params"]) > 0
+    assert 0 < int(params["seq_len"]) <= 60 and int(params["params"]) > 0  # max_length=60 in tiny_runs
     assert params["config/task/model/dim"] == "16"  # the nested config arrives flattened, not as one string
     tags = run.data.tags
     assert (tags["task"], tags["attn"], tags["seed"]) == ("listops", "softmax", "3")

@@ -18,22 +18,14 @@ import torch
 from hydra.utils import instantiate
 
 from attnlab.data.datamodule import SequenceDataModule
+from tiny_runs import TINY_LISTOPS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8  # 192 examples / batch 16 = 12 global batches = 6 per rank: the run crosses an epoch boundary
 TINY = [
-    "task.data.source.sizes.train=192",
-    "task.data.source.sizes.val=64",
-    "task.data.source.sizes.test=64",
-    "task.data.source.min_length=10",
-    "task.data.source.max_length=60",
-    "task.data.batch_size=16",
-    # 64 / 13: 5 evaluation batches, so rank 0 evaluates 3 and rank 1 evaluates 2 (uneven shards)
+    *TINY_LISTOPS,
+    # 64 evaluation examples, 32 per rank, in batches of 13: ragged last batches on both ranks
     "task.data.eval_batch_size=13",
-    "task.model.dim=16",
-    "task.model.mlp_dim=32",
-    "trainer.enable_progress_bar=false",
-    "trainer.num_sanity_val_steps=0",
     "logger=none",
     "callbacks.throughput.warmup_steps=2",
     f"trainer.max_steps={STEPS}",

@@ -20,20 +20,12 @@ import torch
 
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO
 from attnlab.pipeline import resolve_ckpt_path, train
+from tiny_runs import TINY_LISTOPS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STEPS, KILL_AFTER, EPOCH = 36, 14, 12  # 192 training examples / batch 16 = 12 steps per epoch: 3 epochs
 TINY = [
-    "task.data.source.sizes.train=192",
-    "task.data.source.sizes.val=64",
-    "task.data.source.sizes.test=64",
-    "task.data.source.min_length=10",
-    "task.data.source.max_length=60",
-    "task.data.batch_size=16",
-    "task.model.dim=16",
-    "task.model.mlp_dim=32",
-    "trainer.enable_progress_bar=false",
-    "trainer.num_sanity_val_steps=0",
+    *TINY_LISTOPS,
     "logger=none",
     "callbacks.throughput.warmup_steps=2",
     # dropout on, so a resumed run matches only if the random states are restored too

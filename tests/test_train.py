@@ -12,24 +12,13 @@ import torch
 from hydra.errors import MissingConfigException
 
 from attnlab.pipeline import train
+from attnlab.summary import SUMMARY_FIELDS
+from tiny_runs import TINY_LISTOPS as TINY
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TASKS = sorted(p.stem for p in (REPO_ROOT / "conf" / "task").glob("*.yaml"))
 ATTNS = sorted(p.stem for p in (REPO_ROOT / "conf" / "attn").glob("*.yaml"))
-TINY_LISTOPS = [
-    "task.data.source.sizes.train=192",
-    "task.data.source.sizes.val=64",
-    "task.data.source.sizes.test=64",
-    "task.data.source.min_length=10",
-    "task.data.source.max_length=60",
-    "task.data.batch_size=16",
-    "task.model.dim=16",
-    "task.model.mlp_dim=32",
-    "trainer.enable_progress_bar=false",
-    "trainer.num_sanity_val_steps=0",
-    "trainer.log_every_n_steps=2",
-    "logger=csv",
-]
+TINY_LISTOPS = [*TINY, "trainer.log_every_n_steps=2", "logger=csv"]
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -58,24 +47,7 @@ def test_short_run_writes_summary_checkpoints_and_logs(train_config, tmp_path):
     run_dir = tmp_path / "run"
     written = json.loads((run_dir / "summary.json").read_text())
     assert written == json.loads(json.dumps(summary))
-    for key in (
-        "task",
-        "attn",
-        "seed",
-        "val_acc",
-        "test_acc",
-        "baseline_acc",
-        "train_samples_per_sec",
-        "eval_samples_per_sec",
-        "peak_mem_mb",
-        "params",
-        "wall_time_s",
-        "steps",
-        "seq_len",
-        "world_size",
-        "git_commit",
-        "data_source",
-    ):
+    for key in SUMMARY_FIELDS:
         assert key in written, key
     assert written["task"] == "listops" and written["attn"] == "sliced_relu" and written["steps"] == 12
     assert 0.0 <= written["test_acc"] <= 1.0 and 0.1 <= written["baseline_acc"] <= 1.0

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.summary import SUMMARY_FIELDS  # every field a run summary carries, in runs.csv order
+
 SUMMARY_NAME = "summary.json"
 
 #: Known backends first, in the paper's order; anything else follows alphabetically.
@@ -35,25 +37,6 @@ TASK_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 
 METRICS = ("test_acc", "val_acc")
 
-#: Every field a run summary may carry, in the order `runs.csv` lists them.
-SUMMARY_FIELDS = (
-    "task",
-    "attn",
-    "seed",
-    "val_acc",
-    "test_acc",
-    "baseline_acc",
-    "train_samples_per_sec",
-    "eval_samples_per_sec",
-    "peak_mem_mb",
-    "params",
-    "wall_time_s",
-    "steps",
-    "seq_len",
-    "world_size",
-    "git_commit",
-    "data_source",
-)
 _FRACTION_FIELDS = ("val_acc", "test_acc", "baseline_acc")
 _NUMBER_FIELDS = (
     *_FRACTION_FIELDS,
