@@ -357,3 +357,24 @@ def test_memory_grows_linearly_not_quadratically(kind):
     assert 0 < peaks[8192] < 24 * value_bytes, peaks  # a few (T, D) buffers, far below one T×T
     assert 24 * value_bytes < one_tt / 20
     assert peaks[8192] / peaks[2048] < 4 * 1.3, peaks
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_autocast_does_not_lower_the_accumulation(kind):
+    s, t, v, bandwidth = random_inputs(2, 2, 200, 8, seed=9, dtype=torch.float32)
+    op = sliced_relu_attention if kind == "relu" else sliced_relu_bump_attention
+    extra = () if kind == "relu" else (bandwidth,)
+    expected = op(s, t, v, *extra)
+    inputs = [x.clone().requires_grad_() for x in (s, t, v)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = op(*inputs, *extra)
+    assert out.dtype == torch.float32
+    assert relative_error(out.detach(), expected.double()) < 1e-6
+    out.sum().backward()
+    assert all(x.grad.dtype == torch.float32 for x in inputs)
+
+
+def test_empty_sequence_rejected():
+    s, t, v, _ = random_inputs(1, 1, 1, 2)
+    with pytest.raises(ValueError, match="at least one position"):
+        sliced_relu_attention(s[..., :0], t[..., :0], v[..., :0, :])

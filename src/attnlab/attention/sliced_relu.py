@@ -167,14 +167,14 @@ def _counts(valid: torch.Tensor | None, n_rows: int, length: int, dtype, device)
 
 
 def _sort_real_first(scores: torch.Tensor, valid: torch.Tensor | None):
-    """Sort scores ascending with padded slots last; returns (sorted scores with padded = +inf,
-    the same with padded = 0 for arithmetic, sort order, bool mask of real sorted slots)."""
+    """Sort scores ascending with padded slots last. Returns the sorted scores with padded = +inf
+    (for ``searchsorted``: no finite score ranks past a real one), the same with padded = 0 (for
+    arithmetic: never inf · 0) and the sort order."""
     key = scores if valid is None else scores.masked_fill(~valid, float("inf"))
     ordered, order = torch.sort(key, dim=1)
     if valid is None:
-        return ordered, ordered, order, None
-    real_sorted = torch.gather(valid, 1, order)
-    return ordered, ordered.masked_fill(~real_sorted, 0.0), order, real_sorted
+        return ordered, ordered, order
+    return ordered, ordered.masked_fill(~torch.gather(valid, 1, order), 0.0), order
 
 
 def _masked_mean_rows(values: torch.Tensor, valid: torch.Tensor | None, count: torch.Tensor) -> torch.Tensor:
@@ -183,6 +183,12 @@ def _masked_mean_rows(values: torch.Tensor, valid: torch.Tensor | None, count: t
         return values.mean(dim=1)
     weights = valid.to(values.dtype)[:, None, :]  # (N, 1, T)
     return torch.bmm(weights, values)[:, 0, :] / count[:, None]
+
+
+def _no_autocast(device: torch.device):
+    """Autocast off inside the ops: their matmuls (masked means, row dots) must stay in the
+    accumulation dtype chosen from the inputs, not drop to half precision."""
+    return torch.autocast(device_type=device.type, enabled=False)
 
 
 def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -200,16 +206,28 @@ class _SlicedReLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s, t, v, valid, eps):
+        with _no_autocast(v.device):
+            return _SlicedReLU._forward(ctx, s, t, v, valid, eps)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        with _no_autocast(grad_out.device):
+            return _SlicedReLU._backward(ctx, grad_out)
+
+    @staticmethod
+    def _forward(ctx, s, t, v, valid, eps):
         n_rows, length, _ = v.shape
         count = _counts(valid, n_rows, length, v.dtype, v.device)
         if valid is not None:  # padded slots get harmless finite scores
             s = s.masked_fill(~valid, 0.0)
             t = t.masked_fill(~valid, 0.0)
-        t_search, t_sorted, order, real_sorted = _sort_real_first(t, valid)
+        t_search, t_sorted, order = _sort_real_first(t, valid)
 
-        # Prefix sums over sorted keys of w = v - vbar (zero on padded keys) and of t·w, t.
+        # Prefix sums over sorted keys of w = v - vbar, of t·w and of t. Padded keys sit after
+        # every real key and no rank ever reaches past the real ones, so their rows of the tables
+        # (whatever they hold) are never read: no masking pass is needed.
         vbar = _masked_mean_rows(v, valid, count)
-        p_w = _sorted_rows(v, order, vbar, None if real_sorted is None else real_sorted.to(v.dtype))
+        p_w = _sorted_rows(v, order, vbar, None)
         p_tw = _times_scores(p_w, t_sorted)
         _cumsum_rows_(p_w)
         _cumsum_rows_(p_tw)
@@ -224,7 +242,7 @@ class _SlicedReLU(torch.autograd.Function):
         scale = 2.0 / den.clamp_min(eps)
         if valid is not None:
             scale = scale.masked_fill(~valid, 0.0)
-        out.neg_().addcmul_(below_w, s[..., None]).mul_(scale[..., None])  # 2 (s P_w - P_tw) / den
+        out.mul_(-scale[..., None]).addcmul_(below_w, (s * scale)[..., None])  # 2 (s P_w - P_tw) / den
 
         ctx.save_for_backward(s, t, t_search, order, rank, below_w, den, out, v, vbar, count)
         ctx.valid = valid
@@ -232,7 +250,7 @@ class _SlicedReLU(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def _backward(ctx, grad_out):
         s, t, t_search, order, rank, below_w, den, out, v, vbar, count = ctx.saved_tensors
         valid, eps = ctx.valid, ctx.eps
         grad_out = grad_out.contiguous()
@@ -253,7 +271,7 @@ class _SlicedReLU(torch.autograd.Function):
 
         # Keys: queries sorted by -s, so that prefix sums are sums over {i : s_i > t_j}.
         # Padded queries (score 0, zero weight) stay in the order so that it matches the counts.
-        _, neg_sorted, q_order, _ = _sort_real_first(-s, None)
+        _, neg_sorted, q_order = _sort_real_first(-s, None)
         q_a = _sorted_rows(grad_out, q_order, None, torch.gather(a_scale, 1, q_order))
         q_sa = _times_scores(q_a, -neg_sorted)
         _cumsum_rows_(q_a)  # Σ a_i
@@ -290,16 +308,6 @@ class _SlicedReLU(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------
 
 
-def _window_sums(p: torch.Tensor, p_t: torch.Tensor, lo, mid, hi):
-    """Sums of rows and of score·rows over the sorted slots [lo, mid) and [mid, hi)."""
-    at_mid, at_mid_t = _take(p, mid), _take(p_t, mid)
-    left = at_mid - _take(p, lo)
-    left_t = at_mid_t - _take(p_t, lo)
-    right = _take(p, hi).sub_(at_mid)
-    right_t = _take(p_t, hi).sub_(at_mid_t)
-    return left, left_t, right, right_t
-
-
 def _hat_windows(search: torch.Tensor, centres: torch.Tensor, width: torch.Tensor):
     """Ranks bounding the windows (c - b, c] and (c, c + b) of each centre among sorted scores."""
     lo = torch.searchsorted(search, centres - width, side="right")  # #{x <= c - b}
@@ -308,13 +316,36 @@ def _hat_windows(search: torch.Tensor, centres: torch.Tensor, width: torch.Tenso
     return lo, mid, hi
 
 
-def _hat_apply(left, left_t, right, right_t, centres, width, coef):
-    """``coef · [(b - c)·L + L_t + (b + c)·R - R_t]``: Σ over the window of (1 - |c - x| / b)·row,
-    since 1 - (c - x)/b = (b - c + x)/b on the left and 1 - (x - c)/b = (b + c - x)/b on the right.
-    ``coef`` is ``1 / (n b)`` per row (and zero at padded centres). Overwrites ``left``."""
-    out = left.mul_((width - centres)[..., None]).add_(left_t)
-    out.addcmul_(right, (width + centres)[..., None]).sub_(right_t)
-    return out.mul_(coef[..., None])
+def _gather_combine(table, terms, dots_with=None, out=None, buffer=None):
+    """``out += Σ_k coef_k · table[index_k]`` (row-wise) and the row dots ``dots_with · table[index_k]``.
+
+    ``terms`` is a list of ``(index (N, T), coef (N, T) or None)``; a ``None`` coefficient only
+    takes the dot. Every gathered row goes through one reused buffer, so a combination of any
+    number of prefix-table lookups costs two ``(N, T, D)`` tensors at most.
+    Returns ``(out, [dots...] or None, buffer)``.
+    """
+    dots = [] if dots_with is not None else None
+    for index, coef in terms:
+        buffer = _take(table, index, out=buffer)
+        if dots is not None:
+            dots.append(_rowdot(dots_with, buffer))
+        if coef is None:
+            continue
+        if out is None:
+            out, buffer = buffer.mul_(coef[..., None]), None
+        else:
+            out.addcmul_(buffer, coef[..., None])
+    return out, dots, buffer
+
+
+def _hat_terms(lo, mid, hi, centres, width, coef):
+    """Coefficients of ``Σ_{x∈(c-b, c+b)} (1 - |c - x|/b) row`` on the prefix tables P (rows) and
+    P_x (score·rows): with L = P[mid] - P[lo] (window (c-b, c]) and R = P[hi] - P[mid] ((c, c+b)),
+    b·Σ = (b - c) L + L_x + (b + c) R - R_x, i.e. P[lo]·-(b - c) + P[mid]·-2c + P[hi]·(b + c)
+    and P_x[lo]·-1 + P_x[mid]·2 + P_x[hi]·-1; ``coef`` (per centre) multiplies everything."""
+    rows = [(lo, -(width - centres) * coef), (mid, -2 * centres * coef), (hi, (width + centres) * coef)]
+    scored = [(lo, -coef), (mid, 2 * coef), (hi, -coef)]
+    return rows, scored
 
 
 class _SlicedReLUBump(torch.autograd.Function):
@@ -322,57 +353,77 @@ class _SlicedReLUBump(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s, t, v, b, valid):
+        with _no_autocast(v.device):
+            return _SlicedReLUBump._forward(ctx, s, t, v, b, valid)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        with _no_autocast(grad_out.device):
+            return _SlicedReLUBump._backward(ctx, grad_out)
+
+    @staticmethod
+    def _forward(ctx, s, t, v, b, valid):
         n_rows, length, _ = v.shape
         count = _counts(valid, n_rows, length, v.dtype, v.device)
         if valid is not None:
             s = s.masked_fill(~valid, 0.0)
             t = t.masked_fill(~valid, 0.0)
-        t_search, t_sorted, order, real_sorted = _sort_real_first(t, valid)
-        p_v = _sorted_rows(v, order, None, None if real_sorted is None else real_sorted.to(v.dtype))
+        t_search, t_sorted, order = _sort_real_first(t, valid)
+        p_v = _sorted_rows(v, order, None, None)  # padded rows are never read (see _SlicedReLU)
         p_tv = _times_scores(p_v, t_sorted)
         _cumsum_rows_(p_v)
         _cumsum_rows_(p_tv)
 
         lo, mid, hi = _hat_windows(t_search, s, b)
-        coef = (1.0 / (count[:, None] * b)).expand(-1, length)
+        coef = (1.0 / (count[:, None] * b)).expand(-1, length)  # 1 / (n b)
         if valid is not None:
             coef = coef.masked_fill(~valid, 0.0)
-        out = _hat_apply(*_window_sums(p_v, p_tv, lo, mid, hi), s, b, coef)
+        rows, scored = _hat_terms(lo, mid, hi, s, b, coef)
+        out, _, buffer = _gather_combine(p_v, rows)
+        out, _, _ = _gather_combine(p_tv, scored, out=out, buffer=buffer)
 
-        ctx.save_for_backward(s, t, v, b, count, t_search, p_v, p_tv, lo, mid, hi, coef)
+        ctx.save_for_backward(s, t, v, b, t_search, p_v, p_tv, lo, mid, hi, coef)
         ctx.valid = valid
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
-        s, t, v, b, count, t_search, p_v, p_tv, lo, mid, hi, coef = ctx.saved_tensors
+    def _backward(ctx, grad_out):
+        s, t, v, b, t_search, p_v, p_tv, lo, mid, hi, coef = ctx.saved_tensors
         valid = ctx.valid
         grad_out = grad_out.contiguous()
 
-        # Queries. hat'(r) = -sign(r)/b inside the window (0 at r = 0), so
-        # dL/ds_i = coef g_i · (Σ_{t∈(s,s+b)} v - Σ_{t∈(s-b,s)} v); keys tied with s_i drop out.
-        # dL/db = Σ_i g_i/(n b²) · Σ_{|r|<b} |r| v_j = coef/b · g_i · (s L - L_t + R_t - s R).
-        left, left_t, right, right_t = _window_sums(p_v, p_tv, lo, mid, hi)
-        tied = _take(p_v, mid).sub_(_take(p_v, torch.searchsorted(t_search, s, side="left")))
-        grad_s = coef * (_rowdot(grad_out, right) - _rowdot(grad_out, left) + _rowdot(grad_out, tied))
-        spread = left.sub_(right).mul_(s[..., None]).sub_(left_t).add_(right_t)
-        grad_b = (coef / b * _rowdot(grad_out, spread)).sum(dim=1, keepdim=True)
-        del left, left_t, right, right_t, tied, spread
+        # Queries. hat'(r) = -sign(r)/b inside the window and 0 at r = 0 and |r| = b, so
+        #   dL/ds_i = coef g_i · (Σ_{t∈(s,s+b)} v - Σ_{t∈(s-b,s)} v)
+        #           = coef g_i · (P[hi] - P[mid] + P[lo] - P[below])   (keys tied with s_i drop out)
+        #   dL/db   = Σ_i coef/b · g_i · Σ_{|r|<b} |r| v_j = coef/b · g_i · (s (L - R) + R_x - L_x).
+        below = torch.searchsorted(t_search, s, side="left")  # #{t < s}
+        _, (g_lo, g_mid, g_hi, g_below), buffer = _gather_combine(
+            p_v, [(lo, None), (mid, None), (hi, None), (below, None)], dots_with=grad_out
+        )
+        _, (gx_lo, gx_mid, gx_hi), buffer = _gather_combine(
+            p_tv, [(lo, None), (mid, None), (hi, None)], dots_with=grad_out, buffer=buffer
+        )
+        grad_s = coef * (g_hi - g_mid + g_lo - g_below)
+        left, right = g_mid - g_lo, g_hi - g_mid
+        left_x, right_x = gx_mid - gx_lo, gx_hi - gx_mid
+        grad_b = (coef / b * (s * (left - right) + right_x - left_x)).sum(dim=1, keepdim=True)
 
-        # Keys: the same windows with queries and keys exchanged (hat is symmetric).
-        s_search, s_sorted, q_order, _ = _sort_real_first(s, valid)
+        # Keys: the same windows with queries and keys exchanged (the hat is symmetric), on
+        # prefix tables of c_i g_i and s_i c_i g_i over the queries sorted by s (c = coef).
+        #   dL/dv_j = Σ_i c_i hat(s_i - t_j) g_i
+        #   dL/dt_j = v_j · (Σ_{s∈(t,t+b)} c g - Σ_{s∈(t-b,t)} c g)
+        s_search, s_sorted, q_order = _sort_real_first(s, valid)
         q_g = _sorted_rows(grad_out, q_order, None, torch.gather(coef, 1, q_order))
         q_sg = _times_scores(q_g, s_sorted)
         _cumsum_rows_(q_g)
         _cumsum_rows_(q_sg)
         k_lo, k_mid, k_hi = _hat_windows(s_search, t, b)
-        g_left, g_left_t, g_right, g_right_t = _window_sums(q_g, q_sg, k_lo, k_mid, k_hi)
-        # dL/dt_j = v_j · (Σ_{s∈(t,t+b)} c g - Σ_{s∈(t-b,t)} c g), c = coef = 1/(n b) of query i
-        g_tied = _take(q_g, k_mid).sub_(_take(q_g, torch.searchsorted(s_search, t, side="left")))
-        grad_t = _rowdot(v, g_right) - _rowdot(v, g_left) + _rowdot(v, g_tied)
-        del g_tied
-        ones = torch.ones_like(coef)
-        grad_v = _hat_apply(g_left, g_left_t, g_right, g_right_t, t, b, ones)
+        k_below = torch.searchsorted(s_search, t, side="left")
+        rows, scored = _hat_terms(k_lo, k_mid, k_hi, t, b, torch.ones_like(coef))
+        grad_v, (v_lo, v_mid, v_hi), buffer = _gather_combine(q_g, rows, dots_with=v, buffer=buffer)
+        _, (v_below,), buffer = _gather_combine(q_g, [(k_below, None)], dots_with=v, buffer=buffer)
+        grad_v, _, _ = _gather_combine(q_sg, scored, out=grad_v, buffer=buffer)
+        grad_t = v_hi - v_mid + v_lo - v_below
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
@@ -402,6 +453,10 @@ def _check_inputs(name, s, t, v, key_padding_mask) -> None:
                 f"{name}: {label} must have shape (B, H, T) = {(batch, heads, length)} to match "
                 f"v {tuple(v.shape)}, got {tuple(x.shape)}"
             )
+    if length == 0:
+        raise ValueError(
+            f"{name}: sequences must hold at least one position (T >= 1), got v {tuple(v.shape)}"
+        )
     if not (s.device == t.device == v.device):
         raise ValueError(f"{name}: s, t, v must be on one device, got {s.device}, {t.device}, {v.device}")
     if key_padding_mask is not None:

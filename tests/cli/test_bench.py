@@ -1,0 +1,150 @@
+"""`attnlab bench attention` on tiny sequence lengths: table, CSV, PNG, timeout and OOM cells."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.cli import bench
+from attnlab.cli.main import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def read_rows(out_dir: Path) -> list[dict[str, str]]:
+    with (out_dir / bench.CSV_NAME).open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def run(tmp_path: Path, *extra: str) -> int:
+    return main(["bench", "attention", "--out-dir", str(tmp_path), "--heads", "2", "--dim", "4", *extra])
+
+
+def test_all_backends_tiny(tmp_path, capsys):
+    code = run(tmp_path, "--seq-lens", "16", "33", "--repeats", "2")
+    assert code == 0
+    rows = read_rows(tmp_path)
+    assert len(rows) == 2 * len(bench.DEFAULT_BACKENDS) * 2
+    assert {r["backend"] for r in rows} == set(bench.DEFAULT_BACKENDS)
+    assert {r["mode"] for r in rows} == {"fwd", "fwdbwd"}
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert float(row["time_ms"]) > 0 and int(row["repeats"]) == 2
+        assert float(row["peak_mem_mb"]) >= 0
+    # A forward + backward allocates at least the gradients of the inputs.
+    fwdbwd = [r for r in rows if r["mode"] == "fwdbwd"]
+    assert all(float(r["peak_mem_mb"]) > 0 for r in fwdbwd)
+    assert (tmp_path / bench.PNG_NAME).read_bytes().startswith(PNG_MAGIC)
+    printed = capsys.readouterr().out
+    assert "sliced_relu_concat" in printed and "peak_mem_mb" in printed
+
+
+def test_threads_option_sets_torch_threads(tmp_path, capsys, monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench.torch, "set_num_threads", seen.append)
+    assert (
+        run(tmp_path, "--backends", "sliced_relu", "--seq-lens", "8", "--mode", "fwd", "--threads", "1") == 0
+    )
+    assert seen == [1]
+
+
+def test_forced_timeout_skips_longer_lengths(tmp_path):
+    code = run(tmp_path, "--backends", "sliced_relu", "--seq-lens", "8", "16", "--timeout-s", "1e-9")
+    assert code == 0
+    rows = read_rows(tmp_path)
+    assert [(r["seq_len"], r["mode"], r["status"]) for r in rows] == [
+        ("8", "fwd", "timeout"),
+        ("8", "fwdbwd", "timeout"),
+        ("16", "fwd", "timeout"),
+        ("16", "fwdbwd", "timeout"),
+    ]
+    assert all("skipped" in r["note"] for r in rows if r["seq_len"] == "16")
+
+
+def test_linear_extrapolation_skips_hopeless_lengths(tmp_path, monkeypatch):
+    # Pretend every call takes 1 s: T=8 fits a 1.5 s limit, T=32 (4× longer) cannot.
+    fake_clock = iter(range(0, 10_000))
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: float(next(fake_clock)))
+    code = run(
+        tmp_path, "--backends", "sliced_relu", "--mode", "fwd", "--seq-lens", "8", "32", "--timeout-s", "1.5"
+    )
+    assert code == 0
+    rows = read_rows(tmp_path)
+    assert rows[0]["status"] == "ok"
+    assert rows[1]["status"] == "timeout" and "extrapolated to 4s" in rows[1]["note"]
+
+
+def test_extrapolation_uses_observed_growth():
+    assert bench._extrapolate([], 1024) == 0.0
+    assert bench._extrapolate([(1024, 1.0)], 4096) == pytest.approx(4.0)  # linear from one point
+    quadratic = [(1024, 1.0), (2048, 4.0)]
+    assert bench._extrapolate(quadratic, 8192) == pytest.approx(64.0)
+    faster_than_linear = [(1024, 1.0), (2048, 1.2)]  # noise: never extrapolate below linear
+    assert bench._extrapolate(faster_than_linear, 4096) == pytest.approx(2.4)
+
+
+def test_out_of_memory_is_marked_not_raised(tmp_path, monkeypatch):
+    real_op = bench._op
+
+    def fake_op(name):
+        if name != "sliced_relu_attention":
+            return real_op(name)
+
+        def exhausted(*args, **kwargs):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
+
+        return exhausted
+
+    monkeypatch.setattr(bench, "_op", fake_op)
+    code = run(tmp_path, "--backends", "sliced_relu", "linear", "--seq-lens", "8", "16", "--mode", "fwd")
+    assert code == 0
+    status = {(r["backend"], r["seq_len"]): r["status"] for r in read_rows(tmp_path)}
+    assert status == {
+        ("sliced_relu", "8"): "oom",
+        ("sliced_relu", "16"): "oom",
+        ("linear", "8"): "ok",
+        ("linear", "16"): "ok",
+    }
+
+
+def test_other_errors_are_recorded_and_fail_the_exit_code(tmp_path, monkeypatch):
+    def broken(name):
+        def op(*args, **kwargs):
+            raise ValueError("broken backend")
+
+        return op
+
+    monkeypatch.setattr(bench, "_op", broken)
+    code = run(tmp_path, "--backends", "sliced_relu", "--seq-lens", "8", "--mode", "fwd")
+    assert code == 1
+    (row,) = read_rows(tmp_path)
+    assert row["status"] == "error" and "broken backend" in row["note"]
+
+
+def test_unknown_backend_lists_known_ones(capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        main(["bench", "attention", "--backends", "nope"])
+    assert excinfo.value.code == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "sliced_relu" in err
+
+
+def test_bad_numbers_rejected(capsys):
+    for argv in (["--seq-lens", "0"], ["--timeout-s", "-1"], ["--repeats", "0"]):
+        with pytest.raises(SystemExit):
+            main(["bench", "attention", *argv])
+    assert "must be" in capsys.readouterr().err
+
+
+def test_cpu_peak_counts_allocations():
+    # 1 MiB allocated and kept alive while a second 1 MiB is allocated and freed: peak 2 MiB.
+    def allocate():
+        a = torch.empty(256 * 1024)
+        b = torch.empty(256 * 1024)
+        del b
+        return a
+
+    assert bench._cpu_peak_bytes(allocate) == 2 * 2**20
