@@ -1,7 +1,7 @@
 """Turn run directories into comparison tables and plots (the paper's Tables 1-2, for any sweep).
 
-The only input is the `summary.json` each run writes (see the design notes, section 3), so a report
-can be rebuilt at any time from copied run directories, without checkpoints or loggers.
+The only input is the `summary.json` each run writes (fields: `attnlab.summary.SUMMARY_FIELDS`), so a
+report can be rebuilt at any time from copied run directories, without checkpoints or loggers.
 
 Outputs, all written by `write_report`:
 

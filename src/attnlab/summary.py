@@ -1,4 +1,4 @@
-"""``<run_dir>/summary.json``: the one file per run that `attnlab report` reads (design §3)."""
+"""``<run_dir>/summary.json``: the one file per run that `attnlab report` reads."""
 
 from __future__ import annotations
 

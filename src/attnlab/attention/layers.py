@@ -226,7 +226,7 @@ _NOT_CAUSAL = (
 
 
 class SlicedReLUAttention(AttentionLayer):
-    """Sliced ReLU attention (design.md §2): Π slices each token's concatenated heads to one score per head.
+    """Sliced ReLU attention (docs/attention.md): Π maps each token's concatenated heads to a score per head.
 
     `projection="mlp"` is H·D -> H·D -> H with GELU, `"linear"` is H·D -> H. The same Π maps q to s and
     k to t, which are then standardised jointly per sequence and head over valid tokens.

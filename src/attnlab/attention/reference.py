@@ -1,7 +1,7 @@
 """Naive O(T²) definitions of every attention backend, for tests and benchmarks only.
 
 Each function is written the obvious way, with broadcasting, so that it can be read against
-the math of design.md §2 line by line. They build T×T tensors on purpose: never use them in a
+the math of docs/attention.md line by line. They build T×T tensors on purpose: never use them in a
 model. Shapes follow the ops: ``q, k, v`` are ``(B, H, T, D)``, scores ``s, t`` are ``(B, H, T)``,
 ``key_padding_mask`` is a bool ``(B, T)`` with True = real token.
 

@@ -1,6 +1,6 @@
 """Exact sliced ReLU and sliced ReLU-bump attention in O(T log T) time and O(T·D) memory.
 
-The math is design.md §2. Both kernels are piecewise linear in the score difference
+The math is in docs/attention.md. Both kernels are piecewise linear in the score difference
 ``r = s_i - t_j``, so once the keys are sorted by ``t`` every query's sum splits into
 "keys below ``s_i``" and "keys above ``s_i``", and each part is an affine function of ``s_i``
 whose coefficients are prefix sums over the sorted keys::
