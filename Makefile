@@ -28,5 +28,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check src tests train.py
 	$(PY) -m ruff format --check src tests train.py
 
+# glibc keeps freed memory for reuse instead of faulting it in again on every call (see
+# `attnlab bench attention --help`): the timings then measure the ops, not the page faults
 bench: $(STAMP)
-	$(VENV)/bin/attnlab bench attention $(ARGS)
+	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 $(VENV)/bin/attnlab bench attention $(ARGS)

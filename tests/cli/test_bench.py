@@ -51,7 +51,7 @@ def test_threads_option_sets_torch_threads(tmp_path, capsys, monkeypatch):
     assert seen == [1]
 
 
-def test_forced_timeout_skips_longer_lengths(tmp_path):
+def test_forced_timeout_skips_longer_lengths(tmp_path, capsys):
     code = run(tmp_path, "--backends", "sliced_relu", "--seq-lens", "8", "16", "--timeout-s", "1e-9")
     assert code == 0
     rows = read_rows(tmp_path)
@@ -62,6 +62,8 @@ def test_forced_timeout_skips_longer_lengths(tmp_path):
         ("16", "fwdbwd", "timeout"),
     ]
     assert all("skipped" in r["note"] for r in rows if r["seq_len"] == "16")
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sliced_relu ")]
+    assert len(printed) == 4 and all("timeout" in line for line in printed)  # skipped cells shown too
 
 
 def test_linear_extrapolation_skips_hopeless_lengths(tmp_path, monkeypatch):

@@ -17,12 +17,16 @@ exponent, or linearly from a single point, would already exceed the limit). The 
 between calls; a running call is never interrupted.
 
 On CPU, page faults of freshly allocated large tensors can cost as much as the arithmetic
-(virtual machines especially); PyTorch backs them with transparent huge pages when
-`THP_MEM_ALLOC_ENABLE=1` is in the environment at start-up, which speeds every backend up; the
-title line says whether it was set. Results are printed as a table and written to
-`<out-dir>/bench_attention.csv` and a log-log plot `<out-dir>/bench_attention.png`. Timings are
-never asserted: on a shared machine they are noisy, so read them as orders of magnitude unless
-the machine is quiet.
+(virtual machines especially): glibc hands allocations over 32 MiB back to the kernel when they
+are freed, so every call faults its buffers in again, and whether a buffer sits just under or over
+that line depends on T and on what ran before. Two environment settings, read at start-up, remove
+this noise for every backend alike: `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736` (glibc
+keeps freed memory for reuse; `make bench` sets them) or `THP_MEM_ALLOC_ENABLE=1` (PyTorch backs
+large tensors with transparent huge pages). The title line says which were set.
+
+Results are printed as a table and written to `<out-dir>/bench_attention.csv` and a log-log plot
+`<out-dir>/bench_attention.png`. Timings are never asserted: on a shared machine they are noisy,
+so read them as orders of magnitude unless the machine is quiet.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ DTYPES = {
 }
 CSV_NAME = "bench_attention.csv"
 PNG_NAME = "bench_attention.png"
+# environment settings that change CPU timings (see the module docstring); shown in the title line
+ALLOCATOR_SETTINGS = ("THP_MEM_ALLOC_ENABLE", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,12 +252,14 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> l
                 cells.append(cell)
                 if key in stopped:
                     cell.status, cell.note = stopped[key], "skipped after a shorter T"
+                    log(_format_row(cell))  # skipped cells are in the table too, marked
                     continue
                 predicted = _extrapolate(last_time.get(key, []), length)
                 if predicted > args.timeout_s:
                     cell.status = "timeout"
                     cell.note = f"skipped: extrapolated to {predicted:.0f}s from shorter T"
                     stopped[key] = "timeout"
+                    log(_format_row(cell))
                     continue
                 try:
                     if inputs is None:
@@ -400,8 +408,8 @@ def main_attention(args: argparse.Namespace) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     title = f"attention ops, B={args.batch} H={args.heads} D={args.dim} {args.dtype} on {args.device}"
     if args.device == "cpu":
-        thp = " THP_MEM_ALLOC_ENABLE=1" if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1" else ""
-        title += f" ({torch.get_num_threads()} threads{thp})"
+        tuning = "".join(f" {k}={os.environ[k]}" for k in ALLOCATOR_SETTINGS if k in os.environ)
+        title += f" ({torch.get_num_threads()} threads{tuning})"
     print(title)
     print(_HEADER)
     cells = run_bench(args)
