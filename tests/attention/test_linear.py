@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab.attention import reference
 from attnlab.attention.linear import linear_attention as linear_attention_chunked
-from attnlab.attention.ops import linear_attention, linear_attention_step
+from attnlab.attention.ops import linear_attention, linear_attention_state, linear_attention_step
 
 
 def lengths_mask(lengths: list[int], t: int) -> torch.Tensor:
@@ -138,3 +138,22 @@ def test_bad_arguments():
         linear_attention(q, k, v, causal=True, chunk_size=0)
     with pytest.raises(ValueError, match=r"\(B, H, D\)"):
         linear_attention_step(q, k, v)
+
+
+def test_prefill_state_continues_like_stepping_through_the_prefix():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 11, 4, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    state = linear_attention_state(k[:, :, :7], v[:, :, :7], mask[:, :7])
+    causal = linear_attention(q, k, v, causal=True)
+    for i in range(7, 11):
+        out, state = linear_attention_step(q[:, :, i], k[:, :, i], v[:, :, i], state)
+        torch.testing.assert_close(out, causal[:, :, i], atol=1e-12, rtol=1e-12)
+    masked = mask.clone()
+    masked[1, 3:7] = False  # padded prefix keys add nothing to the state
+    s_masked, z_masked = linear_attention_state(k[:, :, :7], v[:, :, :7], masked[:, :7])
+    s_short, z_short = linear_attention_state(k[1:, :, :3], v[1:, :, :3])
+    torch.testing.assert_close(s_masked[1:], s_short)
+    torch.testing.assert_close(z_masked[1:], z_short)
+    with pytest.raises(ValueError, match=r"k \(B, H, T, D\)"):
+        linear_attention_state(k[:, :, 0], v)

@@ -129,6 +129,26 @@ def _causal_chunked(
     return num.reshape(b, h, n * c, dv)[:, :, :t], den.reshape(b, h, n * c)[:, :, :t]
 
 
+def linear_attention_state(
+    k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoding state ``(S, z)`` after a whole prefix (prefill): k (B, H, T, D), v (B, H, T, Dv).
+
+    Stepping `linear_attention_step` from this state continues the causal sequence exactly as if
+    every prefix token had been stepped through; padded keys add nothing. In float32 at least.
+    """
+    if k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"expected k (B, H, T, D) and v (B, H, T, Dv); got {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    with no_autocast(k.device):
+        acc = accumulation_dtype(k.dtype)
+        phi_k = elu_feature_map(k.to(acc))
+        if key_padding_mask is not None:
+            phi_k = phi_k * key_padding_mask[:, None, :, None].to(acc)
+        return torch.einsum("bhtd,bhte->bhde", phi_k, v.to(acc)), phi_k.sum(dim=2)
+
+
 def linear_attention_step(
     q_t: torch.Tensor,
     k_t: torch.Tensor,

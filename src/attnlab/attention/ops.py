@@ -5,12 +5,13 @@ Import from here rather than from the implementation modules, which may be reorg
 
 from __future__ import annotations
 
-from attnlab.attention.linear import linear_attention, linear_attention_step
+from attnlab.attention.linear import linear_attention, linear_attention_state, linear_attention_step
 from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bump_attention
 from attnlab.attention.softmax import softmax_attention
 
 __all__ = [
     "linear_attention",
+    "linear_attention_state",
     "linear_attention_step",
     "sliced_relu_attention",
     "sliced_relu_bump_attention",

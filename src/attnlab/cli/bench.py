@@ -2,7 +2,9 @@
 
 For every backend and sequence length T the op runs on random inputs of shape (B, H, T, D)
 (scores (B, H, T) for the sliced backends) in two modes: `fwd`, an inference forward under
-`torch.no_grad()`, and `fwdbwd`, a forward plus a backward pass to every input. Time is the
+`torch.no_grad()`, and `fwdbwd`, a forward plus a backward pass to every input. The
+`linear_decode` row is one recurrent decoding step (`linear_attention_step`) at position T, after
+a prefix of T tokens prefilled untimed: its time and memory stay flat in T. Time is the
 median of `--repeats` calls after one warm-up call (CUDA is synchronised around each call).
 Peak memory is the largest amount of tensor memory allocated *on top of* what was live before
 the call (so the inputs themselves are excluded), measured during the warm-up call: on CUDA with
@@ -43,7 +45,14 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_BACKENDS = ["softmax", "sliced_relu", "sliced_relu_bump", "linear", "sliced_relu_concat"]
+DEFAULT_BACKENDS = [
+    "softmax",
+    "sliced_relu",
+    "sliced_relu_bump",
+    "linear",
+    "sliced_relu_concat",
+    "linear_decode",
+]
 DEFAULT_SEQ_LENS = [1024, 4096, 16384, 65536]
 MODES = ("fwd", "fwdbwd")
 DTYPES = {
@@ -81,6 +90,16 @@ def _bump_inputs(batch, heads, length, dim, dtype, device, generator):
     ]
 
 
+def _decode_inputs(batch, heads, length, dim, dtype, device, generator):
+    """One new token and the decoding state left by a prefix of ``length`` tokens (prefilled, untimed)."""
+    from attnlab.attention.ops import linear_attention_state
+
+    k, v = _qkv_inputs(batch, heads, length, dim, dtype, device, generator)[:2]
+    state = linear_attention_state(k, v)
+    token = [torch.randn(batch, heads, dim, generator=generator).to(device, dtype) for _ in range(3)]
+    return [*token, state]
+
+
 def _op(name: str) -> Callable:
     """The op behind a backend, imported on first use (the facade `attnlab.attention.ops`)."""
     if name == "sliced_relu_concat":
@@ -99,7 +118,10 @@ BACKENDS: dict[str, tuple[str, Callable]] = {
     "sliced_relu": ("sliced_relu_attention", _score_inputs),
     "sliced_relu_bump": ("sliced_relu_bump_attention", _bump_inputs),
     "sliced_relu_concat": ("sliced_relu_concat", _score_inputs),
+    # one recurrent decoding step at position T: its time and memory must not grow with T
+    "linear_decode": ("linear_attention_step", _decode_inputs),
 }
+INFERENCE_ONLY = {"linear_decode"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -117,7 +139,7 @@ class Cell:
     dim: int
     dtype: str
     device: str
-    status: str = "ok"  # ok | oom | timeout | error
+    status: str = "ok"  # ok | oom | timeout | error | n/a
     time_ms: float = math.nan  # median over the timed repeats
     time_ms_min: float = math.nan
     repeats: int = 0
@@ -250,6 +272,10 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> l
                 key = (backend, mode)
                 cell = Cell(backend, mode, length, args.batch, args.heads, args.dim, args.dtype, args.device)
                 cells.append(cell)
+                if backend in INFERENCE_ONLY and mode == "fwdbwd":
+                    cell.status, cell.note = "n/a", "inference only"
+                    log(_format_row(cell))
+                    continue
                 if key in stopped:
                     cell.status, cell.note = stopped[key], "skipped after a shorter T"
                     log(_format_row(cell))  # skipped cells are in the table too, marked
