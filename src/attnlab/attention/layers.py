@@ -15,18 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.attention.linear import (
-    DEFAULT_CHUNK_SIZE,
-    accumulation_dtype,
-    linear_attention,
-    linear_attention_step,
-)
+from attnlab.attention.linear import DEFAULT_CHUNK_SIZE, linear_attention, linear_attention_step
 from attnlab.attention.performer import PerformerFeatureMap, performer_attention
+from attnlab.attention.precision import FLOAT_DTYPES, accumulation_dtype
 from attnlab.attention.rope import RotaryEmbedding
 from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bump_attention
 from attnlab.attention.softmax import softmax_attention
-
-ALL_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @dataclass(frozen=True)
@@ -36,7 +30,7 @@ class Capabilities:
     padding_mask: bool = True
     causal: bool = False
     recurrent_step: bool = False
-    dtypes: tuple[torch.dtype, ...] = ALL_FLOAT_DTYPES
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
     reasons: dict[str, str] = field(default_factory=dict)
 
 

@@ -13,24 +13,13 @@ mix signs through v and lose relative precision at very large T in float32.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
+from attnlab.attention.precision import accumulation_dtype, no_autocast
 from attnlab.attention.softmax import check_qkv
 
 DEFAULT_CHUNK_SIZE = 64
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; every other floating dtype accumulates in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """Autocast would silently run our float32 einsums in half precision; switch it off locally."""
-    return torch.autocast(device_type=device.type, enabled=False)
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:

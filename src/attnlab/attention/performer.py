@@ -11,12 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnlab.attention.linear import (
-    DEFAULT_CHUNK_SIZE,
-    accumulation_dtype,
-    linear_attention_from_features,
-    no_autocast,
-)
+from attnlab.attention.linear import DEFAULT_CHUNK_SIZE, linear_attention_from_features
+from attnlab.attention.precision import accumulation_dtype, no_autocast
 from attnlab.attention.softmax import check_qkv
 
 

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.attention.precision import FLOAT_DTYPES, accumulation_dtype, no_autocast
+
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
 
 
@@ -147,11 +149,6 @@ def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(torch.cumsum(x, dim=1), (1, 0))
 
 
-def _accumulation_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    """float64 if any input is float64, else float32: half types are never summed in half."""
-    return torch.float64 if any(x.dtype == torch.float64 for x in tensors) else torch.float32
-
-
 def _valid_rows(key_padding_mask: torch.Tensor | None, heads: int) -> torch.Tensor | None:
     """``(B, T)`` mask → one row per (batch, head), ``(B·H, T)``."""
     if key_padding_mask is None:
@@ -185,12 +182,6 @@ def _masked_mean_rows(values: torch.Tensor, valid: torch.Tensor | None, count: t
     return torch.bmm(weights, values)[:, 0, :] / count[:, None]
 
 
-def _no_autocast(device: torch.device):
-    """Autocast off inside the ops: their matmuls (masked means, row dots) must stay in the
-    accumulation dtype chosen from the inputs, not drop to half precision."""
-    return torch.autocast(device_type=device.type, enabled=False)
-
-
 def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``(a * b).sum(-1)`` for ``(N, T, D)`` tensors without a T×D temporary."""
     return torch.einsum("ntd,ntd->nt", a, b)
@@ -206,12 +197,12 @@ class _SlicedReLU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s, t, v, valid, eps):
-        with _no_autocast(v.device):
+        with no_autocast(v.device):
             return _SlicedReLU._forward(ctx, s, t, v, valid, eps)
 
     @staticmethod
     def backward(ctx, grad_out):
-        with _no_autocast(grad_out.device):
+        with no_autocast(grad_out.device):
             return _SlicedReLU._backward(ctx, grad_out)
 
     @staticmethod
@@ -353,12 +344,12 @@ class _SlicedReLUBump(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s, t, v, b, valid):
-        with _no_autocast(v.device):
+        with no_autocast(v.device):
             return _SlicedReLUBump._forward(ctx, s, t, v, b, valid)
 
     @staticmethod
     def backward(ctx, grad_out):
-        with _no_autocast(grad_out.device):
+        with no_autocast(grad_out.device):
             return _SlicedReLUBump._backward(ctx, grad_out)
 
     @staticmethod
@@ -435,14 +426,12 @@ class _SlicedReLUBump(torch.autograd.Function):
 # Public entry points
 # --------------------------------------------------------------------------------------------
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
 
 def _check_inputs(name, s, t, v, key_padding_mask) -> None:
     for label, x in (("s", s), ("t", t), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: {label} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in _FLOAT_DTYPES:
+        if x.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name}: {label} must be float16, bfloat16, float32 or float64, got {x.dtype}")
     if v.dim() != 4:
         raise ValueError(f"{name}: v must have shape (B, H, T, D), got {tuple(v.shape)}")
@@ -492,7 +481,7 @@ def sliced_relu_attention(
     if not eps > 0:
         raise ValueError(f"sliced_relu_attention: eps must be > 0, got {eps}")
     batch, heads, length, dim = v.shape
-    acc = _accumulation_dtype(s, t, v)
+    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
     valid = _valid_rows(key_padding_mask, heads)
     if valid is not None:
         valid = valid.to(v.device)
@@ -526,11 +515,12 @@ def sliced_relu_bump_attention(
         raise TypeError(
             f"sliced_relu_bump_attention: bandwidth must be a float tensor, got {bandwidth.dtype}"
         )
-    if not bool((bandwidth > 0).all()):
-        raise ValueError(
-            f"sliced_relu_bump_attention: bandwidth must be > 0 everywhere, got {bandwidth.detach().tolist()}"
-        )
-    acc = _accumulation_dtype(s, t, v, bandwidth)
+    positive = "sliced_relu_bump_attention: bandwidth must be > 0 everywhere"
+    if bandwidth.is_cuda:  # checked on the device: a host-side check would stall every layer call
+        torch._assert_async((bandwidth > 0).all(), positive)
+    elif not bool((bandwidth > 0).all()):
+        raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
+    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
     valid = _valid_rows(key_padding_mask, heads)
     if valid is not None:
         valid = valid.to(v.device)

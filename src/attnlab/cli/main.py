@@ -2,7 +2,7 @@
 
 Each sub-command lives in its own module under `attnlab.cli` and exposes
 `register(subparsers)`, which adds its parser and sets `func` (called with the parsed args,
-returning an exit code). Sub-commands are imported lazily so `attnlab --help` stays fast.
+returning an exit code). A module missing from the build simply leaves its sub-command out.
 """
 
 from __future__ import annotations
