@@ -1,12 +1,14 @@
 """Exact resume after a kill, SLURM requeue on SIGUSR1, and which checkpoint a restart picks.
 
-The killed runs are real `python train.py` processes: one is SIGKILLed mid-epoch once its
+The interrupted runs are real `python train.py` processes: one is SIGKILLed mid-epoch once its
 ``last.ckpt`` reports a step past ``KILL_AFTER``; the other gets SIGUSR1 with SLURM's variables set
-(so Lightning's SLURMEnvironment and its auto-requeue are active) and a fake ``scontrol`` on PATH.
+(so Lightning uses its SLURMEnvironment and attnlab's `SlurmRequeue` takes the signal) and a fake
+``scontrol`` on PATH. In-process runs raise the signal at chosen steps, on and off a validation step.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -15,10 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 
-from attnlab.callbacks.checkpoint import AtomicCheckpointIO
+from attnlab.callbacks.checkpoint import AtomicCheckpointIO, SlurmRequeue, requeue_slurm_job
 from attnlab.pipeline import resolve_ckpt_path, train
 from tiny_runs import TINY_LISTOPS
 
@@ -136,30 +140,140 @@ def _fake_slurm(tmp_path: Path) -> tuple[dict, Path]:
     return {**env_clean, **env}, record
 
 
-def test_sigusr1_under_slurm_saves_hpc_checkpoint_requeues_and_the_restart_resumes(train_config, tmp_path):
-    train(train_config(*TINY, "trainer.max_steps=1", "test=false"))  # generate the data once, in-process
+def _assert_same_training(run_a: Path, run_b: Path, where: str) -> None:
+    """Same weights and optimizer state in both runs' ``last.ckpt``."""
+    weights_a, optim_a = _weights_and_optimizer(run_a / "checkpoints" / "last.ckpt")
+    weights_b, optim_b = _weights_and_optimizer(run_b / "checkpoints" / "last.ckpt")
+    assert weights_a.keys() == weights_b.keys()
+    for name in weights_a:
+        assert torch.equal(weights_a[name], weights_b[name]), f"{name} differs after {where}"
+    for index, state in optim_a.items():
+        for key, value in state.items():
+            assert torch.equal(value, optim_b[index][key]), f"optimizer state {index}.{key} differs"
+
+
+def _loops(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)["loops"]
+
+
+def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_requeues_and_the_restart_matches(
+    train_config, tmp_path
+):
+    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))  # + the data
     env, record = _fake_slurm(tmp_path)
-    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    last.unlink()
+    run = tmp_path / "run"
+    last, hpc = run / "checkpoints" / "last.ckpt", run / "hpc_ckpt_1.ckpt"
 
     process = _start(tmp_path, env=env)
     _wait_for_step(process, last, KILL_AFTER)
-    process.send_signal(signal.SIGUSR1)
-    deadline = time.monotonic() + 60
-    while not record.exists() and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.01)
-    _kill(process)  # what `scontrol requeue` does to the running job
+    process.send_signal(signal.SIGUSR1)  # what SLURM sends 90 s before the time limit
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output[-3000:]
     assert record.read_text().split() == ["requeue", "4242"]
-    hpc = tmp_path / "run" / "hpc_ckpt_1.ckpt"
     saved = _step(hpc)
     assert KILL_AFTER <= saved < STEPS
+    # nothing trained, validated or saved after the hpc checkpoint: last.ckpt holds the same state
+    assert _step(last) == saved and _loops(last) == _loops(hpc)
+    assert not (run / "summary.json").exists()
 
     # the requeued job: same command, same run dir, ckpt_path null: Lightning picks hpc_ckpt_1.ckpt
     restarted = _start(tmp_path, env=env)
-    output, _ = restarted.communicate(timeout=300)
+    output, _ = restarted.communicate(timeout=120)
     assert restarted.returncode == 0, output[-3000:]
     assert f"Restoring states from the checkpoint path at {hpc}" in output
-    assert _step(last) == STEPS
+    assert record.read_text().split() == ["requeue", "4242"]  # requeued once
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == uninterrupted["steps"] == STEPS
+    _assert_same_training(tmp_path / "uninterrupted", run, f"a requeue at step {saved}")
+    assert summary["val_acc"] == uninterrupted["val_acc"]
+    assert summary["test_acc"] == uninterrupted["test_acc"]
+
+
+class SignalAt(L.Callback):
+    """Raises SIGUSR1 in this process at the end of the given steps (before `SlurmRequeue` looks)."""
+
+    def __init__(self, steps: list[int]):
+        self.steps = set(steps)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step in self.steps:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def test_requeue_signal_on_and_off_a_validation_step_resumes_exactly(train_config, tmp_path, monkeypatch):
+    """Step 15: saved right after the step; step 20 (validated): saved after that validation, which the
+    resumed run must not repeat. Two requeues, then the run ends as an uninterrupted one does."""
+    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))
+    env, record = _fake_slurm(tmp_path)
+    for key, value in env.items():
+        if key.startswith("SLURM_") or key == "PATH":
+            monkeypatch.setenv(key, value)
+    handler = signal.getsignal(signal.SIGUSR1)
+    run = tmp_path / "run"
+    signal_at = [
+        "+callbacks.signal_at._target_=test_resume.SignalAt",
+        "+callbacks.signal_at.steps=[15,20]",
+        "callbacks.last_checkpoint.every_n_train_steps=0",
+    ]
+
+    first = train(train_config(*TINY, *signal_at))
+    assert first["preempted"] and first["steps"] == 15 and _step(run / "hpc_ckpt_1.ckpt") == 15
+    # last.ckpt is written at validations only here: still step 10's, so nothing was saved after the
+    # hpc checkpoint (neither a validation that should_stop would start nor the end-of-training save)
+    assert _step(run / "checkpoints" / "last.ckpt") == 10
+    second = train(train_config(*TINY, *signal_at))  # Lightning's rule: resumes from hpc_ckpt_1
+    assert second["preempted"] and _step(run / "hpc_ckpt_2.ckpt") == 20
+    assert _loops(run / "hpc_ckpt_2.ckpt") == _loops(run / "checkpoints" / "last.ckpt")
+    assert not (run / "summary.json").exists()
+    third = train(train_config(*TINY, *signal_at, "ckpt_path=auto"))  # the sbatch script's setting
+    assert not third.get("preempted") and third["steps"] == STEPS
+    assert record.read_text().split() == ["requeue", "4242"] * 2
+    assert signal.getsignal(signal.SIGUSR1) == handler  # restored after each fit
+
+    _assert_same_training(tmp_path / "uninterrupted", run, "requeues at steps 15 and 20")
+    assert third["val_acc"] == uninterrupted["val_acc"]
+    assert third["test_acc"] == uninterrupted["test_acc"]
+
+
+def test_failed_requeue_is_logged_not_raised(tmp_path, monkeypatch, caplog):
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text('#!/bin/sh\necho "Invalid job id specified" >&2\nexit 1\n')
+    scontrol.chmod(0o755)
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with caplog.at_level(logging.ERROR):
+        assert requeue_slurm_job() is False
+    assert "exit status 1: Invalid job id specified" in caplog.text
+    scontrol.unlink()
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        assert requeue_slurm_job() is False  # no scontrol at all
+    assert "scontrol requeue 4242" in caplog.text
+    monkeypatch.setenv("SLURM_JOB_ID", "4242; rm -rf /")
+    assert requeue_slurm_job() is False
+
+
+@pytest.mark.parametrize("where", ["outside SLURM", "auto_requeue=False", "SLURM"])
+def test_requeue_handler_only_under_slurm_with_auto_requeue(where, tmp_path, monkeypatch):
+    """Outside SLURM (or with Lightning's auto-requeue turned off) SIGUSR1 keeps its handler."""
+    env, _ = _fake_slurm(tmp_path)
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
+    if where != "outside SLURM":
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+    plugins = [SLURMEnvironment(auto_requeue=False)] if where == "auto_requeue=False" else None
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, logger=False, plugins=plugins, default_root_dir=tmp_path
+    )
+    before = signal.getsignal(signal.SIGUSR1)
+    requeue = SlurmRequeue()
+    requeue.setup(trainer, None, "fit")
+    installed = signal.getsignal(signal.SIGUSR1)
+    requeue.teardown(trainer, None, "fit")
+    assert (installed == requeue._handle) == (where == "SLURM")
+    assert signal.getsignal(signal.SIGUSR1) == before
 
 
 def _fake_checkpoint(path: Path, step: int, mtime: float) -> None:
@@ -231,3 +345,19 @@ def test_failed_checkpoint_write_leaves_the_previous_last_ckpt_loadable(train_co
 
     AtomicCheckpointIO().save_checkpoint({"global_step": 7}, last)  # a complete write replaces it
     assert _step(last) == 7 and oct(last.stat().st_mode & 0o777) != "0o600"
+
+
+def test_stale_temporary_file_does_not_renumber_hpc_checkpoints(tmp_path, monkeypatch):
+    """A write killed half-way leaves its .tmp; Lightning counts every name containing ``hpc_ckpt_``."""
+    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+    def dies_half_way(obj, handle, *args, **kwargs):
+        raise OSError("killed")
+
+    monkeypatch.setattr(torch, "save", dies_half_way)
+    monkeypatch.setattr(os, "remove", lambda path: None)  # as if killed before the clean-up
+    with pytest.raises(OSError, match="killed"):
+        AtomicCheckpointIO().save_checkpoint({"global_step": 1}, tmp_path / "hpc_ckpt_1.ckpt")
+    monkeypatch.undo()
+    assert [p.name.startswith(".hpc-ckpt-1.ckpt.") for p in tmp_path.iterdir()] == [True]
+    assert _CheckpointConnector.hpc_save_path(tmp_path) == str(tmp_path / "hpc_ckpt_1.ckpt")

@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.callbacks.checkpoint import SlurmRequeue
 from attnlab.callbacks.throughput import ThroughputMonitor
 from attnlab.cluster import check_slurm_layout
 from attnlab.data.common import file_lock
@@ -91,7 +92,11 @@ def _route_lightning_logs_to_root() -> None:
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Fit, test the best checkpoint, write ``summary.json``; return the summary."""
+    """Fit, test the best checkpoint, write ``summary.json``; return the summary.
+
+    A fit stopped by SLURM's requeue signal (`SlurmRequeue`) returns right after it, with
+    ``preempted: True``: the requeued job resumes, tests and writes the summary.
+    """
     started = time.time()
     check_slurm_layout(cfg)  # inside a SLURM job: does the allocation fit the trainer? fail before any work
     _route_lightning_logs_to_root()
@@ -128,6 +133,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     )
 
     trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg.get("ckpt_path"), run_dir))
+    requeue = _find(trainer.callbacks, SlurmRequeue)
+    if requeue is not None and requeue.preempted:
+        log.info(
+            "pre-empted at step %d: no test and no summary until the requeued job ends", trainer.global_step
+        )
+        _finish_wandb(trainer)
+        return {
+            "preempted": True,
+            "steps": trainer.global_step,
+            "checkpoint": requeue.checkpoint_path,
+            "val_acc": None,
+            "test_acc": None,
+        }
 
     checkpoint = _find(trainer.callbacks, ModelCheckpoint)
     best_path = checkpoint.best_model_path if checkpoint else ""
@@ -164,12 +182,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         path = write_summary(run_dir, summary)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         _print_closing_lines(summary, path)
-    for logger in trainer.loggers:
-        if isinstance(
-            logger, WandbLogger
-        ):  # Lightning leaves it open: the next job of a -m sweep would reuse it
-            logger.experiment.finish()
+    _finish_wandb(trainer)
     return summary
+
+
+def _finish_wandb(trainer: L.Trainer) -> None:
+    """Lightning leaves a wandb run open: the next job of a ``-m`` sweep would reuse it."""
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            logger.experiment.finish()
 
 
 def _print_closing_lines(summary: dict[str, Any], path: Path) -> None:

@@ -6,6 +6,9 @@
   stale step.
 - `RandomState` puts the torch (CPU and CUDA), numpy and Python random states of every rank into
   each checkpoint; Lightning saves none, so without it a resumed run draws other dropout masks.
+- `SlurmRequeue` turns SLURM's warning signal (``SIGUSR1`` before the time limit) into an exact
+  ``hpc_ckpt_<n>.ckpt``: Lightning's own auto-requeue saves inside the signal handler, i.e. at any
+  point of a training step; this one saves at the next step boundary, requeues and stops.
 - `AtomicCheckpointIO` writes each checkpoint to a temporary file beside the target, fsyncs it and
   renames it over the target. Lightning's own writer (``_atomic_save``, an fsspec transaction)
   stages the file in the system temp directory and *moves* it: a rename only when that directory
@@ -16,9 +19,14 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
+import re
+import signal
+import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +34,12 @@ import lightning as L
 import numpy as np
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+log = logging.getLogger(__name__)
 
 
 class LastCheckpoint(Checkpoint):
@@ -67,7 +79,9 @@ class LastCheckpoint(Checkpoint):
             self._save(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if trainer.global_step != self._saved_step:
+        # After a pre-emption the training loop has closed its epoch half-way: a checkpoint now would
+        # resume at the next epoch. The requeued run continues from the hpc checkpoint instead.
+        if trainer.global_step != self._saved_step and not _preempted(trainer):
             self._save(trainer)
 
 
@@ -78,6 +92,142 @@ def _validation_follows(trainer: L.Trainer) -> bool:
         return bool(loop.epoch_loop._should_check_val_fx(loop._data_fetcher))
     except AttributeError:
         return False
+
+
+# ---- SLURM pre-emption -----------------------------------------------------------------------------------
+class SlurmRequeue(Checkpoint):
+    """On SLURM's requeue signal: save ``<default_root_dir>/hpc_ckpt_<n>.ckpt`` at the next step
+    boundary, run ``scontrol requeue``, stop training.
+
+    Lightning's auto-requeue saves from inside the signal handler, wherever in a training step the
+    signal lands: the checkpoint can miss the batch in flight or hold an optimizer update without
+    its step count, so the requeued run drifts from an uninterrupted one. Here the handler only sets
+    a flag; after each optimizer step the ranks agree on it (one boolean all-reduce, so any rank's
+    signal counts) and save where ``last.ckpt`` would: after the step, or after the validation that
+    follows it (a checkpoint from before that validation would resume without it).
+
+    Active only in a fit under SLURM with Lightning's auto-requeue on (its default there). It
+    installs its handler in ``setup``, before the trainer registers its own, and Lightning never
+    replaces an existing handler of the requeue signal: only this one fires. Outside SLURM, or with
+    ``SLURMEnvironment(auto_requeue=False)``, it does nothing. The requeued job resumes through
+    Lightning's own rule (``ckpt_path`` null on SLURM: the newest ``hpc_ckpt_<n>.ckpt``, the very
+    file name Lightning would have written) or ``ckpt_path=auto``.
+
+    A `Checkpoint` subclass, so Lightning runs it after the other callbacks, like `LastCheckpoint`.
+    """
+
+    def __init__(self) -> None:
+        self.preempted = False  # the pipeline reads it: no test stage, no summary for this attempt
+        self.checkpoint_path: str | None = None
+        self._requested = False
+        self._signal: int | None = None
+        self._previous_handler: Any = None
+        self._last_step = -1
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self._requested = True  # only a flag: the handler interrupts the step at an arbitrary point
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit" or self._signal is not None:
+            return
+        environment = trainer._accelerator_connector.cluster_environment  # what Lightning itself asks
+        if not (isinstance(environment, SLURMEnvironment) and environment.auto_requeue):
+            return
+        if not hasattr(trainer.fit_loop.epoch_loop, "_skip_next_val"):
+            log.warning(
+                "this Lightning version has no fit_loop.epoch_loop._skip_next_val (Lightning >= 2.5 does): "
+                "leaving SIGUSR1 to Lightning's auto-requeue, whose checkpoint may resume inexactly"
+            )
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread; Lightning skips them too
+        self.preempted, self.checkpoint_path, self._requested = False, None, False
+        self._signal = environment.requeue_signal
+        self._previous_handler = signal.signal(self._signal, self._handle)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._last_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._signal is None or trainer.global_step == self._last_step:
+            return  # inactive, or gradients still accumulating: no optimizer step completed yet
+        self._last_step = trainer.global_step
+        if _validation_follows(trainer):
+            return  # decided in on_validation_end, after that validation
+        if self._agreed(trainer):
+            # `should_stop` makes Lightning validate at once; an uninterrupted run would not, and that
+            # validation would rewrite last.ckpt and the best checkpoint after the hpc checkpoint
+            trainer.fit_loop.epoch_loop._skip_next_val = True
+            self._preempt(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._signal is None or trainer.sanity_checking or self.preempted or trainer.state.fn != "fit":
+            return
+        if self._agreed(trainer):
+            self._preempt(trainer)
+
+    def _agreed(self, trainer: L.Trainer) -> bool:
+        """Whether any rank got the signal (every rank asks at the same points: the collectives match)."""
+        return bool(trainer.strategy.reduce_boolean_decision(self._requested, all=False))
+
+    def _preempt(self, trainer: L.Trainer) -> None:
+        # rank 0 names the file: a rank that looked after rank 0 had written it would count one more
+        path = trainer.strategy.broadcast(_CheckpointConnector.hpc_save_path(trainer.default_root_dir), src=0)
+        trainer.save_checkpoint(path)  # every rank takes part; rank 0 writes
+        self.preempted, self.checkpoint_path = True, str(path)
+        if trainer.is_global_zero:
+            log.info("requeue signal: saved %s at step %d", path, trainer.global_step)
+            requeue_slurm_job()
+        trainer.should_stop = True
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            self._restore_handler()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._restore_handler()
+
+    def _restore_handler(self) -> None:
+        if self._signal is None:
+            return
+        previous = self._previous_handler if self._previous_handler is not None else signal.SIG_DFL
+        signal.signal(self._signal, previous)
+        self._signal = None
+
+
+def _preempted(trainer: L.Trainer) -> bool:
+    return any(isinstance(c, SlurmRequeue) and c.preempted for c in trainer.callbacks)
+
+
+def requeue_slurm_job() -> bool:
+    """``scontrol requeue`` this job (an array task as ``<array job>_<task>``); False, logged, on failure.
+
+    A failure does not raise: the checkpoint is saved, and a crash here would only lose the clean
+    exit; the job then ends at its time limit and can be resubmitted by hand.
+    """
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array_job:
+        job_id = f"{array_job}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    else:
+        job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not re.fullmatch(r"[0-9]+(_[0-9]+)?", job_id):
+        log.error("cannot requeue: %r is not a SLURM job id (from SLURM_JOB_ID / SLURM_ARRAY_*)", job_id)
+        return False
+    try:
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        log.error("`scontrol requeue %s` failed (%s): the job will not restart by itself", job_id, err)
+        return False
+    if result.returncode != 0:
+        log.error(
+            "`scontrol requeue %s` failed with exit status %d: %s; the job will not restart by itself",
+            job_id,
+            result.returncode,
+            (result.stderr or result.stdout).strip(),
+        )
+        return False
+    log.info("requeued SLURM job %s", job_id)
+    return True
 
 
 # ---- random states -------------------------------------------------------------------------------------
@@ -162,7 +312,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     A crash or kill at any point leaves either the previous file or the new one, never a partial
     file (a stale ``.tmp`` may remain after a kill). Remote paths (``s3://`` ...) keep Lightning's
-    fsspec writer.
+    fsspec writer. The temporary name of ``hpc_ckpt_<n>.ckpt`` reads ``hpc-ckpt-<n>``: Lightning takes
+    any file whose name contains ``hpc_ckpt_`` for an HPC checkpoint, numbered by all the digits in
+    its name, so a stale ``.hpc_ckpt_1.ckpt.x7q3.tmp`` would make a restart look for ``hpc_ckpt_173``.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
@@ -172,7 +324,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        prefix = "." + path.name.replace("hpc_ckpt_", "hpc-ckpt-") + "."
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as handle:
                 torch.save(checkpoint, handle)
