@@ -80,8 +80,8 @@ def test_bad_width_or_head_count(dim, heads):
 def test_unsupported_causal_names_backend_and_reason(name):
     with pytest.raises(UnsupportedAttentionError, match=f"backend '{name}'.*causal: scores are sorted"):
         build_attention(name, 16, 4, causal=True)
-    with pytest.raises(ValueError, match=f"'{name}' does not support causal=True"):
-        EXPECTED[name](16, 4, causal=True)  # the layer refuses too when built directly
+    with pytest.raises(UnsupportedAttentionError, match=f"backend '{name}'.*causal: scores are sorted"):
+        EXPECTED[name](16, 4, causal=True)  # the same refusal when the layer is built directly
 
 
 def test_capabilities_and_check_support():

@@ -9,8 +9,8 @@ Depends on torch only (no Lightning, no Hydra), so every backend can be built an
 from __future__ import annotations
 
 from attnlab.attention import ops
+from attnlab.attention.layers import UnsupportedAttentionError
 from attnlab.attention.registry import (
-    UnsupportedAttentionError,
     available_backends,
     backend_capabilities,
     backend_options,

@@ -23,6 +23,10 @@ from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bum
 from attnlab.attention.softmax import softmax_attention
 
 
+class UnsupportedAttentionError(ValueError):
+    """A backend was asked for something it cannot do (e.g. causal sliced ReLU)."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend can do; `reasons` explains each unsupported feature (shown in errors)."""
@@ -60,17 +64,21 @@ class AttentionLayer(nn.Module):
         qkv_bias: bool = True,
     ) -> None:
         super().__init__()
-        if dim < 1 or num_heads < 1 or dim % num_heads != 0:
+        if not isinstance(dim, int) or not isinstance(num_heads, int) or dim < 1 or num_heads < 1:
             raise ValueError(
-                f"dim must be a positive multiple of num_heads; got dim={dim}, num_heads={num_heads} "
-                f"(dim % num_heads = {dim % num_heads if num_heads > 0 else 'undefined'})"
+                f"dim and num_heads must be positive integers; got dim={dim!r}, num_heads={num_heads!r}"
+            )
+        if dim % num_heads != 0:
+            raise ValueError(
+                f"dim={dim} is not divisible by num_heads={num_heads}: "
+                "each head needs dim / num_heads channels"
             )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if causal and not self.capabilities.causal:
-            raise ValueError(
-                f"attention backend '{self.name}' does not support causal=True: "
-                f"{self.capabilities.reasons.get('causal', 'not implemented')}"
+            raise UnsupportedAttentionError(
+                f"attention backend {self.name!r} cannot serve this request: "
+                f"causal: {self.capabilities.reasons.get('causal', 'not supported')}"
             )
         self.dim = dim
         self.num_heads = num_heads

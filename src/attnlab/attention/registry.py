@@ -35,10 +35,6 @@ _BACKENDS: dict[str, type[AttentionLayer]] = {
 }
 
 
-class UnsupportedAttentionError(ValueError):
-    """A backend was asked for something it cannot do (e.g. causal sliced ReLU)."""
-
-
 def available_backends() -> list[str]:
     """Names accepted by `build_attention`, in registration order."""
     return list(_BACKENDS)
@@ -97,14 +93,6 @@ def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> Atte
     the backend does not support all raise ValueError with what is allowed.
     """
     layer = _layer(name)
-    if not isinstance(dim, int) or not isinstance(num_heads, int) or num_heads < 1 or dim < 1:
-        raise ValueError(
-            f"dim and num_heads must be positive integers; got dim={dim!r}, num_heads={num_heads!r}"
-        )
-    if dim % num_heads != 0:
-        raise ValueError(
-            f"dim={dim} is not divisible by num_heads={num_heads}: each head needs dim / num_heads channels"
-        )
     accepted = backend_options(name)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
@@ -112,9 +100,4 @@ def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> Atte
             f"unknown option(s) {', '.join(unknown)} for attention backend {name!r}; "
             f"accepted options: {', '.join(accepted)}"
         )
-    reasons = check_support(name, causal=bool(options.get("causal", False)))
-    if reasons:
-        raise UnsupportedAttentionError(
-            f"attention backend {name!r} cannot serve this request: {'; '.join(reasons)}"
-        )
-    return layer(dim, num_heads, **options)
+    return layer(dim, num_heads, **options)  # the layer checks width, heads and what it supports
