@@ -45,11 +45,14 @@ _NUMBER_FIELDS = (
     "peak_mem_mb",
     "params",
     "wall_time_s",
+    "attempts",
     "steps",
     "seq_len",
     "world_size",
 )
-_INTEGER_FIELDS = ("seed", "params", "steps", "seq_len", "world_size")
+_INTEGER_FIELDS = ("seed", "params", "attempts", "steps", "seq_len", "world_size")
+# measured quantities: a negative value is a broken measurement, not a slow run
+_NON_NEGATIVE_FIELDS = tuple(f for f in _NUMBER_FIELDS if f not in _FRACTION_FIELDS)
 
 MISSING = "—"  # a table cell with no value (the combination was not run, or did not report it)
 
@@ -153,6 +156,8 @@ def parse_summary(path: Path) -> RunSummary:
             raise ReportError(f"{path}: {key!r} must be an integer, got {value!r}")
         if key in _FRACTION_FIELDS and not 0.0 <= value <= 1.0:
             raise ReportError(f"{path}: {key!r} must be a fraction in [0, 1], got {value!r}")
+        if key in _NON_NEGATIVE_FIELDS and value < 0:
+            raise ReportError(f"{path}: {key!r} must be >= 0 (a measured quantity), got {value!r}")
     return RunSummary(path=Path(path), fields=data)
 
 
@@ -471,9 +476,15 @@ def _csv_value(value: Any) -> Any:
     return value
 
 
+def _markdown_cell(text: str) -> str:
+    """A backend or task name with ``|`` (or a line break) would split the row into extra columns."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
 def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    cells = lambda values: " | ".join(_markdown_cell(v) for v in values)  # noqa: E731
+    lines = ["| " + cells(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + cells(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -508,6 +519,12 @@ def _panels(n: int, title: str):
     return fig, axes
 
 
+def clipped_error(mean: float, std: float, low: float, high: float = math.inf) -> list[list[float]]:
+    """Matplotlib's (lower, upper) error lengths of mean ± std, cut at [low, high]: an accuracy bar
+    past 100 % or a rate bar below 0 would show values no run can have."""
+    return [[max(0.0, min(std, mean - low))], [max(0.0, min(std, high - mean))]]
+
+
 def plot_acc_vs_throughput(runs: Sequence[RunSummary], path: Path, metric: str = "test_acc") -> Path:
     """One panel per task: accuracy (mean ± std over seeds) vs train samples/s, one marker per backend.
 
@@ -534,8 +551,8 @@ def plot_acc_vs_throughput(runs: Sequence[RunSummary], path: Path, metric: str =
                 ax.errorbar(
                     x,
                     y,
-                    xerr=speed.std,
-                    yerr=100 * acc.std,
+                    xerr=clipped_error(x, speed.std, low=0.001 * x),  # a log axis: stay above 0
+                    yerr=clipped_error(y, 100 * acc.std, low=0.0, high=100.0),
                     fmt=marker,
                     color=colour,
                     markersize=8,

@@ -153,6 +153,9 @@ def test_load_runs_deduplicates_overlapping_dirs(sweep: Path):
         ("train_samples_per_sec", "fast", "finite number or null"),
         ("seq_len", 10.5, "must be an integer"),
         ("task", "", "non-empty string"),
+        ("train_samples_per_sec", -5.0, "must be >= 0"),
+        ("peak_mem_mb", -1, "must be >= 0"),
+        ("eval_samples_per_sec", float("nan"), "finite number or null"),
     ],
 )
 def test_invalid_field_values_are_skipped_with_the_field_named(tmp_path, field, value, expected):
@@ -335,3 +338,44 @@ def test_cli_rejects_unknown_metric(sweep: Path, capsys):
 def test_library_rejects_unknown_metric(sweep: Path, tmp_path: Path):
     with pytest.raises(ReportError, match="unknown metric 'f1'"):
         make_report([sweep], tmp_path / "o", metric="f1")
+
+
+def test_pipes_in_names_do_not_split_markdown_cells(tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(BASELINE_ACC, "list|ops", 0.1)
+    for i, attn in enumerate(["softmax", "my|attn"]):
+        run = tmp_path / str(i)
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps(_summary("list|ops", attn, 0, 0.4, 100, 10.0, 1.0)))
+    make_report([tmp_path], tmp_path / "report")
+    for name in ("accuracy.md", "throughput.md"):
+        lines = [ln for ln in (tmp_path / "report" / name).read_text().splitlines() if ln.startswith("|")]
+        widths = {len([c for c in ln.replace("\\|", "").split("|")]) for ln in lines}
+        assert len(widths) == 1, f"{name}: rows with different cell counts"
+        assert "my\\|attn" in (tmp_path / "report" / name).read_text()
+
+
+def test_error_bars_stay_inside_what_a_run_can_measure(tmp_path: Path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from attnlab.reporting import clipped_error
+
+    assert clipped_error(90.0, 20.0, low=0.0, high=100.0) == [[20.0], [10.0]]
+    assert clipped_error(5.0, 20.0, low=0.0, high=100.0) == [[5.0], [20.0]]
+    assert clipped_error(10.0, 30.0, low=0.01) == [[9.99], [30.0]]
+    bars = []
+    original = Axes.errorbar
+    monkeypatch.setattr(
+        Axes, "errorbar", lambda ax, x, y, **kw: bars.append((x, y, kw)) or original(ax, x, y, **kw)
+    )
+    for seed, (acc, speed) in enumerate([(0.99, 10.0), (0.50, 1000.0)]):
+        run = tmp_path / str(seed)
+        run.mkdir()
+        (run / "summary.json").write_text(
+            json.dumps(_summary("listops", "softmax", seed, acc, 100, speed, 1.0))
+        )
+    make_report([tmp_path], tmp_path / "report")
+    ((x, y, kw),) = bars
+    (y_low,), (y_high,) = kw["yerr"]
+    (x_low,), _ = kw["xerr"]
+    assert y - y_low >= 0.0 and y + y_high == pytest.approx(100.0)
+    assert x - x_low > 0.0
