@@ -3,15 +3,23 @@
 See README.md for the config groups (task, attn, trainer, logger, experiment) and overrides.
 """
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
+
+import attnlab  # noqa: F401  registers the config resolvers (hydra.run.dir of a resumed run)
+from attnlab.errors import UserError
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     from attnlab.pipeline import train  # imported late so `--help` and config errors stay fast
 
-    summary = train(cfg)
+    try:
+        summary = train(cfg)
+    except UserError as err:  # the user's to fix: the message says what, a traceback would bury it
+        sys.exit(f"error: {err}")
     return summary["val_acc"]  # the value a Hydra sweeper would optimise
 
 

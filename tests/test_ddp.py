@@ -49,8 +49,8 @@ def _evaluate_in_one_process(cfg, ckpt: str) -> tuple[float, float]:
         enable_model_summary=False,
         enable_checkpointing=False,
     )
-    val = trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)[0]["val/acc"]
-    test = trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=False)[0]["test/acc"]
+    val = trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)[0]["val/acc"]
+    test = trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)[0]["test/acc"]
     return val, test
 
 
@@ -76,7 +76,7 @@ def test_two_process_run_shards_data_and_reduces_metrics_across_ranks(train_conf
     assert total != 2 * per_device  # summed over ranks (each timed its own steps), not extrapolated
     assert "over 2 devices" in done.stdout
 
-    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     loader_state = last["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
     assert loader_state["num_replicas"] == 2
     # 6 batches per rank and epoch: after 8 steps the run is 2 batches into its second epoch

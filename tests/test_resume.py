@@ -43,7 +43,7 @@ TINY = [
 
 
 def _step(path: Path) -> int:
-    return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["global_step"])
+    return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"])
 
 
 def _start(tmp_path: Path, *overrides: str, env: dict | None = None) -> subprocess.Popen:
@@ -87,7 +87,7 @@ def _kill(process: subprocess.Popen) -> None:
 
 
 def _weights_and_optimizer(path: Path) -> tuple[dict, dict]:
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     return ckpt["state_dict"], ckpt["optimizer_states"][0]["state"]
 
 
@@ -153,7 +153,7 @@ def _assert_same_training(run_a: Path, run_b: Path, where: str) -> None:
 
 
 def _loops(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=False)["loops"]
+    return torch.load(path, map_location="cpu", weights_only=True)["loops"]
 
 
 def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_requeues_and_the_restart_matches(
@@ -297,8 +297,10 @@ def test_auto_picks_the_newest_of_hpc_and_last_checkpoints(tmp_path):
 
 
 def test_auto_names_an_unreadable_checkpoint(tmp_path):
+    from attnlab.errors import CheckpointError
+
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"truncated")
-    with pytest.raises(RuntimeError, match="hpc_ckpt_1.ckpt"):
+    with pytest.raises(CheckpointError, match=r"hpc_ckpt_1\.ckpt is corrupt"):
         resolve_ckpt_path("auto", tmp_path)
 
 
@@ -361,3 +363,126 @@ def test_stale_temporary_file_does_not_renumber_hpc_checkpoints(tmp_path, monkey
     monkeypatch.undo()
     assert [p.name.startswith(".hpc-ckpt-1.ckpt.") for p in tmp_path.iterdir()] == [True]
     assert _CheckpointConnector.hpc_save_path(tmp_path) == str(tmp_path / "hpc_ckpt_1.ckpt")
+
+
+# ---- resume as the README writes it; history across attempts ---------------------------------------------
+def _readme_run(tmp_path: Path, *overrides: str) -> subprocess.Popen:
+    """``python train.py [overrides]`` in ``tmp_path`` with nothing but the tiny sizes: no run dir given."""
+    command = [sys.executable, str(REPO_ROOT / "train.py"), *TINY, *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    return subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _metric_steps(run_dir: Path, column: str) -> list[int]:
+    import csv
+
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as handle:
+        return [int(row["step"]) for row in csv.DictReader(handle) if row.get(column)]
+
+
+def test_resume_as_the_readme_writes_it_continues_the_same_run(tmp_path):
+    """``ckpt_path=<run>/checkpoints/last.ckpt``, no ``hydra.run.dir``: same run dir, best-checkpoint
+    tracking restored, metric rows and wall time of the killed attempt kept, attempts counted."""
+    process = _readme_run(tmp_path, "logger=csv", "trainer.log_every_n_steps=1")
+    runs = tmp_path / "outputs" / "listops" / "sliced_relu"
+    deadline = time.monotonic() + 60
+    while not list(runs.glob("*/checkpoints/last.ckpt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (last,) = runs.glob("*/checkpoints/last.ckpt")
+    _wait_for_step(process, last, KILL_AFTER)
+    _kill(process)
+    run_dir, killed_at = last.parent.parent, _step(last)
+    assert KILL_AFTER <= killed_at < STEPS
+    first_attempt_s = torch.load(last, weights_only=True)["callbacks"]["AttemptClock"]["wall_time_s"]
+
+    relative = last.relative_to(tmp_path)  # typed as a user would, from where they ran the first command
+    resumed = _readme_run(tmp_path, "logger=csv", "trainer.log_every_n_steps=1", f"ckpt_path={relative}")
+    output, _ = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0, output[-3000:]
+    assert [p.parent.parent for p in runs.glob("*/checkpoints/last.ckpt")] == [run_dir]  # no new run dir
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["attempts"] == 2
+    assert summary["val_acc"] is not None  # best-checkpoint tracking came back with the checkpoint
+    assert Path(summary["best_checkpoint"]).parent == run_dir / "checkpoints"
+    assert summary["wall_time_s"] > first_attempt_s
+    train_steps = _metric_steps(run_dir, "train/loss")
+    assert train_steps == sorted(set(train_steps)), "a step logged twice"
+    assert train_steps == list(range(STEPS)), "rows of the killed attempt lost, or a step logged twice"
+    assert _metric_steps(run_dir, "val/acc") == [9, 19, 29]
+
+
+# ---- checkpoints are never unpickled unsafely ------------------------------------------------------------
+class _RunsCode:
+    """Unpickling this object runs a shell command (what a planted checkpoint would do)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant(path: Path, marker: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"global_step": 999, "state_dict": {}, "payload": _RunsCode(marker)}, path)
+
+
+def test_planted_hpc_checkpoint_is_refused_not_run(train_config, tmp_path):
+    from attnlab.errors import CheckpointError
+
+    train(train_config(*TINY, "trainer.max_steps=4", "test=false"))
+    marker = tmp_path / "code-ran"
+    _plant(tmp_path / "run" / "hpc_ckpt_9.ckpt", marker)
+    with pytest.raises(CheckpointError, match=r"hpc_ckpt_9\.ckpt holds objects other than tensors"):
+        train(train_config(*TINY, "trainer.max_steps=6", "ckpt_path=auto"))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("where", ["outside the run dir", "inside the run dir"])
+def test_best_checkpoint_path_from_a_resumed_state_is_checked(train_config, tmp_path, where):
+    """A ``last.ckpt`` that loads safely can still name any file as the best checkpoint to test."""
+    from attnlab.errors import CheckpointError
+
+    train(train_config(*TINY, "trainer.max_steps=10", "test=false"))
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    marker = tmp_path / "code-ran"
+    planted = (tmp_path / "elsewhere" if where == "outside the run dir" else last.parent) / "best-evil.ckpt"
+    _plant(planted, marker)
+    checkpoint = torch.load(last, weights_only=True)
+    (key,) = [k for k in checkpoint["callbacks"] if k.startswith("ModelCheckpoint") and "'val/acc'" in k]
+    checkpoint["callbacks"][key]["best_model_path"] = str(planted)
+    torch.save(checkpoint, last)
+
+    expected = "lies outside the run dir" if where == "outside the run dir" else "objects other than tensors"
+    with pytest.raises(CheckpointError, match=expected):
+        train(train_config(*TINY, "trainer.max_steps=10", f"ckpt_path={last}"))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is an empty file"),
+        (b"garbage, not a checkpoint", "is corrupt or not a PyTorch checkpoint"),
+        ({"weights": torch.zeros(2)}, "is not a Lightning checkpoint"),
+    ],
+)
+def test_bad_ckpt_path_files_are_named_on_the_command_line(tmp_path, content, message):
+    bad = tmp_path / "bad.ckpt"
+    if isinstance(content, bytes):
+        bad.write_bytes(content)
+    else:
+        torch.save(content, bad)
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), *TINY, f"ckpt_path={bad}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert f"error: ckpt_path {bad} {message}" in done.stderr
+    assert "Traceback" not in done.stderr

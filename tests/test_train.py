@@ -11,6 +11,7 @@ import pytest
 import torch
 from hydra.errors import MissingConfigException
 
+from attnlab.errors import CheckpointError
 from attnlab.pipeline import train
 from attnlab.summary import SUMMARY_FIELDS
 from tiny_runs import TINY_LISTOPS as TINY
@@ -65,7 +66,7 @@ def test_short_run_writes_summary_checkpoints_and_logs(train_config, tmp_path):
 def test_resume_continues_at_the_saved_step(train_config, tmp_path):
     first = train(train_config(*TINY_LISTOPS, "trainer.max_steps=8", "task.val_check_interval=4"))
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    saved = torch.load(ckpt, weights_only=False)
+    saved = torch.load(ckpt, weights_only=True)
     assert saved["global_step"] == first["steps"] == 8
     assert saved["optimizer_states"] and saved["lr_schedulers"][0]["last_epoch"] == 8
 
@@ -73,13 +74,39 @@ def test_resume_continues_at_the_saved_step(train_config, tmp_path):
         train_config(*TINY_LISTOPS, "trainer.max_steps=12", "task.val_check_interval=4", f"ckpt_path={ckpt}")
     )
     assert resumed["steps"] == 12  # 4 more steps, not 12 from scratch
-    final = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    final = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     assert final["lr_schedulers"][0]["last_epoch"] == 12
 
 
 def test_missing_checkpoint_is_named(train_config):
-    with pytest.raises(FileNotFoundError, match="ckpt_path='/nope.ckpt'"):
+    with pytest.raises(CheckpointError, match="/nope.ckpt does not exist"):
         train(train_config(*TINY_LISTOPS, "ckpt_path=/nope.ckpt"))
+
+
+def test_summary_throughput_is_the_runs_not_the_best_checkpoints(train_config, tmp_path):
+    """Testing the best checkpoint must not rewind the throughput counters to its step."""
+    # a learning rate too small to change a prediction: val/acc never improves on the first validation,
+    # so the best checkpoint is step 4's while the run goes on to step 16
+    summary = train(
+        train_config(
+            *TINY_LISTOPS,
+            "trainer.max_steps=16",
+            "task.val_check_interval=4",
+            "task.module.optimizer.lr=1e-12",
+            "callbacks.throughput.warmup_steps=2",
+        )
+    )
+    assert Path(summary["best_checkpoint"]).name.startswith("best-step4-")
+    at_end = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"]
+    at_best = torch.load(summary["best_checkpoint"], weights_only=True)["callbacks"]
+    counters_end, counters_best = at_end["ThroughputMonitor"], at_best["ThroughputMonitor"]
+    assert counters_end["train_steps"] == 14 and counters_best["train_steps"] == 2
+    run_rate = counters_end["train_samples"] / counters_end["train_time"]
+    assert summary["train_samples_per_sec"] == pytest.approx(run_rate, rel=1e-12)
+    assert summary["eval_samples_per_sec"] == pytest.approx(
+        counters_end["eval_samples"] / counters_end["eval_time"], rel=1e-12
+    )
+    assert summary["steps"] == 16 and summary["attempts"] == 1
 
 
 def test_unknown_task_and_attention_list_the_available_ones(train_config):

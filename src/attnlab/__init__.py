@@ -1,3 +1,7 @@
 """attnlab: train and benchmark attention mechanisms with PyTorch Lightning + Hydra."""
 
+from attnlab.resume import register_resolvers
+
 __version__ = "0.1.0"
+
+register_resolvers()  # the configs' ${attnlab_resume_dir:...} must resolve wherever they are composed

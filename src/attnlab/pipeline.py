@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
@@ -23,46 +22,16 @@ from attnlab.callbacks.checkpoint import SlurmRequeue
 from attnlab.callbacks.throughput import ThroughputMonitor
 from attnlab.cluster import check_slurm_layout
 from attnlab.data.common import file_lock
+from attnlab.history import AttemptClock, HistoryCSVLogger
+from attnlab.resume import best_checkpoint_in_run, checkpoint_step, read_checkpoint, resolve_ckpt_path
 from attnlab.summary import git_commit, write_summary
+from attnlab.validation import check_config
 
 log = logging.getLogger(__name__)
 
 
 def _find(callbacks: list, kind: type):
     return next((c for c in callbacks if isinstance(c, kind) and getattr(c, "monitor", True)), None)
-
-
-def _checkpoint_step(path: Path) -> int:
-    """The global step stored in a checkpoint (memory-mapped: the weights are not read)."""
-    try:
-        return int(torch.load(path, map_location="cpu", mmap=True, weights_only=False)["global_step"])
-    except Exception as err:  # a checkpoint that cannot be read must not be picked silently
-        raise RuntimeError(f"cannot read the global step of checkpoint {path}: {err}") from err
-
-
-def resume_candidates(run_dir: Path) -> list[Path]:
-    """What a restarted run may continue from: Lightning's SLURM ``hpc_ckpt_<n>.ckpt``, ``last.ckpt``."""
-    last = run_dir / "checkpoints" / "last.ckpt"
-    return sorted(run_dir.glob("hpc_ckpt_*.ckpt")) + ([last] if last.is_file() else [])
-
-
-def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
-    """``null`` starts fresh, except that Lightning itself resumes from ``<run_dir>/hpc_ckpt_<n>.ckpt``
-    under SLURM; ``auto`` resumes from the newest of ``hpc_ckpt_*.ckpt`` (written on SIGUSR1 before a
-    requeue) and ``checkpoints/last.ckpt`` (newest = highest global step, then latest mtime), or
-    starts fresh when there is none; a path resumes from that file."""
-    if ckpt_path in (None, "", "null"):
-        return None
-    if ckpt_path == "auto":
-        candidates = resume_candidates(run_dir)
-        if not candidates:
-            return None
-        newest = max(candidates, key=lambda p: (_checkpoint_step(p), p.stat().st_mtime))
-        log.info("ckpt_path=auto: resuming from %s (of %s)", newest, ", ".join(p.name for p in candidates))
-        return str(newest)
-    if not Path(ckpt_path).is_file():
-        raise FileNotFoundError(f"ckpt_path={ckpt_path!r} does not exist (give a .ckpt file, 'auto' or null)")
-    return str(ckpt_path)
 
 
 def hyperparameters(cfg: DictConfig, params: int, seq_len: int) -> dict[str, Any]:
@@ -97,11 +66,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     A fit stopped by SLURM's requeue signal (`SlurmRequeue`) returns right after it, with
     ``preempted: True``: the requeued job resumes, tests and writes the summary.
     """
-    started = time.time()
+    clock = AttemptClock(started=time.time())
+    check_config(cfg)  # wrong-typed overrides are named before any work
     check_slurm_layout(cfg)  # inside a SLURM job: does the allocation fit the trainer? fail before any work
     _route_lightning_logs_to_root()
     run_dir = Path(cfg.paths.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)  # a bad checkpoint fails before any work
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.task.data)
@@ -115,8 +86,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         cfg.task.model, vocab_size=datamodule.source.vocab_size, attention=instantiate(cfg.attn)
     )
     module = instantiate(cfg.task.module, model=model)
-    callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None]
+    callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None] + [clock]
     loggers = [instantiate(lg) for lg in cfg.get("logger", {}).values() if lg is not None]
+    if ckpt_path is not None:  # one run across attempts: keep the metric rows up to the checkpoint
+        for logger in loggers:
+            if isinstance(logger, HistoryCSVLogger):
+                logger.resume_from_step(checkpoint_step(ckpt_path))
     if not loggers:  # `logger=none`: Lightning refuses a LearningRateMonitor without a logger
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -132,7 +107,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         seq_len,
     )
 
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg.get("ckpt_path"), run_dir))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     requeue = _find(trainer.callbacks, SlurmRequeue)
     if requeue is not None and requeue.preempted:
         log.info(
@@ -147,16 +122,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             "test_acc": None,
         }
 
-    checkpoint = _find(trainer.callbacks, ModelCheckpoint)
-    best_path = checkpoint.best_model_path if checkpoint else ""
-    test_acc = None
-    if cfg.get("test", True):
-        results = trainer.test(module, datamodule=datamodule, ckpt_path=best_path or None, weights_only=False)
-        test_acc = results[0].get("test/acc") if results else None
-
+    # the run's own figures, before the test stage adds its batches to the evaluation counters
     throughput = _find(trainer.callbacks, ThroughputMonitor)
     perf = throughput.results(module.device) if throughput else {}
+    checkpoint = _find(trainer.callbacks, ModelCheckpoint)
+    best_path = best_checkpoint_in_run(checkpoint.best_model_path if checkpoint else "", run_dir)
     best_val = checkpoint.best_model_score if checkpoint else None
+    test_acc = None
+    if cfg.get("test", True):
+        if best_path:  # the weights only: restoring the whole checkpoint would rewind the callbacks too
+            module.load_state_dict(read_checkpoint(best_path, "best checkpoint")["state_dict"])
+        results = trainer.test(module, datamodule=datamodule)
+        test_acc = results[0].get("test/acc") if results else None
+
     summary = {
         "task": cfg.task.name,
         "attn": cfg.attn.name,
@@ -170,7 +148,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "eval_samples_per_sec": perf.get("eval_samples_per_sec"),
         "peak_mem_mb": perf.get("peak_mem_mb"),
         "params": params,
-        "wall_time_s": time.time() - started,
+        "wall_time_s": clock.wall_time_s(),  # all attempts of the run, this one to its end
+        "attempts": clock.attempt,
         "steps": trainer.global_step,
         "seq_len": seq_len,
         "world_size": trainer.world_size,

@@ -20,6 +20,7 @@ SUMMARY_FIELDS = (
     "peak_mem_mb",
     "params",
     "wall_time_s",
+    "attempts",
     "steps",
     "seq_len",
     "world_size",

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from attnlab.data.common import LengthBucketSampler, ResumableDataLoader, TokenSequenceDataset, pad_collate
+from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
@@ -116,6 +117,13 @@ class SequenceDataModule(L.LightningDataModule):
             num_replicas=replicas,
             rank=rank,
         )
+        if len(sampler) == 0:  # would surface as a scheduler error about total_steps, naming neither
+            raise ConfigError(
+                f"the train split of {self.source.name!r} has {len(dataset):,} examples"
+                + (f" ({len(dataset) // replicas:,} per rank over {replicas} ranks)" if replicas > 1 else "")
+                + f": fewer than one batch of task.data.batch_size={self.batch_size} (incomplete batches are "
+                f"dropped); lower the batch size or use more training data"
+            )
         if self.trainer is not None:
             sampler.set_epoch(self.trainer.current_epoch)
         return self._loader("train", sampler)

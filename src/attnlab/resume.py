@@ -1,0 +1,181 @@
+"""Which checkpoint a run continues from, read safely, and which run dir it continues in.
+
+Every checkpoint attnlab opens is read with ``torch.load(weights_only=True)``: torch's restricted
+unpickler accepts tensors and plain containers only, so a planted ``hpc_ckpt_9.ckpt`` or a doctored
+``last.ckpt`` cannot run code. attnlab's checkpoints hold nothing else (see
+`attnlab.callbacks.checkpoint.collect_rng_states`), and a file that needs more is refused by name.
+
+Paths found rather than given (the newest checkpoint of a run dir, the best checkpoint that
+``last.ckpt`` remembers) must lie inside the run dir; a path the user types (``ckpt_path=...``) is
+trusted as given. ``resume_run_dir`` is the Hydra resolver that makes ``ckpt_path=<run>/checkpoints/
+last.ckpt`` continue in ``<run>`` instead of a new timestamped dir.
+
+Only pathlib at import time: ``train.py`` registers the resolver before Hydra starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from attnlab.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+HPC_CHECKPOINT = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
+
+
+def read_checkpoint(path: str | Path, what: str = "checkpoint") -> dict[str, Any]:
+    """The checkpoint at ``path``, loaded safely and memory-mapped (tensors are read on use).
+
+    Raises `CheckpointError` for a missing, empty, corrupt or non-Lightning file, and for one holding
+    objects other than tensors and plain values (loading it would run arbitrary code).
+    """
+    import pickle
+    import zipfile
+
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{what} {path} does not exist (give a .ckpt file, 'auto' or null)")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{what} {path} is an empty file, not a checkpoint")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights_only" in str(err) or "Unsupported global" in str(err):
+            raise CheckpointError(
+                f"{what} {path} holds objects other than tensors and plain values; refusing to load it, "
+                f"since unpickling them could run code (attnlab's own checkpoints never need that)"
+            ) from err
+        raise CheckpointError(f"{what} {path} is not a PyTorch checkpoint ({err})") from err
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as err:
+        raise CheckpointError(f"{what} {path} is corrupt or not a PyTorch checkpoint ({err})") from err
+    if not isinstance(checkpoint, dict) or "global_step" not in checkpoint:
+        keys = f" with keys {', '.join(map(str, checkpoint))}" if isinstance(checkpoint, dict) else ""
+        raise CheckpointError(
+            f"{what} {path} is not a Lightning checkpoint "
+            f"(no 'global_step'; got {type(checkpoint).__name__}{keys})"
+        )
+    return checkpoint
+
+
+def checkpoint_step(path: str | Path, what: str = "checkpoint") -> int:
+    """The global step a checkpoint was saved at (the weights are not read: memory-mapped)."""
+    return int(read_checkpoint(path, what)["global_step"])
+
+
+def resume_candidates(run_dir: Path) -> list[Path]:
+    """What a restarted run may continue from: Lightning's SLURM ``hpc_ckpt_<n>.ckpt``, ``last.ckpt``."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    hpc = [p for p in run_dir.glob("hpc_ckpt_*.ckpt") if HPC_CHECKPOINT.fullmatch(p.name)]
+    return sorted(hpc) + ([last] if last.is_file() else [])
+
+
+def newest_hpc_checkpoint(run_dir: Path) -> Path | None:
+    """The ``hpc_ckpt_<n>.ckpt`` with the highest n: what Lightning resumes from under SLURM."""
+    numbered = [
+        (int(match.group(1)), path)
+        for path in run_dir.glob("hpc_ckpt_*.ckpt")
+        if (match := HPC_CHECKPOINT.fullmatch(path.name))
+    ]
+    return max(numbered)[1] if numbered else None
+
+
+def _under_slurm() -> bool:
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return SLURMEnvironment.detect()
+
+
+def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
+    """The checkpoint this run resumes from, checked to be a readable Lightning checkpoint.
+
+    ``null`` starts fresh, except under SLURM where a requeued job continues from the run dir's
+    newest ``hpc_ckpt_<n>.ckpt`` (Lightning's own rule, made explicit here so the file is read safely
+    and the run's history can be kept); ``auto`` resumes from the newest of ``hpc_ckpt_*.ckpt`` and
+    ``checkpoints/last.ckpt`` (newest = highest global step, then latest mtime), or starts fresh when
+    there is none; a path resumes from that file.
+    """
+    if ckpt_path in (None, "", "null"):
+        newest = newest_hpc_checkpoint(run_dir) if _under_slurm() else None
+        if newest is None:
+            return None
+        checkpoint_step(newest)
+        log.info("requeued SLURM job: resuming from %s", newest)
+        return str(newest)
+    if ckpt_path == "auto":
+        candidates = resume_candidates(run_dir)
+        if not candidates:
+            return None
+        newest = max(candidates, key=lambda p: (checkpoint_step(p), p.stat().st_mtime))
+        log.info("ckpt_path=auto: resuming from %s (of %s)", newest, ", ".join(p.name for p in candidates))
+        return str(newest)
+    checkpoint_step(Path(ckpt_path), "ckpt_path")  # fails early, naming the file, when it is not a checkpoint
+    return str(ckpt_path)
+
+
+def run_dir_of_checkpoint(ckpt_path: str | Path) -> Path | None:
+    """The run dir a checkpoint belongs to: ``<run>/checkpoints/<name>.ckpt`` or ``<run>/hpc_ckpt_<n>.ckpt``.
+
+    None for a file elsewhere (a checkpoint copied out of its run starts a new run dir).
+    """
+    path = Path(ckpt_path)
+    if path.suffix != ".ckpt":
+        return None
+    if path.parent.name == "checkpoints":
+        return path.parent.parent
+    if HPC_CHECKPOINT.fullmatch(path.name):
+        return path.parent
+    return None
+
+
+def resume_run_dir(ckpt_path: Any, default: str) -> str:
+    """Hydra resolver behind ``hydra.run.dir``: a resumed run continues in its checkpoint's run dir.
+
+    ``ckpt_path=outputs/listops/softmax/<time>/checkpoints/last.ckpt`` gives
+    ``outputs/listops/softmax/<time>``; anything else (null, auto, a checkpoint outside a run dir)
+    gives ``default``, the usual timestamped dir. An explicit ``hydra.run.dir=...`` still wins.
+    """
+    if ckpt_path in (None, "", "null", "auto"):
+        return default
+    run_dir = run_dir_of_checkpoint(str(ckpt_path))
+    return os.fspath(run_dir) if run_dir is not None else default
+
+
+def is_inside(path: str | Path, directory: str | Path) -> bool:
+    """Whether ``path`` (symlinks resolved) lies inside ``directory``."""
+    return Path(path).resolve().is_relative_to(Path(directory).resolve())
+
+
+def best_checkpoint_in_run(best_path: str | None, run_dir: Path) -> str | None:
+    """The best checkpoint to test, refused when it lies outside this run's dir.
+
+    ``best_path`` comes from the ``ModelCheckpoint`` state that a resumed ``last.ckpt`` restored, i.e.
+    from a file: a doctored one could point anywhere. A run dir that was moved still finds its own
+    file of the same name.
+    """
+    if not best_path:
+        return None
+    if is_inside(best_path, run_dir):
+        return best_path
+    moved = run_dir / "checkpoints" / Path(best_path).name
+    if moved.is_file():
+        log.info("best checkpoint %s is outside the run dir; using this run's copy %s", best_path, moved)
+        return str(moved)
+    raise CheckpointError(
+        f"the best checkpoint recorded in this run's state, {best_path}, lies outside the run dir "
+        f"{run_dir}; refusing to load it (if that file is this run's, copy it into {run_dir / 'checkpoints'})"
+    )
+
+
+def register_resolvers() -> None:
+    """``${attnlab_resume_dir:<ckpt_path>,<default>}`` for ``hydra.run.dir`` (idempotent)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("attnlab_resume_dir"):
+        OmegaConf.register_new_resolver("attnlab_resume_dir", resume_run_dir)
