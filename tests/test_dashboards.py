@@ -27,7 +27,8 @@ TINY_LISTOPS = [
     "task.val_check_interval=3",
 ]
 CONFIGS = [[f"task={p.stem}"] for p in sorted((REPO_ROOT / "conf" / "task").glob("*.yaml"))] + [
-    [f"experiment=lra/{p.stem}"] for p in sorted((REPO_ROOT / "conf" / "experiment" / "lra").glob("*.yaml"))
+    [f"experiment={p.parent.name}/{p.stem}"]
+    for p in sorted((REPO_ROOT / "conf" / "experiment").glob("*/*.yaml"))
 ]
 SERIES = ("val/acc", "perf/train_samples_per_sec")
 MLFLOW_MAX_PARAM_VALUE = 250  # Lightning's MLFlowLogger cuts longer values to this many characters

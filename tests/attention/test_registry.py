@@ -37,7 +37,7 @@ EXPECTED = {
     "linear": LinearAttention,
     "performer": PerformerAttention,
 }
-COMMON = ["rope", "rope_base", "dropout", "causal", "qkv_bias"]
+COMMON = ["rope", "rope_base", "dropout", "causal", "qkv_bias", "qkv_dim"]
 
 
 def test_every_backend_is_registered_and_builds():

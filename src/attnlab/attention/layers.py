@@ -2,7 +2,7 @@
 
 Every layer shares the same skeleton (fused q/k/v projection, optional RoPE on q and k, the backend's
 op, output projection) and the same constructor keywords: dim, num_heads, rope, rope_base, dropout,
-causal, qkv_bias. Backend-specific keywords come after those. Each class declares its `capabilities`,
+causal, qkv_bias, qkv_dim. Backend-specific keywords come after those. Each class declares its `capabilities`,
 which the registry reads to refuse requests a backend cannot serve.
 """
 
@@ -62,16 +62,25 @@ class AttentionLayer(nn.Module):
         dropout: float = 0.0,
         causal: bool = False,
         qkv_bias: bool = True,
+        qkv_dim: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(dim, int) or not isinstance(num_heads, int) or dim < 1 or num_heads < 1:
             raise ValueError(
                 f"dim and num_heads must be positive integers; got dim={dim!r}, num_heads={num_heads!r}"
             )
-        if dim % num_heads != 0:
+        if qkv_dim is None:
+            if dim % num_heads != 0:
+                raise ValueError(
+                    f"dim={dim} is not divisible by num_heads={num_heads}: "
+                    "each head needs dim / num_heads channels"
+                )
+            qkv_dim = dim
+        # q, k, v may be narrower or wider than the model (the official LRA Image model: 128 wide, qkv 64)
+        elif type(qkv_dim) is not int or qkv_dim < 1 or qkv_dim % num_heads != 0:
             raise ValueError(
-                f"dim={dim} is not divisible by num_heads={num_heads}: "
-                "each head needs dim / num_heads channels"
+                f"qkv_dim={qkv_dim!r} must be a positive integer divisible by num_heads={num_heads} "
+                "(the width of q, k and v, split across heads), or null for dim"
             )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
@@ -82,11 +91,12 @@ class AttentionLayer(nn.Module):
             )
         self.dim = dim
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.qkv_dim = qkv_dim
+        self.head_dim = qkv_dim // num_heads
         self.causal = causal
         self.dropout = dropout
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.out_proj = nn.Linear(dim, dim)
+        self.qkv = nn.Linear(dim, 3 * qkv_dim, bias=qkv_bias)
+        self.out_proj = nn.Linear(qkv_dim, dim)
         self.rotary = RotaryEmbedding(self.head_dim, rope_base) if rope else None
 
     def heads(self, x: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -126,7 +136,10 @@ class AttentionLayer(nn.Module):
         return F.dropout(o, p=self.dropout, training=self.training)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, causal={self.causal}, dropout={self.dropout}"
+        qkv = "" if self.qkv_dim == self.dim else f", qkv_dim={self.qkv_dim}"
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}{qkv}, causal={self.causal}, dropout={self.dropout}"
+        )
 
 
 class SoftmaxAttention(AttentionLayer):
@@ -179,7 +192,7 @@ class LinearAttention(AttentionLayer):
         q, k, v = self.heads(x_t[:, None, :], offset=position)
         previous = None if state is None else (state.S, state.z)
         o, (s_new, z_new) = linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], previous, eps=self.eps)
-        y = self.out_proj(self.output_dropout(o).reshape(x_t.shape[0], self.dim))
+        y = self.out_proj(self.output_dropout(o).reshape(x_t.shape[0], self.qkv_dim))
         return y, LinearAttentionState(s_new, z_new, position + 1)
 
 
@@ -243,10 +256,11 @@ class SlicedReLUAttention(AttentionLayer):
         self, dim: int, num_heads: int, *, projection: str = "mlp", eps: float = 1e-4, **common
     ) -> None:
         super().__init__(dim, num_heads, **common)
+        width = self.qkv_dim  # Π reads a token's concatenated heads
         if projection == "mlp":
-            self.slicer = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, num_heads))
+            self.slicer = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, num_heads))
         elif projection == "linear":
-            self.slicer = nn.Linear(dim, num_heads)
+            self.slicer = nn.Linear(width, num_heads)
         else:
             raise ValueError(f"projection must be 'mlp' or 'linear', got {projection!r}")
         self.projection = projection
@@ -302,7 +316,7 @@ class SlicedReLUBumpAttention(AttentionLayer):
 
     def __init__(self, dim: int, num_heads: int, **common) -> None:
         super().__init__(dim, num_heads, **common)
-        self.slicer = nn.Linear(dim, num_heads, bias=False)
+        self.slicer = nn.Linear(self.qkv_dim, num_heads, bias=False)
         self.bandwidth_logit = nn.Parameter(torch.zeros(num_heads))  # θ_h; b_h = softplus(θ_h) + 1e-4
 
     @property

@@ -2,23 +2,33 @@
 
 `SequenceClassifier` serves every single-sequence task (ListOps, Text, Image, Pathfinder);
 with ``dual=True`` it is the two-tower model of LRA Retrieval: one shared encoder embeds both
-documents into u and v, and an MLP classifies ``[u, v, u*v, u-v]``.
+documents into u and v, and an MLP classifies ``[u, v, u*v, u-v]`` (``pair_features="nli"``) or
+``[u, v]`` (``"concat"``, the official LRA Transformer's dual encoder).
+
+The options exist so that presets can state the models they claim: the official LRA Transformers
+(lra_benchmarks/models/transformer/transformer.py: fixed sinusoidal or learned positions, CLS or
+first-token or mean pooling, q/k/v narrower than the model, a ReLU head of ``mlp_dim``) and the sliced
+ReLU authors' model (an embedding LayerNorm, mean pooling, a GELU head of 4·dim with dropout).
 """
 
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from attnlab.models.encoder import AttentionFactory, Encoder
 
-POSITIONS = ("learned", "rope", "none")
-POOLINGS = ("mean", "cls")
+POSITIONS = ("learned", "sinusoidal", "rope", "none")
+POOLINGS = ("mean", "cls", "first")
+HEAD_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
+PAIR_FEATURES = ("nli", "concat")
 
 
-def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(allowed)}")
 
@@ -32,7 +42,43 @@ def resolve_attention(attention: AttentionFactory | str) -> AttentionFactory:
     return attention
 
 
+def sinusoidal_positions(length: int, dim: int) -> torch.Tensor:
+    """The Transformer's fixed table ``(length, dim)``: sin at even channels, cos at odd ones.
+
+    Row p, channels 2i and 2i+1 hold sin and cos of p / 10000^(2i/dim), as in LRA's
+    ``sinusoidal_init`` (lra_benchmarks/models/layers/common_layers.py).
+    """
+    position = torch.arange(length, dtype=torch.float64)[:, None]
+    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency[: dim // 2])
+    return table.float()
+
+
+def classifier_head(
+    in_dim: int, hidden: Sequence[int], num_classes: int, activation: str, dropout: float
+) -> nn.Sequential:
+    """MLP ``in_dim → hidden... → num_classes``; dropout (when > 0) on its input and after each activation."""
+    drop = lambda: [nn.Dropout(dropout)] if dropout > 0 else []  # noqa: E731 (none at 0: same keys as before)
+    layers: list[nn.Module] = drop()
+    for width in hidden:
+        layers += [nn.Linear(in_dim, width), HEAD_ACTIVATIONS[activation](), *drop()]
+        in_dim = width
+    layers.append(nn.Linear(in_dim, num_classes))
+    return nn.Sequential(*layers)
+
+
 class SequenceClassifier(nn.Module):
+    """Embedding, positions, pre-LN encoder, pooling, MLP head.
+
+    positions: learned table, fixed sinusoidal table, RoPE inside attention, or none.
+    pooling: masked mean over real tokens; ``cls`` prepends a learned token and reads it; ``first`` reads
+    the first input token (the official LRA dual encoder, which adds no CLS token).
+    qkv_dim: width of q, k, v (null: dim). head_dims: hidden widths of the head (null: [mlp_dim]).
+    embed_norm: LayerNorm on embeddings + positions before the encoder (RoBERTa-style embeddings).
+    """
+
     def __init__(
         self,
         vocab_size: int,
@@ -48,17 +94,38 @@ class SequenceClassifier(nn.Module):
         dropout: float = 0.1,
         attn_dropout: float = 0.0,
         dual: bool = False,
+        qkv_dim: int | None = None,
+        embed_norm: bool = False,
+        head_dims: Sequence[int] | None = None,
+        head_activation: str = "gelu",
+        head_dropout: float = 0.0,
+        pair_features: str = "nli",
     ):
         super().__init__()
         _check_choice("positions", positions, POSITIONS)
         _check_choice("pooling", pooling, POOLINGS)
+        _check_choice("head_activation", head_activation, tuple(HEAD_ACTIVATIONS))
+        _check_choice("pair_features", pair_features, PAIR_FEATURES)
+        hidden = [mlp_dim] if head_dims is None else [int(w) for w in head_dims]
+        if any(w < 1 for w in hidden):
+            raise ValueError(f"head_dims={list(hidden)} must be positive widths (or null for [mlp_dim])")
+        if not 0.0 <= head_dropout < 1.0:
+            raise ValueError(f"head_dropout must be in [0, 1), got {head_dropout}")
         self.positions, self.pooling, self.max_len, self.dual = positions, pooling, max_len, dual
+        self.pair_features = pair_features
         self.embed = nn.Embedding(vocab_size, dim)
         extra = 1 if pooling == "cls" else 0
         self.pos_embed = (
             nn.Parameter(torch.zeros(1, max_len + extra, dim)) if positions == "learned" else None
         )
+        if positions == "sinusoidal":  # fixed, not saved: rebuilt from max_len and dim
+            self.register_buffer(
+                "pos_table", sinusoidal_positions(max_len + extra, dim)[None], persistent=False
+            )
+        else:
+            self.pos_table = None
         self.cls = nn.Parameter(torch.zeros(1, 1, dim)) if pooling == "cls" else None
+        self.embed_norm = nn.LayerNorm(dim) if embed_norm else None
         self.drop = nn.Dropout(dropout)
         self.encoder = Encoder(
             depth=depth,
@@ -69,9 +136,10 @@ class SequenceClassifier(nn.Module):
             dropout=dropout,
             attn_dropout=attn_dropout,
             rope=positions == "rope",
+            qkv_dim=qkv_dim,
         )
-        head_in = 4 * dim if dual else dim
-        self.head = nn.Sequential(nn.Linear(head_in, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, num_classes))
+        head_in = (4 if pair_features == "nli" else 2) * dim if dual else dim
+        self.head = classifier_head(head_in, hidden, num_classes, head_activation, head_dropout)
         for p in (self.pos_embed, self.cls):
             if p is not None:
                 nn.init.normal_(p, std=0.02)
@@ -89,8 +157,12 @@ class SequenceClassifier(nn.Module):
             mask = torch.cat([mask.new_ones(batch, 1), mask], dim=1)
         if self.pos_embed is not None:
             x = x + self.pos_embed[:, : x.shape[1]]
+        if self.pos_table is not None:
+            x = x + self.pos_table[:, : x.shape[1]].to(x.dtype)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         x = self.encoder(self.drop(x), key_padding_mask=mask)
-        if self.cls is not None:
+        if self.pooling in ("cls", "first"):
             return x[:, 0]
         weights = mask.unsqueeze(-1).to(x.dtype)
         return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
@@ -108,4 +180,5 @@ class SequenceClassifier(nn.Module):
         if input_ids2 is None:
             raise ValueError("a dual (two-tower) classifier needs input_ids2")
         v = self.encode(input_ids2, mask2)
-        return self.head(torch.cat([u, v, u * v, u - v], dim=-1))
+        pair = [u, v, u * v, u - v] if self.pair_features == "nli" else [u, v]
+        return self.head(torch.cat(pair, dim=-1))

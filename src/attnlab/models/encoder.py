@@ -1,6 +1,7 @@
 """The one pre-LN transformer encoder block that every model in attnlab stacks.
 
-Attention comes from a factory (``attention(dim=..., num_heads=..., rope=..., dropout=...)``), usually
+Attention comes from a factory (``attention(dim=..., num_heads=..., rope=..., dropout=...)``, plus
+``qkv_dim=...`` only when the model sets one, so factories without that option still work), usually
 ``functools.partial(attnlab.attention.build_attention, name)`` or what Hydra builds from ``conf/attn``,
 so any registered backend slots in without this module knowing about it.
 """
@@ -23,7 +24,11 @@ class FeedForward(nn.Sequential):
 
 
 class EncoderBlock(nn.Module):
-    """x + Attn(LN(x)), then x + MLP(LN(x)); dropout on both residual branches."""
+    """x + Attn(LN(x)), then x + MLP(LN(x)); dropout on both residual branches.
+
+    ``dropout`` acts on the residual branches and inside the MLP; ``attn_dropout`` is the attention
+    layer's own (attention weights for softmax, the attention output for the others).
+    """
 
     def __init__(
         self,
@@ -34,10 +39,12 @@ class EncoderBlock(nn.Module):
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
         rope: bool = False,
+        qkv_dim: int | None = None,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = attention(dim=dim, num_heads=num_heads, rope=rope, dropout=attn_dropout)
+        width = {} if qkv_dim is None else {"qkv_dim": qkv_dim}
+        self.attn = attention(dim=dim, num_heads=num_heads, rope=rope, dropout=attn_dropout, **width)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = FeedForward(dim, mlp_dim, dropout)
         self.drop = nn.Dropout(dropout)
