@@ -61,6 +61,8 @@ def test_check_config_names_each_bad_value(train_config, override, expected):
 def test_every_shipped_config_passes_the_checks(train_config):
     for task in sorted(p.stem for p in (REPO_ROOT / "conf" / "task").glob("*.yaml")):
         check_config(train_config(f"task={task}"))
+    for preset in sorted((REPO_ROOT / "conf" / "experiment").glob("*/*.yaml")):
+        check_config(train_config(f"experiment={preset.parent.name}/{preset.stem}"))
 
 
 def test_fast_dev_run_as_lightning_users_type_it(tmp_path):

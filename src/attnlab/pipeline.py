@@ -3,6 +3,11 @@
 Readable top to bottom, like lightning-hydra-template's ``train.py``. Everything is built from the
 composed Hydra config with ``hydra.utils.instantiate``; this function adds only what needs two
 objects at once (the data's vocabulary for the model, the trainer's results for the summary).
+
+What a task's datamodule (``task.data``) provides besides Lightning's hooks: ``model_kwargs()`` (what
+the model takes from the data, e.g. ``vocab_size``), ``max_length(split)`` (tokens per example, for
+the summary's ``seq_len``), ``majority_baseline(split)`` and ``source.description`` (which data fed
+the run, for the log and ``summary.json``).
 """
 
 from __future__ import annotations
@@ -82,9 +87,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     with file_lock(Path(cfg.paths.data_dir) / ".attnlab-prepare.lock"):
         datamodule.prepare_data()
     datamodule.setup()
-    model = instantiate(
-        cfg.task.model, vocab_size=datamodule.source.vocab_size, attention=instantiate(cfg.attn)
-    )
+    model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), **datamodule.model_kwargs())
     module = instantiate(cfg.task.module, model=model)
     callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None] + [clock]
     loggers = [instantiate(lg) for lg in cfg.get("logger", {}).values() if lg is not None]

@@ -69,6 +69,10 @@ class SequenceDataModule(L.LightningDataModule):
         sizes = ", ".join(f"{s} {len(self.datasets[s]):,}" for s in SPLITS)
         log.info("data: %s (%s)", self.source.description, sizes)
 
+    def model_kwargs(self) -> dict[str, int]:
+        """What the model is built with from the data (the pipeline passes it to ``task.model``)."""
+        return {"vocab_size": self.source.vocab_size}
+
     def majority_baseline(self, split: str = "test") -> float:
         """Accuracy of always predicting the most frequent label of ``split``."""
         self.setup()
