@@ -211,3 +211,18 @@ def test_layer_input_checks():
         layer(torch.randn(2, 5, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="key_padding_mask"):
         layer(torch.randn(2, 5, DIM, dtype=torch.float64), key_padding_mask=torch.ones(2, 5))
+
+
+@pytest.mark.parametrize("name", list(dict.fromkeys(["softmax", *available_backends()])))
+def test_rope_and_left_padding(name):
+    """docs/attention.md: with RoPE only softmax sees relative positions alone; the other backends see
+    absolute positions, so left padding (which moves every real token) changes their outputs."""
+    layer = make_layer(name, rope=True)
+    x = torch.randn(2, 6, DIM, dtype=torch.float64)
+    padded = torch.cat([torch.zeros(2, 3, DIM, dtype=torch.float64), x], dim=1)
+    mask = torch.arange(9)[None, :].expand(2, -1) >= 3
+    same = torch.allclose(layer(padded, key_padding_mask=mask)[:, 3:], layer(x), rtol=0, atol=1e-10)
+    assert same == (name == "softmax")
+    right = torch.cat([x, torch.zeros(2, 3, DIM, dtype=torch.float64)], dim=1)  # right padding is safe
+    out_right = layer(right, key_padding_mask=mask.flip(1))[:, :6]
+    torch.testing.assert_close(out_right, layer(x), rtol=0, atol=1e-10)

@@ -288,6 +288,20 @@ def test_gradcheck_bump():
     assert torch.autograd.gradcheck(lambda a, b, c, d: sliced_relu_bump_attention(a, b, c, d, mask), inputs)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_double_backward_is_refused_by_name(kind):
+    s, t, v, bandwidth = random_inputs(1, 2, 5, 3, seed=13)
+    inputs = [x.requires_grad_() for x in (s, t, v)]
+    if kind == "relu":
+        out, name = sliced_relu_attention(*inputs), "sliced_relu_attention"
+    else:
+        out, name = sliced_relu_bump_attention(*inputs, bandwidth), "sliced_relu_bump_attention"
+    torch.autograd.grad(out.square().sum(), inputs)  # first order: fine
+    out = sliced_relu_attention(*inputs) if kind == "relu" else sliced_relu_bump_attention(*inputs, bandwidth)
+    with pytest.raises(RuntimeError, match=rf"{name}: double backward .* not supported.*reference\.{name}"):
+        torch.autograd.grad(out.square().sum(), inputs, create_graph=True)
+
+
 # ---- input validation -------------------------------------------------------------------------
 
 
@@ -313,10 +327,13 @@ def test_bad_bandwidth():
     s, t, v, bandwidth = random_inputs(2, 3, 5, 4)
     with pytest.raises(ValueError, match=r"bandwidth must have shape \(H,\) = \(3,\), got \(2,\)"):
         sliced_relu_bump_attention(s, t, v, bandwidth[:2])
-    with pytest.raises(ValueError, match=r"bandwidth must be > 0 everywhere, got \[.*-1\.0"):
+    with pytest.raises(ValueError, match=r"bandwidth must be finite and > 0 everywhere, got \[.*-1\.0"):
         sliced_relu_bump_attention(s, t, v, torch.tensor([1.0, -1.0, 2.0]))
-    with pytest.raises(ValueError, match="bandwidth must be > 0"):
+    with pytest.raises(ValueError, match="bandwidth must be finite and > 0"):
         sliced_relu_bump_attention(s, t, v, torch.tensor([1.0, 0.0, 2.0]))
+    for bad in (float("inf"), float("nan")):  # inf used to give NaN outputs
+        with pytest.raises(ValueError, match=r"must be finite and > 0 everywhere, got \[.*(inf|nan)"):
+            sliced_relu_bump_attention(s, t, v, torch.tensor([1.0, bad, 2.0]))
     with pytest.raises(TypeError, match="bandwidth must be a float tensor"):
         sliced_relu_bump_attention(s, t, v, torch.tensor([1, 2, 3]))
 

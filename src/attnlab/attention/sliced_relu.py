@@ -40,6 +40,8 @@ prints the figures).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from attnlab.attention.precision import FLOAT_DTYPES, accumulation_dtype, no_autocast
@@ -216,6 +218,30 @@ def _centre_scores(s, t, valid, count):
     return s, t
 
 
+def _first_order_only(op_name: str):
+    """Refuse double backward up front: the hand-written backward passes are first order only.
+
+    Run with ``create_graph=True``, they would fail deep inside with an ``out=`` error (or, run
+    without a graph, give silently wrong second derivatives); this names the op and the way out.
+    """
+
+    def decorate(backward):
+        @functools.wraps(backward)
+        def checked(ctx, *grads):
+            if torch.is_grad_enabled():  # the engine enables grad mode only for create_graph=True
+                raise RuntimeError(
+                    f"{op_name}: double backward (create_graph=True, e.g. gradient penalties, "
+                    "Hessian-vector products, gradgradcheck) is not supported: its O(T log T) "
+                    "backward pass is hand-written and first order only. For higher-order "
+                    f"gradients use attnlab.attention.reference.{op_name} (O(T²) memory)."
+                )
+            return backward(ctx, *grads)
+
+        return checked
+
+    return decorate
+
+
 # --------------------------------------------------------------------------------------------
 # Sliced ReLU
 # --------------------------------------------------------------------------------------------
@@ -230,6 +256,7 @@ class _SlicedReLU(torch.autograd.Function):
             return _SlicedReLU._forward(ctx, s, t, v, valid, eps)
 
     @staticmethod
+    @_first_order_only("sliced_relu_attention")
     def backward(ctx, grad_out):
         with no_autocast(grad_out.device):
             return _SlicedReLU._backward(ctx, grad_out)
@@ -390,6 +417,7 @@ class _SlicedReLUBump(torch.autograd.Function):
             return _SlicedReLUBump._forward(ctx, s, t, v, b, valid)
 
     @staticmethod
+    @_first_order_only("sliced_relu_bump_attention")
     def backward(ctx, grad_out):
         with no_autocast(grad_out.device):
             return _SlicedReLUBump._backward(ctx, grad_out)
@@ -556,7 +584,7 @@ def sliced_relu_bump_attention(
     """Exact sliced ReLU-bump attention in O(T log T): ``(B, H, T, D)`` output.
 
     ``o_i = (1/n) Σ_j max(0, 1 - |s_i - t_j| / b_h) v_j`` over the n real keys (values are not
-    centred). ``bandwidth`` is a positive ``(H,)`` tensor, one width per head, and receives a
+    centred). ``bandwidth`` is a positive finite ``(H,)`` tensor, one width per head, and receives a
     gradient (it is a learned parameter of the layer). Other arguments as in
     ``sliced_relu_attention``. The window sums are prefix-sum differences, so in float32 very
     narrow bandwidths at long T lose precision (the window is small next to the running totals);
@@ -573,10 +601,12 @@ def sliced_relu_bump_attention(
         raise TypeError(
             f"sliced_relu_bump_attention: bandwidth must be a float tensor, got {bandwidth.dtype}"
         )
-    positive = "sliced_relu_bump_attention: bandwidth must be > 0 everywhere"
+    # b = inf would be the plain mean of v, but the window formula turns it into inf - inf = NaN
+    positive = "sliced_relu_bump_attention: bandwidth must be finite and > 0 everywhere"
+    good = ((bandwidth > 0) & torch.isfinite(bandwidth)).all()
     if bandwidth.is_cuda:  # checked on the device: a host-side check would stall every layer call
-        torch._assert_async((bandwidth > 0).all(), positive)
-    elif not bool((bandwidth > 0).all()):
+        torch._assert_async(good, positive)
+    elif not bool(good):
         raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
     valid = _valid_rows(key_padding_mask, heads)
