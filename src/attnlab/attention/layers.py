@@ -8,6 +8,8 @@ which the registry reads to refuse requests a backend cannot serve.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -25,6 +27,34 @@ from attnlab.attention.softmax import softmax_attention
 
 class UnsupportedAttentionError(ValueError):
     """A backend was asked for something it cannot do (e.g. causal sliced ReLU)."""
+
+
+# Option checks shared by every layer, run when the layer is built: a bad value from a config file
+# fails there, named, instead of at the first forward pass or (a string "false" for a flag) never.
+
+
+def check_flag(name: str, value: object) -> None:
+    """`value` must be a real bool: a YAML string such as 'false' would otherwise count as true."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def check_int(name: str, value: object, minimum: int, *, allow_none: bool = False) -> None:
+    """`value` must be an int >= `minimum` (bools are refused: True is not a width)."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        also = " or null" if allow_none else ""
+        raise ValueError(f"{name} must be an integer >= {minimum}{also}, got {value!r}")
+
+
+def check_number(name: str, value: object, *, low: float, low_open: bool, high: float = math.inf) -> None:
+    """`value` must be a finite real number in (low, high) or [low, high) (`low_open` decides)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and value < high
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g})"
+        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -65,10 +95,13 @@ class AttentionLayer(nn.Module):
         qkv_dim: int | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(dim, int) or not isinstance(num_heads, int) or dim < 1 or num_heads < 1:
-            raise ValueError(
-                f"dim and num_heads must be positive integers; got dim={dim!r}, num_heads={num_heads!r}"
-            )
+        bad_ints = [
+            f"{key}={value!r}"
+            for key, value in (("dim", dim), ("num_heads", num_heads))
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1
+        ]
+        if bad_ints:
+            raise ValueError(f"dim and num_heads must be positive integers; got {', '.join(bad_ints)}")
         if qkv_dim is None:
             if dim % num_heads != 0:
                 raise ValueError(
@@ -82,8 +115,10 @@ class AttentionLayer(nn.Module):
                 f"qkv_dim={qkv_dim!r} must be a positive integer divisible by num_heads={num_heads} "
                 "(the width of q, k and v, split across heads), or null for dim"
             )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        for key, value in (("rope", rope), ("causal", causal), ("qkv_bias", qkv_bias)):
+            check_flag(key, value)
+        check_number("dropout", dropout, low=0.0, low_open=False, high=1.0)
+        check_number("rope_base", rope_base, low=0.0, low_open=True)
         if causal and not self.capabilities.causal:
             raise UnsupportedAttentionError(
                 f"attention backend {self.name!r} cannot serve this request: "
@@ -163,8 +198,8 @@ class LinearAttention(AttentionLayer):
         self, dim: int, num_heads: int, *, eps: float = 1e-6, chunk_size: int = DEFAULT_CHUNK_SIZE, **common
     ) -> None:
         super().__init__(dim, num_heads, **common)
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+        check_number("eps", eps, low=0.0, low_open=True)  # 0: a query that sees no real key gives 0/0
+        check_int("chunk_size", chunk_size, 1)
         self.eps = eps
         self.chunk_size = chunk_size
 
@@ -217,6 +252,11 @@ class PerformerAttention(AttentionLayer):
         **common,
     ) -> None:
         super().__init__(dim, num_heads, **common)
+        check_int("num_features", num_features, 1)
+        check_int("redraw_interval", redraw_interval, 0, allow_none=True)
+        check_int("seed", seed, 0, allow_none=True)
+        check_number("eps", eps, low=0.0, low_open=True)  # 0: a query that sees no real key gives 0/0
+        check_int("chunk_size", chunk_size, 1)
         self.feature_map = PerformerFeatureMap(self.head_dim, num_features, redraw_interval, seed)
         self.eps = eps
         self.chunk_size = chunk_size
@@ -256,6 +296,7 @@ class SlicedReLUAttention(AttentionLayer):
         self, dim: int, num_heads: int, *, projection: str = "mlp", eps: float = 1e-4, **common
     ) -> None:
         super().__init__(dim, num_heads, **common)
+        check_number("eps", eps, low=0.0, low_open=True)  # the floor of the normaliser
         width = self.qkv_dim  # Π reads a token's concatenated heads
         if projection == "mlp":
             self.slicer = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, num_heads))
