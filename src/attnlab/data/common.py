@@ -9,6 +9,7 @@ which is the ``key_padding_mask`` the attention layers take.
 from __future__ import annotations
 
 import fcntl
+import logging
 import math
 import random
 import warnings
@@ -21,6 +22,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 PAD_ID = 0
+ON_BAD_ROWS = ("error", "skip")
+SKIP_HINT = "set task.data.on_bad_rows=skip to skip such rows"
+
+log = logging.getLogger("attnlab.data")
 
 
 class DataError(ValueError):
@@ -29,7 +34,46 @@ class DataError(ValueError):
     def __init__(self, path: str | Path, message: str, line: int | None = None):
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {message}")
-        self.path, self.line = Path(path), line
+        self.path, self.line, self.reason = Path(path), line, message
+
+
+def check_choice(key: str, value, allowed: Sequence) -> None:
+    """A config value outside its allowed set fails with the key, the value and the choices."""
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+
+
+class BadRows:
+    """Applies ``on_bad_rows`` while a file is read, so no loader decides it on its own.
+
+    ``error`` (the default) raises the first bad row's `DataError`, with a hint to skip; ``skip``
+    counts bad rows and keeps the first as an example, for one warning at the end (`report`).
+    Bad rows are rows of an otherwise readable file: a wrong header or an empty split stays an error.
+    """
+
+    def __init__(self, on_bad_rows: str = "error"):
+        check_choice("on_bad_rows", on_bad_rows, ON_BAD_ROWS)
+        self.policy, self.count, self.first = on_bad_rows, 0, None
+
+    def add(self, error: DataError) -> None:
+        if self.policy == "error":
+            raise DataError(error.path, f"{error.reason} ({SKIP_HINT})", error.line) from None
+        self.count += 1
+        self.first = self.first or error
+
+    def report(self, what: str, total: int | None = None) -> None:
+        """One warning that counts the skipped rows of ``what`` and names the first one."""
+        if self.count:
+            of = f" of {total:,}" if total is not None else ""
+            log.warning(
+                "%s: skipped %d bad rows%s (on_bad_rows=skip), first: %s", what, self.count, of, self.first
+            )
+
+
+def require_examples(dataset: TokenSequenceDataset, where: str | Path, what: str = "example") -> None:
+    """An empty split is an error: training or evaluating on nothing would look like a result."""
+    if len(dataset) == 0:
+        raise DataError(where, f"no {what} to read: this split would be empty")
 
 
 class MissingDataError(FileNotFoundError):

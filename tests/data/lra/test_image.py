@@ -235,3 +235,13 @@ def test_describe(data_dir, tmp_path_factory):
     empty = image.describe(tmp_path_factory.mktemp("empty"))
     assert not any(v["present"] for v in empty["splits"].values())
     assert empty["splits"]["val"]["expected_examples"] == 5_000
+
+
+def test_an_empty_split_is_an_error_naming_the_files(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    for b in range(5):
+        write_batch(folder / f"data_batch_{b + 1}", make_images(0, PER_BATCH), [0] * PER_BATCH)
+    write_batch(folder / "test_batch", np.zeros((0, 3072), np.uint8), [])
+    with pytest.raises(DataError, match="no image") as info:
+        image.load_cifar10_grey(tmp_path, "test")
+    assert str(folder / "test_batch") in str(info.value)

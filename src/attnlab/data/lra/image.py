@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data.common import DataError, MissingDataError, TokenSequenceDataset
+from attnlab.data.common import DataError, MissingDataError, TokenSequenceDataset, require_examples
 from attnlab.data.lra.text import load_hf_cached
 
 VOCAB_SIZE = 257  # 0 = padding, 1..256 = grey level + 1
@@ -99,6 +99,8 @@ class _BatchUnpickler(pickle.Unpickler):
         ("numpy", "ndarray"),
         ("numpy", "dtype"),
         ("_codecs", "encode"),  # how Python 3 writes bytes with protocol 2
+        ("__builtin__", "bytes"),  # ... and empty bytes (an empty array's buffer)
+        ("builtins", "bytes"),
     }
 
     def find_class(self, module: str, name: str):
@@ -133,7 +135,8 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(
             path, f"b'data' must be uint8 of shape (N, {3 * SEQ_LEN}), got {data.dtype} {data.shape}"
         )
-    if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
+    # an empty list of labels reads as float64: only a non-empty one must be integers
+    if labels.shape != (len(data),) or (len(labels) and not np.issubdtype(labels.dtype, np.integer)):
         raise DataError(path, f"b'labels' must be {len(data)} integers, got {labels.dtype} {labels.shape}")
     if len(labels) and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
         raise DataError(
@@ -170,7 +173,9 @@ def load_cifar10_grey(root: str | Path, split: str) -> TokenSequenceDataset:
         keep = _train_slice(split, len(data))
         data, labels = data[keep], labels[keep]
     # convert in blocks of one batch file's size to bound the float32 temporary
-    return _build((rgb_to_grey(data[i : i + 10_000]) for i in range(0, len(data), 10_000)), labels)
+    dataset = _build((rgb_to_grey(data[i : i + 10_000]) for i in range(0, len(data), 10_000)), labels)
+    require_examples(dataset, ", ".join(str(cifar_dir(root) / name) for name in files), "image")
+    return dataset
 
 
 def load_cifar10_hf(split: str, name: str = HF_NAME, data_dir: str | Path = "data") -> TokenSequenceDataset:
@@ -200,7 +205,9 @@ def load_cifar10_hf(split: str, name: str = HF_NAME, data_dir: str | Path = "dat
             )
         planes[out] = pixels.reshape(SEQ_LEN, 3).T.reshape(-1)  # to the batch files' channel-major layout
         labels[out] = int(row["label"])
-    return _build((rgb_to_grey(planes[i : i + 10_000]) for i in range(0, len(planes), 10_000)), labels)
+    dataset = _build((rgb_to_grey(planes[i : i + 10_000]) for i in range(0, len(planes), 10_000)), labels)
+    require_examples(dataset, f"huggingface:{name}", "image")
+    return dataset
 
 
 def find_cifar10(data_dir: str | Path) -> Path | None:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from attnlab.data.common import DataError, MissingDataError, TokenSequenceDataset
+from attnlab.data.common import BadRows, DataError, MissingDataError, TokenSequenceDataset, require_examples
 from attnlab.data.lra.pathfinder_generator import (
     GENERATOR_FILE,
     batch_is_complete,
@@ -99,30 +99,38 @@ class _Row:
     folder: str
     file: str
     label: int
+    meta: Path | None = None  # the metadata file and line that list this image, for error messages
+    line: int = 0
 
 
-def read_metadata(path: str | Path) -> list[_Row]:
-    """Rows of one ``metadata/<k>.npy`` text file; a malformed row raises DataError (file:line)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(path, f"not a text metadata file ({err.reason})") from None
+def read_metadata(path: str | Path, bad_rows: BadRows | None = None) -> list[_Row]:
+    """Rows of one ``metadata/<k>.npy`` text file; a malformed row (not UTF-8, too few columns, a
+    label other than 0/1) goes to ``bad_rows`` (default: raise DataError naming file:line)."""
+    path, bad_rows = Path(path), bad_rows or BadRows()
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            bad_rows.add(DataError(path, f"not valid UTF-8 (byte {err.start} of the line)", number))
+            continue
         if not line.strip():
             continue
         columns = line.split()
         if len(columns) < 4:
-            raise DataError(
-                path,
-                f"expected at least 4 space-separated columns (folder, file, index, label), "
-                f"got {len(columns)}: {line.strip()!r}",
-                number,
+            bad_rows.add(
+                DataError(
+                    path,
+                    f"expected at least 4 space-separated columns (folder, file, index, label), "
+                    f"got {len(columns)}: {line.strip()!r}",
+                    number,
+                )
             )
+            continue
         if columns[3] not in ("0", "1"):
-            raise DataError(path, f"label (column 4) must be 0 or 1, got {columns[3]!r}", number)
-        rows.append(_Row(columns[0], columns[1], int(columns[3])))
+            bad_rows.add(DataError(path, f"label (column 4) must be 0 or 1, got {columns[3]!r}", number))
+            continue
+        rows.append(_Row(columns[0], columns[1], int(columns[3]), path, number))
     return rows
 
 
@@ -200,10 +208,12 @@ def _split_of_rows(count: int, split_seed: int) -> np.ndarray:
     return split
 
 
-def _collect_rows(layout: _Layout, max_images: int | None) -> list[tuple[Path, _Row]]:
+def _collect_rows(
+    layout: _Layout, max_images: int | None, bad_rows: BadRows | None = None
+) -> list[tuple[Path, _Row]]:
     rows = []
     for meta in layout.metadata:
-        for row in read_metadata(meta):
+        for row in read_metadata(meta, bad_rows):
             rows.append((layout.directory / row.folder / row.file, row))
             if max_images is not None and len(rows) >= max_images:
                 return rows
@@ -214,12 +224,15 @@ def _collect_rows(layout: _Layout, max_images: int | None) -> list[tuple[Path, _
 # images
 
 
+EMPTY_FILE = "empty file"
+
+
 def read_image(path: Path, resolution: int) -> np.ndarray | str:
     """Flattened uint8 pixels, or why the image is unusable (missing, empty, corrupt, wrong size,
     blank: a constant image cannot be a Pathfinder sample, which always shows its markers)."""
     try:
         if path.stat().st_size == 0:
-            return "empty file"
+            return EMPTY_FILE
         with Image.open(path) as image:
             pixels = np.asarray(image.convert("L"), dtype=np.uint8)
     except FileNotFoundError:
@@ -252,21 +265,26 @@ def load_pathfinder(
     max_images: int | None = None,
     split_seed: int = 0,
     workers: int | None = None,
+    on_bad_rows: str = "error",
 ) -> dict[str, PathfinderDataset]:
     """``train`` / ``val`` / ``test`` datasets from ``<root>/pathfinder<res>/<difficulty folder>``.
 
     Split: the metadata rows, in batch order (``max_images`` keeps the first ones), are permuted
     with ``numpy.random.default_rng(split_seed)`` and cut 80 / 10 / 10 %, as LRA cut its TFDS
     set; the assignment depends only on the row count, so it is the same on every machine.
-    Images that cannot be used (missing, empty, corrupt, wrong size, blank; the release has one,
-    ``pathfinder32/curv_baseline/imgs/0/sample_172.png``) are skipped with one warning that
-    counts them. A missing or partial set raises MissingDataError; a malformed metadata row,
-    DataError naming file and line.
+
+    Empty (0-byte) image files are dropped, as LRA's pipeline drops them (``tf.strings.length > 0``;
+    the release has one, ``pathfinder32/curv_baseline/imgs/0/sample_172.png``), and counted in the
+    log. Any other unusable image (missing, corrupt, wrong size, blank) or malformed metadata row is
+    a bad row: DataError naming the metadata file:line and the image, or, with
+    ``on_bad_rows="skip"``, skipped and counted in one warning. A split left empty is a DataError;
+    a missing or partial set raises MissingDataError.
     """
+    bad_rows = BadRows(on_bad_rows)
     directory = dataset_dir(root, resolution, difficulty)
     layout = _inspect(directory)
     _require_complete(layout)
-    rows = _collect_rows(layout, max_images)
+    rows = _collect_rows(layout, max_images, bad_rows)
     split = _split_of_rows(len(rows), split_seed)
     # rows are stored grouped by split, so each split is a contiguous block of one array
     order = np.argsort(split, kind="stable")
@@ -274,29 +292,31 @@ def load_pathfinder(
     slot[order] = np.arange(len(rows))
     pixels = np.empty((len(rows), resolution * resolution), dtype=np.uint8)
     ok = np.zeros(len(rows), dtype=bool)
-    problems: list[tuple[Path, str]] = []
+    problems: list[tuple[int, str]] = []  # (row index, why the image is unusable)
 
     def read_chunk(start: int) -> None:
         for i in range(start, min(start + 512, len(rows))):
             result = read_image(rows[i][0], resolution)
             if isinstance(result, str):
-                problems.append((rows[i][0], result))
+                problems.append((i, result))
             else:
                 pixels[slot[i]] = result
                 ok[slot[i]] = True
 
     with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
         list(pool.map(read_chunk, range(0, len(rows), 512)))
-    if problems:
-        path, reason = sorted(problems)[0]
-        log.warning(
-            "Pathfinder: skipped %d of %d images that could not be used (missing, empty, corrupt, "
-            "wrong size or blank), e.g. %s (%s)",
-            len(problems),
-            len(rows),
-            path,
-            reason,
+    empty = [rows[i][0] for i, reason in sorted(problems) if reason == EMPTY_FILE]
+    for i, reason in sorted(problems):  # in row order, so the error names the first bad image
+        if reason != EMPTY_FILE:
+            path, row = rows[i]
+            bad_rows.add(DataError(row.meta or directory, f"image {path}: {reason}", row.line or None))
+    if empty:
+        log.info(
+            "Pathfinder: dropped %d empty image files, as LRA's pipeline drops them, e.g. %s",
+            len(empty),
+            empty[0],
         )
+    bad_rows.report(f"Pathfinder {directory}", len(rows))
     labels = np.array([row.label for _, row in rows], dtype=np.int64)[order]
     datasets, start = {}, 0
     for index, name in enumerate(SPLITS):
@@ -304,6 +324,8 @@ def load_pathfinder(
         keep = ok[start:stop]
         block = _compact(pixels[start:stop], keep)
         datasets[name] = PathfinderDataset(block, labels[start:stop][keep], resolution)
+        require_examples(datasets[name], f"{directory} ({name} split)", "usable image")
+        datasets[name].num_skipped = int(np.count_nonzero(~keep))
         start = stop
     return datasets
 

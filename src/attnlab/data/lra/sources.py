@@ -50,7 +50,7 @@ class ListOpsSource:
             max_depth=max_depth,
         )
         self.max_tokens = max_tokens
-        self.num_truncated = 0
+        self.num_truncated = self.num_skipped = 0
 
     @property
     def provenance_file(self) -> Path:
@@ -64,12 +64,16 @@ class ListOpsSource:
                 json.dumps({"generator": "attnlab.data.lra.listops", **self.generator_args}, indent=2)
             )
 
-    def load(self) -> dict[str, TokenSequenceDataset]:
+    def load(self, on_bad_rows: str = "error") -> dict[str, TokenSequenceDataset]:
         self.prepare()
         datasets = {}
+        self.num_truncated = self.num_skipped = 0
         for split in ("train", "val", "test"):
-            datasets[split] = listops.load_split(self.root / f"basic_{split}.tsv", max_length=self.max_tokens)
-            self.num_truncated += getattr(datasets[split], "num_truncated", 0)
+            datasets[split] = listops.load_split(
+                self.root / f"basic_{split}.tsv", max_length=self.max_tokens, on_bad_rows=on_bad_rows
+            )
+            self.num_truncated += datasets[split].num_truncated
+            self.num_skipped += datasets[split].num_skipped
         return datasets
 
     def status(self) -> dict:
@@ -77,7 +81,7 @@ class ListOpsSource:
         splits = {}
         for split, path in listops.split_paths(self.root).items():
             present = path.is_file()
-            count = sum(1 for _ in path.open()) - 1 if present else None
+            count = sum(1 for _ in path.open("rb")) - 1 if present else None
             splits[split] = {
                 "path": str(path),
                 "present": present,
@@ -101,7 +105,11 @@ class ListOpsSource:
             if self.num_truncated
             else ""
         )
-        return f"ListOps TSV files in {self.root}, {origin}{truncated}"
+        return f"ListOps TSV files in {self.root}, {origin}{truncated}{_skipped(self.num_skipped)}"
+
+
+def _skipped(count: int) -> str:
+    return f"; {count} bad rows skipped (on_bad_rows=skip)" if count else ""
 
 
 class _FileSource(abc.ABC):
@@ -113,10 +121,10 @@ class _FileSource(abc.ABC):
     def __init__(self, data_dir: str | Path):
         self.data_dir = Path(data_dir)
         self._origin = ""
-        self.num_truncated = 0
+        self.num_truncated = self.num_skipped = 0
 
     @abc.abstractmethod
-    def _load_split(self, split: str) -> tuple[TokenSequenceDataset, str]:
+    def _load_split(self, split: str, on_bad_rows: str) -> tuple[TokenSequenceDataset, str]:
         """One split and the ``data_source`` string saying what was read."""
 
     def status(self) -> dict:
@@ -127,17 +135,19 @@ class _FileSource(abc.ABC):
     def prepare(self) -> None:
         """Check the files are there; raise MissingDataError with the expected path otherwise."""
 
-    def load(self) -> dict[str, TokenSequenceDataset]:
+    def load(self, on_bad_rows: str = "error") -> dict[str, TokenSequenceDataset]:
         datasets = {}
+        self.num_truncated = self.num_skipped = 0
         for split in ("train", "val", "test"):
-            datasets[split], self._origin = self._load_split(split)
+            datasets[split], self._origin = self._load_split(split, on_bad_rows)
             self.num_truncated += getattr(datasets[split], "num_truncated", 0)
+            self.num_skipped += getattr(datasets[split], "num_skipped", 0)
         return datasets
 
     @property
     def description(self) -> str:
         truncated = f"; {self.num_truncated} sequences truncated" if self.num_truncated else ""
-        return f"{self.name}: {self._origin}{truncated}"
+        return f"{self.name}: {self._origin}{truncated}{_skipped(self.num_skipped)}"
 
 
 class TextSource(_FileSource):
@@ -153,8 +163,8 @@ class TextSource(_FileSource):
     def prepare(self) -> None:
         self._origin = text.ensure_text(self.data_dir)
 
-    def _load_split(self, split):
-        return text.load_text(self.data_dir, split, self.max_length)
+    def _load_split(self, split, on_bad_rows):
+        return text.load_text(self.data_dir, split, self.max_length, on_bad_rows=on_bad_rows)
 
 
 class RetrievalSource(_FileSource):
@@ -176,8 +186,8 @@ class RetrievalSource(_FileSource):
         if missing:
             raise MissingDataError(", ".join(missing), retrieval.HOW_TO_OBTAIN)
 
-    def _load_split(self, split):
-        dataset, _ = retrieval.load_retrieval(self.data_dir, split, self.max_length)
+    def _load_split(self, split, on_bad_rows):
+        dataset, _ = retrieval.load_retrieval(self.data_dir, split, self.max_length, on_bad_rows)
         return (
             dataset,
             f"AAN pairs in {retrieval.aan_path(self.data_dir, split).parent} (train/eval/test TSV)",
@@ -193,8 +203,8 @@ class ImageSource(_FileSource):
     def prepare(self) -> None:
         self._origin = image.ensure_image(self.data_dir)
 
-    def _load_split(self, split):
-        return image.load_image(self.data_dir, split)
+    def _load_split(self, split, on_bad_rows):
+        return image.load_image(self.data_dir, split)  # pickled arrays: no row can be skipped
 
 
 class PathfinderSource:
@@ -239,7 +249,7 @@ class PathfinderSource:
     def directory(self) -> Path:
         return pathfinder.dataset_dir(self.root, self.resolution, self.difficulty)
 
-    def load(self) -> dict[str, TokenSequenceDataset]:
+    def load(self, on_bad_rows: str = "error") -> dict[str, TokenSequenceDataset]:
         """The release as found; a generated set only up to ``num_images`` (a larger set made for
         another config stays usable, but this run reads what its config asked for)."""
         self.prepare()
@@ -248,7 +258,9 @@ class PathfinderSource:
         limit = self.max_images
         if generated is not None:
             limit = min(limit or self.num_images, self.num_images)
-        datasets = pathfinder.load_pathfinder(self.root, self.resolution, self.difficulty, max_images=limit)
+        datasets = pathfinder.load_pathfinder(
+            self.root, self.resolution, self.difficulty, max_images=limit, on_bad_rows=on_bad_rows
+        )
         used = sum(len(d) for d in datasets.values())
         origin = (
             f"generated by attnlab's Pathfinder generator (seed {generated.get('seed')})"
