@@ -128,3 +128,39 @@ def test_on_bad_rows_from_the_config_stops_or_skips(train_config, tmp_path):
     datamodule.setup()
     assert len(datamodule.datasets["train"]) == 12
     assert "1 bad rows skipped (on_bad_rows=skip)" in datamodule.source.description
+
+
+@pytest.mark.parametrize("attn", ["softmax", "sliced_relu", "sliced_relu_bump", "linear", "performer"])
+def test_an_all_black_image_under_zero_pixels_padding_stays_finite(attn):
+    """Every position masked (LRA's encoder would attend uniformly to masked keys; ours outputs zeros
+    there and pools over nothing): the logits and every gradient must stay finite."""
+    import torch
+
+    from attnlab.data.common import pad_collate
+    from attnlab.data.lra.pathfinder import PathfinderDataset
+    from attnlab.models.classifier import SequenceClassifier
+
+    pixels = np.zeros((2, 64), np.uint8)
+    pixels[1, ::3] = 200
+    batch = pad_collate(list(PathfinderDataset(pixels, [0, 1], 8, offset=0)))
+    assert not batch["mask"][0].any() and batch["mask"][1].any()
+    torch.manual_seed(0)
+    model = SequenceClassifier(257, 2, attn, dim=16, num_heads=2, mlp_dim=32, max_len=64)
+    logits = model(batch["input_ids"], batch["mask"])
+    torch.nn.functional.cross_entropy(logits, batch["labels"]).backward()
+    assert torch.isfinite(logits).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_zero_pixels_padding_trains_and_says_so_in_data_source(train_config, lra_data):
+    cfg = train_config(
+        "task=image",
+        "attn=sliced_relu",
+        *QUICK,
+        "task.data.zero_pixels=padding",
+        f"paths.data_dir={lra_data}",
+    )
+    summary = train(cfg)
+    assert summary["steps"] == 2 and "pixel 0 = padding" in summary["data_source"]
+    default = train_config("task=pathfinder", f"paths.data_dir={lra_data}")
+    assert default.task.data.zero_pixels == "token"

@@ -39,3 +39,12 @@ def test_on_bad_rows_reaches_the_source_and_is_checked():
 def test_an_empty_split_stops_the_run():
     with pytest.raises(DataError, match="fake source: the val split is empty"):
         SequenceDataModule(ListSource((4, 0, 2))).setup()
+
+
+def test_zero_pixels_only_for_pixel_sources_and_only_known_rules(tmp_path):
+    from attnlab.data.lra.sources import ImageSource, TextSource
+
+    with pytest.raises(ValueError, match=r"task.data.zero_pixels applies to pixel tasks.*'text'"):
+        SequenceDataModule(TextSource(tmp_path), zero_pixels="padding")
+    with pytest.raises(ValueError, match=r"task.data.zero_pixels='mask'.*padding, token"):
+        SequenceDataModule(ImageSource(tmp_path), zero_pixels="mask")

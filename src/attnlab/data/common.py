@@ -3,7 +3,8 @@
 An example is a dict with ``input_ids`` (1-D LongTensor of token ids, 0 is always padding),
 ``label`` (int) and, for two-sequence tasks (Retrieval), ``input_ids2``. `pad_collate` turns a
 list of examples into a batch with ``mask`` (bool, True = real token) next to each id tensor,
-which is the ``key_padding_mask`` the attention layers take.
+which is the ``key_padding_mask`` the attention layers take. Id 0 is masked wherever it stands,
+inside a sequence too: that is how ``zero_pixels="padding"`` keeps black pixels out of attention.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 PAD_ID = 0
 ON_BAD_ROWS = ("error", "skip")
+#: What pixel value 0 is in Image / Pathfinder / Path-X. ``padding``: LRA's rule; the pixel value is
+#: the token, so black pixels are id 0 and masked out of attention (LRA's encoder masks ``inputs > 0``).
+#: ``token``: every pixel is a real token, ``pixel + 1``, attended like any other.
+ZERO_PIXELS = ("padding", "token")
 SKIP_HINT = "set task.data.on_bad_rows=skip to skip such rows"
 
 log = logging.getLogger("attnlab.data")
@@ -68,6 +73,19 @@ class BadRows:
             log.warning(
                 "%s: skipped %d bad rows%s (on_bad_rows=skip), first: %s", what, self.count, of, self.first
             )
+
+
+def pixel_offset(zero_pixels: str) -> int:
+    """What is added to a pixel value to make its token id under the ``zero_pixels`` rule."""
+    check_choice("zero_pixels", zero_pixels, ZERO_PIXELS)
+    return 0 if zero_pixels == "padding" else 1
+
+
+def describe_zero_pixels(zero_pixels: str) -> str:
+    """The rule in words, for ``data_source``."""
+    if zero_pixels == "padding":
+        return "pixel 0 = padding (black pixels masked out of attention, as LRA's inputs > 0)"
+    return "pixel 0 = token (tokens are pixel + 1; every pixel attended)"
 
 
 def require_examples(dataset: TokenSequenceDataset, where: str | Path, what: str = "example") -> None:
@@ -127,10 +145,9 @@ def _pad(tensors: list[torch.Tensor], pad_to_multiple_of: int) -> tuple[torch.Te
     length = max(1, max(len(t) for t in tensors))
     length = math.ceil(length / pad_to_multiple_of) * pad_to_multiple_of
     ids = torch.full((len(tensors), length), PAD_ID, dtype=torch.long)
-    mask = torch.zeros((len(tensors), length), dtype=torch.bool)
     for row, tensor in enumerate(tensors):
         ids[row, : len(tensor)] = tensor
-        mask[row, : len(tensor)] = True
+    mask = ids != PAD_ID  # 0 is padding wherever it stands (black pixels under zero_pixels=padding)
     return ids, mask
 
 

@@ -3,10 +3,11 @@
 A source knows one dataset family (ListOps, Pathfinder, ...): ``prepare()`` generates or checks
 files (run once per node, before training), ``load(on_bad_rows=...)`` returns the
 ``train``/``val``/``test`` datasets, and ``description`` says which files or generator fed the run
-(logged, and written to ``summary.json`` as ``data_source``). This module holds the reading policy
-the config sets for every task (``on_bad_rows``: a malformed row stops the run, or is skipped and
-counted) and batches: length buckets for training, length-sorted batches for evaluation, padding
-masks everywhere.
+(logged, and written to ``summary.json`` as ``data_source``). This module holds the reading policies
+the config sets (``on_bad_rows``: a malformed row stops the run, or is skipped and counted;
+``zero_pixels``, for sources with ``reads_pixels``: is pixel value 0 padding, as in LRA, or a token)
+and batches: length buckets for training, length-sorted batches for evaluation, padding masks
+everywhere.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from attnlab.data.common import (
     ON_BAD_ROWS,
+    ZERO_PIXELS,
     DataError,
     LengthBucketSampler,
     ResumableDataLoader,
@@ -56,12 +58,20 @@ class SequenceDataModule(L.LightningDataModule):
         pad_to_multiple_of: int = 1,
         seed: int = 0,
         on_bad_rows: str = "error",
+        zero_pixels: str | None = None,
     ):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         check_choice("task.data.on_bad_rows", on_bad_rows, ON_BAD_ROWS)
-        self.source, self.on_bad_rows = source, on_bad_rows
+        if zero_pixels is not None:
+            check_choice("task.data.zero_pixels", zero_pixels, ZERO_PIXELS)
+            if not getattr(source, "reads_pixels", False):
+                raise ValueError(
+                    f"task.data.zero_pixels applies to pixel tasks (image, pathfinder, pathx); the "
+                    f"{source.name!r} source reads no pixels: remove zero_pixels={zero_pixels!r}"
+                )
+        self.source, self.on_bad_rows, self.zero_pixels = source, on_bad_rows, zero_pixels
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.bucket_by_length = num_workers, bucket_by_length
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
@@ -73,7 +83,10 @@ class SequenceDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        self.datasets = self.source.load(on_bad_rows=self.on_bad_rows)
+        policies = {"on_bad_rows": self.on_bad_rows}
+        if self.zero_pixels is not None:  # else the source's own default
+            policies["zero_pixels"] = self.zero_pixels
+        self.datasets = self.source.load(**policies)
         missing = [s for s in SPLITS if s not in self.datasets]
         if missing:
             raise ValueError(f"data source {self.source.name!r} returned no {', '.join(missing)} split")

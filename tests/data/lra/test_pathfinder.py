@@ -301,3 +301,19 @@ def test_ensure_generates_once_then_reuses(tmp_path):
     assert [len(splits[s]) for s in ("train", "val", "test")] == [8, 1, 1]
     info = describe(tmp_path, 32, "easy")
     assert info["source"] == "generated" and info["generator"]["seed"] == 4 and info["rows"] == 10
+
+
+def test_zero_pixels_padding_feeds_raw_pixels_and_masks_black_ones(tmp_path):
+    from attnlab.data.common import pad_collate
+
+    write_release(tmp_path, [[0, 1] * 5])
+    token = load_pathfinder(tmp_path, 32, "hard")["train"]
+    padding = load_pathfinder(tmp_path, 32, "hard", zero_pixels="padding")["train"]
+    pixels = padding.pixels[:2].astype(np.int64)
+    batch = pad_collate([padding[0], padding[1]])
+    assert batch["input_ids"].tolist() == pixels.tolist()  # LRA's tokens: the pixel values
+    assert batch["mask"].tolist() == (pixels > 0).tolist()  # LRA's mask: inputs > 0
+    assert (pixels == 0).mean() > 0.5  # most of a Pathfinder image is black
+    assert (
+        pad_collate([token[0]])["mask"].all() and (token[0]["input_ids"] == padding[0]["input_ids"] + 1).all()
+    )

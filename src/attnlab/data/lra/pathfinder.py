@@ -10,9 +10,11 @@ Files (the ``lra_release`` tarball, or `generate_pathfinder`)::
 Only columns 0 (folder), 1 (file) and 3 (label) are used. LRA's Pathfinder is 32 px ``hard``
 (``curv_contour_length_14``) and Path-X is 128 px ``hard``.
 
-Tokens: LRA feeds the pixel values 0-255 as tokens; attnlab keeps id 0 for padding, so pixel ``p``
-becomes token ``p + 1`` and the vocabulary has 257 ids. Every sequence has ``res²`` tokens, so no
-padding ever happens, but the convention is the same as for every other dataset.
+Tokens, by the ``zero_pixels`` rule. LRA feeds the pixel values 0-255 as tokens and its encoder
+masks ``inputs > 0``, so black pixels (most of a Pathfinder image) never take part in attention:
+that is ``zero_pixels="padding"`` (token = pixel, id 0 masked by the batches). ``"token"``
+(attnlab's default) makes every pixel a real token, ``p + 1``, attended like any other. The
+vocabulary has 257 ids either way; every sequence has ``res²`` positions.
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from attnlab.data.common import BadRows, DataError, MissingDataError, TokenSequenceDataset, require_examples
+from attnlab.data.common import (
+    BadRows,
+    DataError,
+    MissingDataError,
+    TokenSequenceDataset,
+    pixel_offset,
+    require_examples,
+)
 from attnlab.data.lra.pathfinder_generator import (
     GENERATOR_FILE,
     batch_is_complete,
@@ -40,8 +49,8 @@ from attnlab.data.lra.pathfinder_generator import (
 
 log = logging.getLogger(__name__)
 
-VOCAB_SIZE = 257  # pixel values 0-255 shifted by one; 0 is padding
-TOKEN_OFFSET = 1
+VOCAB_SIZE = 257  # 0 is padding; pixel + 1 (zero_pixels=token) or the pixel (padding, 256 unused)
+TOKEN_OFFSET = 1  # under zero_pixels=token
 SPLITS = ("train", "val", "test")
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 HOW_TO_OBTAIN = (
@@ -52,32 +61,35 @@ HOW_TO_OBTAIN = (
 
 
 class _TokenRows(Sequence):
-    """Read-only view of a uint8 pixel matrix as token-id rows (pixel + 1), built per access."""
+    """Read-only view of a uint8 pixel matrix as token-id rows (pixel + offset), built per access."""
 
-    def __init__(self, pixels: np.ndarray):
-        self._pixels = pixels
+    def __init__(self, pixels: np.ndarray, offset: int):
+        self._pixels, self._offset = pixels, offset
 
     def __len__(self) -> int:
         return len(self._pixels)
 
     def __getitem__(self, index):
-        return self._pixels[index].astype(np.int64) + TOKEN_OFFSET
+        return self._pixels[index].astype(np.int64) + self._offset
 
 
 class PathfinderDataset(TokenSequenceDataset):
     """Flattened images in one ``(N, res²)`` uint8 array; example ``i`` has ``input_ids =
-    pixels[i] + 1`` (int64) and its label. ``pixels`` keeps the raw 0-255 values."""
+    pixels[i] + offset`` (int64; offset 1 under zero_pixels=token, 0 under padding) and its label.
+    ``pixels`` keeps the raw 0-255 values."""
 
-    def __init__(self, pixels: np.ndarray, labels: Sequence[int], resolution: int):
+    def __init__(
+        self, pixels: np.ndarray, labels: Sequence[int], resolution: int, offset: int = TOKEN_OFFSET
+    ):
         # no super().__init__: it would copy the rows into a list; the base class only needs these
         pixels = np.asarray(pixels, dtype=np.uint8)
         if pixels.ndim != 2 or pixels.shape[1] != resolution * resolution:
             raise ValueError(f"pixels must be (N, {resolution * resolution}), got {pixels.shape}")
         if len(labels) != len(pixels):
             raise ValueError(f"{len(pixels)} images but {len(labels)} labels")
-        self.pixels, self.resolution = pixels, resolution
+        self.pixels, self.resolution, self.offset = pixels, resolution, offset
         self.labels = np.asarray(labels, dtype=np.int64)
-        self.sequences, self.sequences2 = _TokenRows(pixels), None
+        self.sequences, self.sequences2 = _TokenRows(pixels, offset), None
 
     def __len__(self) -> int:
         return len(self.pixels)
@@ -86,7 +98,7 @@ class PathfinderDataset(TokenSequenceDataset):
         return np.full(len(self), self.pixels.shape[1], dtype=np.int64)
 
     def __getitem__(self, index: int) -> dict:
-        ids = torch.from_numpy(self.pixels[index].astype(np.int64)) + TOKEN_OFFSET
+        ids = torch.from_numpy(self.pixels[index].astype(np.int64)) + self.offset
         return {"input_ids": ids, "label": int(self.labels[index])}
 
 
@@ -266,6 +278,7 @@ def load_pathfinder(
     split_seed: int = 0,
     workers: int | None = None,
     on_bad_rows: str = "error",
+    zero_pixels: str = "token",
 ) -> dict[str, PathfinderDataset]:
     """``train`` / ``val`` / ``test`` datasets from ``<root>/pathfinder<res>/<difficulty folder>``.
 
@@ -278,9 +291,9 @@ def load_pathfinder(
     log. Any other unusable image (missing, corrupt, wrong size, blank) or malformed metadata row is
     a bad row: DataError naming the metadata file:line and the image, or, with
     ``on_bad_rows="skip"``, skipped and counted in one warning. A split left empty is a DataError;
-    a missing or partial set raises MissingDataError.
+    a missing or partial set raises MissingDataError. ``zero_pixels`` sets the tokens (module docstring).
     """
-    bad_rows = BadRows(on_bad_rows)
+    bad_rows, offset = BadRows(on_bad_rows), pixel_offset(zero_pixels)
     directory = dataset_dir(root, resolution, difficulty)
     layout = _inspect(directory)
     _require_complete(layout)
@@ -323,7 +336,7 @@ def load_pathfinder(
         stop = start + int(np.count_nonzero(split == index))
         keep = ok[start:stop]
         block = _compact(pixels[start:stop], keep)
-        datasets[name] = PathfinderDataset(block, labels[start:stop][keep], resolution)
+        datasets[name] = PathfinderDataset(block, labels[start:stop][keep], resolution, offset)
         require_examples(datasets[name], f"{directory} ({name} split)", "usable image")
         datasets[name].num_skipped = int(np.count_nonzero(~keep))
         start = stop

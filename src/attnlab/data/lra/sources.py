@@ -11,7 +11,7 @@ import abc
 import json
 from pathlib import Path
 
-from attnlab.data.common import MissingDataError, TokenSequenceDataset
+from attnlab.data.common import MissingDataError, TokenSequenceDataset, describe_zero_pixels
 from attnlab.data.lra import image, listops, pathfinder, retrieval, text
 
 LRA_DIR = "lra_release"
@@ -198,13 +198,27 @@ class ImageSource(_FileSource):
     """CIFAR-10 in grey levels (LRA Image): ``<data_dir>/cifar-10-batches-py`` or cached HF ``cifar10``."""
 
     name = "image"
+    reads_pixels = True
     _module = image
+
+    def __init__(self, data_dir: str | Path):
+        super().__init__(data_dir)
+        self.zero_pixels = "token"
 
     def prepare(self) -> None:
         self._origin = image.ensure_image(self.data_dir)
 
+    def load(self, on_bad_rows: str = "error", zero_pixels: str = "token") -> dict[str, TokenSequenceDataset]:
+        self.zero_pixels = zero_pixels
+        return super().load(on_bad_rows)
+
     def _load_split(self, split, on_bad_rows):
-        return image.load_image(self.data_dir, split)  # pickled arrays: no row can be skipped
+        # pickled arrays: no row can be skipped
+        return image.load_image(self.data_dir, split, zero_pixels=self.zero_pixels)
+
+    @property
+    def description(self) -> str:
+        return f"{super().description}; {describe_zero_pixels(self.zero_pixels)}"
 
 
 class PathfinderSource:
@@ -215,6 +229,7 @@ class PathfinderSource:
     """
 
     vocab_size = pathfinder.VOCAB_SIZE
+    reads_pixels = True
 
     def __init__(
         self,
@@ -249,7 +264,7 @@ class PathfinderSource:
     def directory(self) -> Path:
         return pathfinder.dataset_dir(self.root, self.resolution, self.difficulty)
 
-    def load(self, on_bad_rows: str = "error") -> dict[str, TokenSequenceDataset]:
+    def load(self, on_bad_rows: str = "error", zero_pixels: str = "token") -> dict[str, TokenSequenceDataset]:
         """The release as found; a generated set only up to ``num_images`` (a larger set made for
         another config stays usable, but this run reads what its config asked for)."""
         self.prepare()
@@ -259,7 +274,12 @@ class PathfinderSource:
         if generated is not None:
             limit = min(limit or self.num_images, self.num_images)
         datasets = pathfinder.load_pathfinder(
-            self.root, self.resolution, self.difficulty, max_images=limit, on_bad_rows=on_bad_rows
+            self.root,
+            self.resolution,
+            self.difficulty,
+            max_images=limit,
+            on_bad_rows=on_bad_rows,
+            zero_pixels=zero_pixels,
         )
         used = sum(len(d) for d in datasets.values())
         origin = (
@@ -267,7 +287,11 @@ class PathfinderSource:
             if generated is not None
             else "as found (official LRA release layout)"
         )
-        self._description = f"{self.name} {self.difficulty} in {self.directory}: {used} images {origin}"
+        skipped = sum(d.num_skipped for d in datasets.values())
+        self._description = (
+            f"{self.name} {self.difficulty} in {self.directory}: {used} images {origin}"
+            f"{_skipped(skipped)}; {describe_zero_pixels(zero_pixels)}"
+        )
         return datasets
 
     def status(self) -> dict:
