@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 
 from attnlab.data.common import BadRows, DataError, MissingDataError, TokenSequenceDataset, require_examples
+from attnlab.data.lra.release import pick_release_dir
 from attnlab.data.lra.text import VOCAB_SIZE, bytes_to_tokens, check_max_length
 
 __all__ = ["VOCAB_SIZE", "NUM_CLASSES", "aan_path", "load_aan", "load_retrieval", "describe"]
@@ -39,11 +40,22 @@ HOW_TO_OBTAIN = (
 )
 
 
-def aan_path(data_dir: str | Path, split: str) -> Path:
-    """``<data_dir>/lra_release/tsv_data/new_aan_pairs.<train|eval|test>.tsv`` for split train/val/test."""
+def _file_name(split: str) -> str:
     if split not in SPLIT_FILES:
         raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-    return Path(data_dir) / "lra_release" / "tsv_data" / f"new_aan_pairs.{SPLIT_FILES[split]}.tsv"
+    return f"new_aan_pairs.{SPLIT_FILES[split]}.tsv"
+
+
+def aan_dir(data_dir: str | Path) -> Path:
+    """The ``tsv_data`` folder read: ``<data_dir>/lra_release/tsv_data``, or the same one level
+    deeper (``lra_release/lra_release/tsv_data``, how the tarball is often unpacked) when the files
+    are there instead."""
+    return pick_release_dir(data_dir, "tsv_data", [_file_name(s) for s in SPLITS])
+
+
+def aan_path(data_dir: str | Path, split: str) -> Path:
+    """``<tsv_data>/new_aan_pairs.<train|eval|test>.tsv`` for split train/val/test (see `aan_dir`)."""
+    return aan_dir(data_dir) / _file_name(split)
 
 
 def _parse_label(field: bytes, path: Path, line: int) -> int:
