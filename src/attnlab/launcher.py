@@ -239,6 +239,8 @@ class SweepWaiter:
                     "" if run.requeues == 1 else "s",
                 )
             if (seen.state, seen.reason) != (run.state, run.reason):
+                if seen.state == "RUNNING" and run.requeues:
+                    log.info("run %s: attempt %d started", self._name(run), run.requeues + 1)
                 run.state, run.reason = seen.state, seen.reason
                 log.debug("run %s: %s", self._name(run), self._describe(run))
             if seen.state not in TERMINAL_STATES:

@@ -176,6 +176,7 @@ def test_a_requeued_run_is_waited_for_until_its_summary_exists(tmp_path, caplog)
         0,
     )
     assert "run #0 a (job 7_0) was requeued (1 requeue so far)" in caplog.text
+    assert "run #0 a (job 7_0): attempt 2 started" in caplog.text
     assert "run #0 a (job 7_0) finished after 1 requeue" in caplog.text
     table = waiter.table().splitlines()
     assert table[0] == f"sweep {tmp_path}: 2 of 2 runs completed, 0 failed, 1 requeued"

@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+
+# the module, not the class: Hydra lists every class a plugin module holds as a plugin of that module
+from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
 
-class RequeueAwareSlurmLauncher(SlurmLauncher):
+class RequeueAwareSlurmLauncher(submitit_launcher.SlurmLauncher):
     """submitit's SLURM launcher, except that ``launch`` returns once every run has written its
     ``summary.json`` or failed, not when the first attempt of each job has returned.
 
