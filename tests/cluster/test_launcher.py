@@ -43,8 +43,10 @@ def fake_sbatch(tmp_path: Path) -> tuple[dict[str, str], Path]:
     [
         # README.md / slurm/README.md / conf/hydra/launcher/slurm.yaml
         "hydra/launcher=slurm trainer=gpu task=listops,text attn=softmax,sliced_relu seed=0,1,2",
-        # slurm/README.md "Run the CI cluster locally" / conf/hydra/launcher/slurm_local.yaml
+        # conf/hydra/launcher/slurm_local.yaml
         "hydra/launcher=slurm_local trainer=cpu task=listops attn=softmax,sliced_relu seed=0,1",
+        # slurm/README.md "Run the CI cluster locally" (test_slurm_sweep.py runs it on the cluster)
+        "hydra/launcher=slurm_local task=listops attn=softmax,sliced_relu seed=0,1",
     ],
 )
 def test_documented_slurm_sweeps_reach_sbatch_without_a_sweep_dir(tmp_path, fake_sbatch, command):

@@ -28,8 +28,8 @@ from tiny_runs import TINY_LISTOPS
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SWEEP_DEADLINE_S = 300  # 4 tiny runs, 2 at a time on the 2-core CI node: ~40 s when the machine is idle
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
-# slurm/README.md ("Run the CI cluster locally") and conf/hydra/launcher/slurm_local.yaml
-DOCUMENTED_SWEEP = "hydra/launcher=slurm_local trainer=cpu task=listops attn=softmax,sliced_relu seed=0,1"
+# slurm/README.md ("Run the CI cluster locally"); with trainer=cpu (the default) in slurm_local.yaml
+DOCUMENTED_SWEEP = "hydra/launcher=slurm_local task=listops attn=softmax,sliced_relu seed=0,1"
 TINY = [*TINY_LISTOPS, "trainer.max_steps=3", "task.val_check_interval=3"]
 # The multinode run on the fixture files of write_listops_fixture: small batches, 3 steps.
 TINY_FIXTURE = [
