@@ -161,7 +161,6 @@ def _table_row(output: str, run: str) -> list[str]:
     return rows[0]
 
 
-@pytest.mark.slow
 def test_documented_sweep_runs_as_one_job_array(slurm_cluster: None, sweep_in) -> None:
     sweep = sweep_in(*DOCUMENTED_SWEEP.split(), *TINY)
     rc = sweep.wait()
@@ -187,7 +186,6 @@ def test_documented_sweep_runs_as_one_job_array(slurm_cluster: None, sweep_in) -
     assert _table_row(output, "listops/softmax/seed1_1")[2:] == ["COMPLETED", "1", "0"]
 
 
-@pytest.mark.slow
 def test_a_preempted_run_is_awaited_until_its_requeued_attempt_wrote_the_summary(
     slurm_cluster: None, sweep_in
 ) -> None:
@@ -239,7 +237,6 @@ def test_a_preempted_run_is_awaited_until_its_requeued_attempt_wrote_the_summary
     assert f"Restored all states from the checkpoint at {run_dir / 'hpc_ckpt_1.ckpt'}" in job_log
 
 
-@pytest.mark.slow
 def test_multinode_sbatch_script_runs_cpu_ddp_over_two_tasks(slurm_cluster: None, tmp_path: Path) -> None:
     """The script as the README shows it, with the GPUs swapped for CPUs on the command line: srun starts
     2 tasks, the trainer gets devices/num_nodes from SLURM and Lightning runs DDP (gloo) over them."""
