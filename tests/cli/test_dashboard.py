@@ -381,3 +381,43 @@ def test_session_names_are_the_run_dirs_below_their_common_parent(outputs):
         session_names(runs) == [f"{t}/{a}/{STAMP.format(i + 1)}" for i, (t, a, *_) in enumerate(RUNS)][::-1]
     )
     assert session_names(runs[:1]) == [runs[0].path.parent.name]  # one run: its own dir name
+
+
+def test_documented_tensorboard_command_shows_the_runs_own_logs_and_hparams(outputs):
+    """`tensorboard --logdir outputs` (the TensorBoard section of the doc) on the runs' own event files."""
+    argv = _doc_command("tensorboard ")
+    assert argv == ["tensorboard", "--logdir", "outputs"], argv
+    executable = Path(sys.executable).with_name("tensorboard")
+    process = subprocess.Popen(
+        [str(executable), *argv[1:]],
+        cwd=outputs.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for (
+            line
+        ) in process.stderr:  # TensorBoard announces "TensorBoard <version> at <URL> (Press CTRL+C...)"
+            if match := re.search(r" at (http://\S+/) ", line):
+                break
+        else:
+            pytest.fail(f"tensorboard exited with {process.wait()} before printing its URL")
+        url = match.group(1)
+        runs = _get(url + "data/runs")
+        for _ in range(60):  # the first load runs in the background
+            if len(runs) == len(RUN_NAMES):
+                break
+            time.sleep(0.5)
+            runs = _get(url + "data/runs")
+        assert sorted(runs) == sorted(f"{name}/tensorboard" for name in RUN_NAMES)  # as the doc says
+        experiment = _post(url + "data/plugin/hparams/experiment", {"experimentName": ""})
+        assert {"task", "attn", "seed"} <= {h["name"] for h in experiment["hparamInfos"]}  # HPARAMS tab
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        process.stderr.close()
