@@ -1,7 +1,9 @@
 """`logger=mlflow` when several jobs start at once on a fresh project store (issue 8, item 3).
 
-Each worker is a separate Python process, like the jobs of a SLURM array: it builds the logger from the
-composed `conf/logger/mlflow.yaml`, waits until every worker is ready, then opens the store and logs.
+Each worker is a separate Python process, like the jobs of a SLURM array. All import what they need,
+wait until every one is ready, then open the store at the same moment and log. The fast test's workers
+go through `prepare_mlflow_store` and MLflow's client; the slow one's build the logger from the composed
+`conf/logger/mlflow.yaml` as training does (importing Lightning in 4 processes takes a while).
 """
 
 from __future__ import annotations
@@ -19,22 +21,46 @@ from attnlab.loggers import MlflowStoreError, mlflow_logger, sqlite_store_path
 
 WORKERS = 4
 STEPS = 5
-WORKER = """
+START = """
 import json, os, sys, time
-from hydra.utils import instantiate
-import lightning.pytorch.loggers, mlflow.tracking  # imported before the start, as in a real job
-node, go, index = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-node["run_name"] = f"worker{index}"
+node, go, index, steps = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.005)
-logger = instantiate(node)
+"""
+# what MLFlowLogger does (get or create the experiment, create a run, log), after attnlab's preparation
+CLIENT_WORKER = (
+    """
+from attnlab.loggers import prepare_mlflow_store
+from mlflow.tracking import MlflowClient
+from mlflow.entities import Metric, Param
+"""
+    + START
+    + """
+prepare_mlflow_store(node["tracking_uri"], node["experiment_name"], node["artifact_location"])
+client = MlflowClient(node["tracking_uri"])
+experiment = client.get_experiment_by_name(node["experiment_name"])
+run = client.create_run(experiment.experiment_id, run_name=f"worker{index}")
+client.log_batch(run.info.run_id, params=[Param("worker", str(index))])
+for step in range(steps):
+    client.log_batch(run.info.run_id, metrics=[Metric("val/acc", index + step / 10, 0, step)])
+client.set_terminated(run.info.run_id)
+"""
+)
+LOGGER_WORKER = (
+    """
+from hydra.utils import instantiate
+import lightning.pytorch.loggers, mlflow.tracking
+"""
+    + START
+    + """
+logger = instantiate({**node, "run_name": f"worker{index}"})
 logger.log_hyperparams({"worker": index})
-for step in range(int(sys.argv[4])):
+for step in range(steps):
     logger.log_metrics({"val/acc": index + step / 10}, step=step)
 logger.finalize("success")
-print("done", flush=True)
 """
+)
 
 
 def _mlflow_node(train_config) -> dict:
@@ -42,15 +68,14 @@ def _mlflow_node(train_config) -> dict:
     return OmegaConf.to_container(cfg.logger.mlflow, resolve=True)
 
 
-def test_workers_starting_together_on_a_fresh_store_all_log(train_config, tmp_path):
-    node = _mlflow_node(train_config)
-    db = sqlite_store_path(node["tracking_uri"])
-    assert db is not None and not db.exists()
+def _start_together(script: str, node: dict, tmp_path: Path) -> None:
+    """Run ``script`` in WORKERS processes that open the store at the same moment; all must succeed."""
+    assert not sqlite_store_path(node["tracking_uri"]).exists(), "the store must be fresh"
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MLFLOW_ENABLE_ASYNC_LOGGING": "false"}
     workers = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, json.dumps(node), str(go), str(i), str(STEPS)],
+            [sys.executable, "-c", script, json.dumps(node), str(go), str(i), str(STEPS)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -62,14 +87,18 @@ def test_workers_starting_together_on_a_fresh_store_all_log(train_config, tmp_pa
         for worker in workers:  # every worker has its imports done: the race is on opening the store
             assert worker.stdout.readline().strip() == "ready", worker.communicate(timeout=60)[1][-3000:]
         go.touch()
-        results = [(w.wait(timeout=120), *w.communicate(timeout=10)) for w in workers]
+        errors = [w.communicate(timeout=300)[1] for w in workers]
     finally:
         for worker in workers:
             if worker.poll() is None:
                 worker.kill()
-    failed = {i: err[-2000:] for i, (code, _, err) in enumerate(results) if code != 0}
+                worker.wait()
+    failed = {i: err[-2000:] for i, (w, err) in enumerate(zip(workers, errors, strict=True)) if w.returncode}
     assert not failed, f"{len(failed)} of {WORKERS} workers failed: {failed}"
 
+
+def _assert_store_healthy(node: dict) -> None:
+    """Every worker's run and metrics are in the store, and it still serves a later run."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(node["tracking_uri"])  # raises if the schema is not at MLflow's head revision
@@ -83,10 +112,23 @@ def test_workers_starting_together_on_a_fresh_store_all_log(train_config, tmp_pa
         assert history == pytest.approx([index + step / 10 for step in range(STEPS)])
 
     later_args = {k: v for k, v in node.items() if not k.startswith("_")} | {"run_name": "later"}
-    later = mlflow_logger(**later_args)  # the store still serves later runs
+    later = mlflow_logger(**later_args)
     later.log_metrics({"val/acc": 0.5}, step=0)
     later.finalize("success")
     assert client.get_run(later.run_id).data.metrics["val/acc"] == 0.5
+
+
+def test_processes_starting_together_on_a_fresh_store_all_log(train_config, tmp_path):
+    node = _mlflow_node(train_config)
+    _start_together(CLIENT_WORKER, node, tmp_path)
+    _assert_store_healthy(node)
+
+
+@pytest.mark.slow
+def test_training_loggers_starting_together_on_a_fresh_store_all_log(train_config, tmp_path):
+    node = _mlflow_node(train_config)
+    _start_together(LOGGER_WORKER, node, tmp_path)
+    _assert_store_healthy(node)
 
 
 def test_logger_config_builds_the_store_and_experiment_before_logging(train_config):

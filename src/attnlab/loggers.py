@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
-
-from lightning.pytorch.loggers import MLFlowLogger
+from typing import TYPE_CHECKING, Any
 
 from attnlab.data.common import file_lock
+
+if TYPE_CHECKING:
+    from lightning.pytorch.loggers import MLFlowLogger
 
 SQLITE_PREFIX = "sqlite:///"
 
@@ -78,6 +79,8 @@ def mlflow_logger(**kwargs: Any) -> MLFlowLogger:
 
     Arguments left out keep Lightning's defaults (``tracking_uri`` from ``MLFLOW_TRACKING_URI``).
     """
+    from lightning.pytorch.loggers import MLFlowLogger
+
     tracking_uri = kwargs.get("tracking_uri") or os.getenv("MLFLOW_TRACKING_URI")
     if tracking_uri:
         prepare_mlflow_store(

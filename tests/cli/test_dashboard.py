@@ -421,3 +421,18 @@ def test_documented_tensorboard_command_shows_the_runs_own_logs_and_hparams(outp
             process.kill()
             process.wait()
         process.stderr.close()
+
+
+def test_unknown_host_is_an_error_naming_it(outputs, capsys):
+    from attnlab.cli.main import main
+
+    assert main(["dashboard", str(outputs), "--host", "no-such-host.invalid", "--port", "0"]) == 2
+    assert "cannot serve on --host 'no-such-host.invalid'" in capsys.readouterr().err
+
+
+def test_address_of_another_machine_is_an_error_naming_it(outputs, capsys):
+    from attnlab.cli.main import main
+
+    # 192.0.2.1 (TEST-NET-1, RFC 5737) resolves but is no address of this machine: the bind fails
+    assert main(["dashboard", str(outputs), "--host", "192.0.2.1", "--port", "0"]) == 2
+    assert "cannot listen on 192.0.2.1:0" in capsys.readouterr().err

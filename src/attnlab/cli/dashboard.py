@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -248,7 +249,7 @@ def _hparam_value(name: str, value: Any) -> str | float | bool | None:
 
 def _copy_curves(tb_dir: Path, session: _EventWriter) -> None:
     """Every scalar series of the run's own event files, so a run's row and its curves live together."""
-    if not tb_dir.is_dir() or not any(tb_dir.rglob("events.out.tfevents.*")):
+    if not any(tb_dir.glob("events.out.tfevents.*")):  # no TensorBoard log (e.g. `logger=csv`)
         return
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -296,6 +297,10 @@ def start_tensorboard(logdir: str | Path, host: str = DEFAULT_HOST, port: int | 
     """Serve ``logdir`` from a background thread, its data loaded before this returns; the URL."""
     from tensorboard import program
 
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError as err:
+        raise DashboardError(f"cannot serve on --host {host!r}: {err.strerror or err}") from err
     tensorboard = program.TensorBoard()
     tensorboard.configure(
         argv=[
@@ -316,7 +321,10 @@ def start_tensorboard(logdir: str | Path, host: str = DEFAULT_HOST, port: int | 
             f"port {port} is in use on {host}: pick another (--port N) or any free one (--port 0)"
         ) from err
     except program.TensorBoardServerException as err:
-        raise DashboardError(f"cannot serve on {host}:{port}: {err.msg}") from err
+        where = f"{host}:{port}" if port is not None else f"{host}, ports {DEFAULT_PORT} and up"
+        raise DashboardError(f"cannot serve on {where}: {err.msg}") from err
+    except SystemExit as err:  # Werkzeug exits on bind errors, after printing the reason
+        raise DashboardError(f"cannot listen on {host}:{port} (reason above)") from err
 
 
 def _wait_until_stopped() -> None:
