@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -234,8 +235,12 @@ class _Browser:
         os.close(to_browser)
         os.close(from_browser)
         self._buffer, self._last_id, self._session = b"", 0, None
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        try:
+            target = self.call("Target.createTarget", url="about:blank")["targetId"]
+            self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        except BaseException:
+            self.close()
+            raise
         # the page itself at width x height (--window-size counts the window's frame too)
         self.call(
             "Emulation.setDeviceMetricsOverride",
@@ -253,6 +258,8 @@ class _Browser:
         os.write(self._to_browser, json.dumps(message).encode() + b"\0")
         while True:  # replies and events, each JSON text ended by a NUL byte
             while b"\0" not in self._buffer:
+                ready, _, _ = select.select([self._from_browser], [], [], 60)
+                assert ready, f"chromium did not answer {method} within 60 s"
                 chunk = os.read(self._from_browser, 1 << 16)
                 assert chunk, f"chromium closed the DevTools pipe during {method}"
                 self._buffer += chunk
