@@ -46,6 +46,7 @@ def favor_features(
     is_query: bool,
     key_padding_mask: torch.Tensor | None = None,
     stabilizer_eps: float = 1e-4,
+    causal: bool = False,
 ) -> torch.Tensor:
     """Positive random features of x (B, H, T, D) -> (B, H, T, M), in x's dtype.
 
@@ -53,6 +54,9 @@ def favor_features(
     in the ratio φ(q)ᵀS / φ(q)ᵀz: for queries any per-query constant cancels (per-row max); for keys the
     constant must be shared by all keys of a sequence and head (max over its *valid* keys, so padding
     cannot change it). `stabilizer_eps` keeps features away from exact zero, as in the reference code.
+    With `causal`, that key constant must not depend on later keys either (with `stabilizer_eps` and
+    the normaliser's eps it does not cancel exactly): the first valid key's maximum, raised to at
+    least max_m |w_m|²/2 − 60 (every logit − |x|²/2 is below max_m |w_m|²/2, so exp stays under e^60).
     """
     d = x.shape[-1]
     x = x * d**-0.25
@@ -64,7 +68,14 @@ def favor_features(
         masked = logits
         if key_padding_mask is not None:
             masked = logits.masked_fill(~key_padding_mask[:, None, :, None], float("-inf"))
-        shift = masked.amax(dim=(-1, -2), keepdim=True)
+        if causal:
+            first = 0 if key_padding_mask is None else key_padding_mask.to(torch.int8).argmax(dim=-1)
+            first = torch.as_tensor(first, device=x.device).expand(x.shape[0])
+            shift = logits[torch.arange(x.shape[0], device=x.device), :, first].amax(dim=-1)[:, :, None, None]
+            bound = 0.5 * (projection.to(x.dtype) ** 2).sum(dim=-1).amax() - 60.0
+            shift = torch.maximum(shift, bound)
+        else:
+            shift = masked.amax(dim=(-1, -2), keepdim=True)
         shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))  # fully padded sequence
     shift = shift.detach()  # a constant that cancels: no gradient needed through it
     m = projection.shape[0]
@@ -91,7 +102,9 @@ def performer_attention(
     with no_autocast(q.device):
         acc = accumulation_dtype(q.dtype)
         phi_q = favor_features(q.to(acc), projection, is_query=True)
-        phi_k = favor_features(k.to(acc), projection, is_query=False, key_padding_mask=key_padding_mask)
+        phi_k = favor_features(
+            k.to(acc), projection, is_query=False, key_padding_mask=key_padding_mask, causal=causal
+        )
         out = linear_attention_from_features(
             phi_q, phi_k, v.to(acc), key_padding_mask, causal=causal, eps=eps, chunk_size=chunk_size
         )
