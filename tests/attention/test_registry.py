@@ -22,6 +22,7 @@ from attnlab.attention import (
     check_support,
 )
 from attnlab.attention.layers import (
+    Capabilities,
     LinearAttention,
     PerformerAttention,
     SlicedReLUAttention,
@@ -60,7 +61,7 @@ def test_unknown_name_lists_known_backends():
 def test_unknown_option_lists_accepted_ones():
     with pytest.raises(ValueError, match="unknown option.*num_features.*'sliced_relu'") as err:
         build_attention("sliced_relu", 16, 4, num_features=8)
-    assert "accepted options: " + ", ".join([*COMMON, "projection", "eps"]) in str(err.value)
+    assert "accepted options: " + ", ".join([*COMMON, "projection", "eps", "standardise"]) in str(err.value)
 
 
 def test_options_are_read_from_constructors():
@@ -76,17 +77,22 @@ def test_bad_width_or_head_count(dim, heads):
         build_attention("softmax", dim, heads)
 
 
-@pytest.mark.parametrize("name", ["sliced_relu", "sliced_relu_bump"])
-def test_unsupported_causal_names_backend_and_reason(name):
-    with pytest.raises(UnsupportedAttentionError, match=f"backend '{name}'.*causal: scores are sorted"):
-        build_attention(name, 16, 4, causal=True)
-    with pytest.raises(UnsupportedAttentionError, match=f"backend '{name}'.*causal: scores are sorted"):
-        EXPECTED[name](16, 4, causal=True)  # the same refusal when the layer is built directly
+def test_unsupported_causal_names_backend_and_reason():
+    class Bidirectional(SoftmaxAttention):
+        name = "bidirectional"
+        capabilities = Capabilities(reasons={"causal": "every query sees every key"})
+
+    with pytest.raises(UnsupportedAttentionError, match="backend 'bidirectional'.*causal: every query sees"):
+        Bidirectional(16, 4, causal=True)
+    for name in EXPECTED:  # every registered backend has a causal form
+        assert build_attention(name, 16, 4, causal=True).causal
 
 
 def test_capabilities_and_check_support():
     assert backend_capabilities("linear").recurrent_step and backend_capabilities("linear").causal
-    assert not backend_capabilities("sliced_relu").causal
+    assert (
+        backend_capabilities("sliced_relu").causal and backend_capabilities("sliced_relu_bump").recurrent_step
+    )
     assert all(backend_capabilities(n).padding_mask for n in EXPECTED)
     assert check_support("linear", causal=True, recurrent_step=True, dtype=torch.bfloat16) == []
     reasons = check_support("softmax", recurrent_step=True)

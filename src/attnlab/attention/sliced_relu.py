@@ -554,6 +554,7 @@ def sliced_relu_attention(
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-4,
+    causal: bool = False,
 ) -> torch.Tensor:
     """Exact sliced ReLU attention in O(T log T): ``(B, H, T, D)`` output.
 
@@ -561,10 +562,16 @@ def sliced_relu_attention(
     mean ``vbar`` over real keys. ``s`` (query scores) and ``t`` (key scores) are ``(B, H, T)``,
     ``v`` is ``(B, H, T, D)``, ``key_padding_mask`` a bool ``(B, T)`` with True = real token.
     Padded query positions output zeros. Differentiable in ``s``, ``t`` and ``v``.
+    ``causal=True``: keys j <= i only, every statistic over that prefix, in O(T log² T)
+    (``attnlab.attention.causal_sliced``).
     """
     _check_inputs("sliced_relu_attention", s, t, v, key_padding_mask)
     if not eps > 0:
         raise ValueError(f"sliced_relu_attention: eps must be > 0, got {eps}")
+    if causal:
+        from attnlab.attention.causal_sliced import causal_sliced_relu_attention
+
+        return causal_sliced_relu_attention(s, t, v, key_padding_mask, eps)
     batch, heads, length, dim = v.shape
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
     valid = _valid_rows(key_padding_mask, heads)
@@ -580,6 +587,7 @@ def sliced_relu_bump_attention(
     v: torch.Tensor,
     bandwidth: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
+    causal: bool = False,
 ) -> torch.Tensor:
     """Exact sliced ReLU-bump attention in O(T log T): ``(B, H, T, D)`` output.
 
@@ -589,6 +597,7 @@ def sliced_relu_bump_attention(
     ``sliced_relu_attention``. The window sums are prefix-sum differences, so in float32 very
     narrow bandwidths at long T lose precision (the window is small next to the running totals);
     the scores' offset does not matter (the op centres them).
+    ``causal=True``: keys j <= i only, n_i = real keys j <= i, in O(T log² T).
     """
     _check_inputs("sliced_relu_bump_attention", s, t, v, key_padding_mask)
     batch, heads, length, dim = v.shape
@@ -608,6 +617,10 @@ def sliced_relu_bump_attention(
         torch._assert_async(good, positive)
     elif not bool(good):
         raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
+    if causal:
+        from attnlab.attention.causal_sliced import causal_sliced_relu_bump_attention
+
+        return causal_sliced_relu_bump_attention(s, t, v, bandwidth, key_padding_mask)
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
     valid = _valid_rows(key_padding_mask, heads)
     if valid is not None:
