@@ -45,6 +45,7 @@ import functools
 import torch
 
 from attnlab.attention.precision import FLOAT_DTYPES, accumulation_dtype, no_autocast
+from attnlab.attention.triton.runtime import resolve_impl
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
 
@@ -554,22 +555,30 @@ def sliced_relu_attention(
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-4,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Exact sliced ReLU attention in O(T log T): ``(B, H, T, D)`` output.
 
     ``o_i = 2 Σ_j ReLU(s_i - t_j)(v_j - vbar) / max(Σ_j |s_i - t_j|, eps)`` with sums and the
     mean ``vbar`` over real keys. ``s`` (query scores) and ``t`` (key scores) are ``(B, H, T)``,
     ``v`` is ``(B, H, T, D)``, ``key_padding_mask`` a bool ``(B, T)`` with True = real token.
-    Padded query positions output zeros. Differentiable in ``s``, ``t`` and ``v``.
+    Padded query positions output zeros. Differentiable in ``s``, ``t`` and ``v``. ``impl``:
+    ``"auto"`` (Triton kernels for CUDA tensors, this torch code otherwise), ``"triton"`` or
+    ``"torch"`` (see ``attnlab.attention.triton``).
     """
     _check_inputs("sliced_relu_attention", s, t, v, key_padding_mask)
     if not eps > 0:
         raise ValueError(f"sliced_relu_attention: eps must be > 0, got {eps}")
+    impl = resolve_impl("sliced_relu_attention", impl, s, t, v)
     batch, heads, length, dim = v.shape
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
     valid = _valid_rows(key_padding_mask, heads)
     if valid is not None:
         valid = valid.to(v.device)
+    if impl == "triton":
+        from attnlab.attention.triton import sliced
+
+        return sliced.sliced_relu(s, t, v, valid, eps, acc)
     out = _SlicedReLU.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, float(eps))
     return out.view(batch, heads, length, dim).to(v.dtype)
 
@@ -580,6 +589,7 @@ def sliced_relu_bump_attention(
     v: torch.Tensor,
     bandwidth: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Exact sliced ReLU-bump attention in O(T log T): ``(B, H, T, D)`` output.
 
@@ -588,9 +598,10 @@ def sliced_relu_bump_attention(
     gradient (it is a learned parameter of the layer). Other arguments as in
     ``sliced_relu_attention``. The window sums are prefix-sum differences, so in float32 very
     narrow bandwidths at long T lose precision (the window is small next to the running totals);
-    the scores' offset does not matter (the op centres them).
+    the scores' offset does not matter (the op centres them). ``impl`` as in ``sliced_relu_attention``.
     """
     _check_inputs("sliced_relu_bump_attention", s, t, v, key_padding_mask)
+    impl = resolve_impl("sliced_relu_bump_attention", impl, s, t, v)
     batch, heads, length, dim = v.shape
     if not isinstance(bandwidth, torch.Tensor) or tuple(bandwidth.shape) != (heads,):
         shape = tuple(bandwidth.shape) if isinstance(bandwidth, torch.Tensor) else type(bandwidth).__name__
@@ -613,5 +624,9 @@ def sliced_relu_bump_attention(
     if valid is not None:
         valid = valid.to(v.device)
     width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
+    if impl == "triton":
+        from attnlab.attention.triton import sliced
+
+        return sliced.sliced_relu_bump(s, t, v, width, valid, acc)
     out = _SlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid)
     return out.view(batch, heads, length, dim).to(v.dtype)

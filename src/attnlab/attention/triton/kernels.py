@@ -20,6 +20,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# Only triton's builtins are used, plus the jit functions of this file: triton.language's own jit
+# helpers (tl.sum, tl.cumsum, tl.cdiv, tl.zeros) are decorated when triton is first imported, for
+# the mode then in force, and would break the interpreter if triton was imported without it.
+# Sums go through tl.reduce / tl.associative_scan with triton's own sum combiner, which the
+# interpreter recognises by identity and runs as one numpy call (any other combiner is called
+# element by element in Python: minutes instead of seconds).
+
+
+@triton.jit
+def _plus(a, b):
+    return a + b
+
+
+_add = getattr(tl.standard, "_sum_combine", _plus)
+
 
 @triton.jit
 def _weighted_rows(
@@ -57,14 +72,14 @@ def stream_totals_kernel(
     acc_dtype = u_ptr.dtype.element_ty
     d = dblk * BD + tl.arange(0, BD)
     dmask = d < D
-    xshift = tl.zeros([BD], dtype=acc_dtype)
+    xshift = tl.full([BD], 0.0, acc_dtype)
     if HAS_XSHIFT:
         xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
-    sum_w = tl.zeros([BD], dtype=acc_dtype)
-    sum_x = tl.zeros([BD], dtype=acc_dtype)
+    sum_w = tl.full([BD], 0.0, acc_dtype)
+    sum_x = tl.full([BD], 0.0, acc_dtype)
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
-    for it in range(0, tl.cdiv(stop - start, BLOCK)):
+    for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         p = start + it * BLOCK + tl.arange(0, BLOCK)
         pmask = p < stop
         e = tl.load(order_ptr + row * L + p, mask=pmask, other=0)
@@ -73,8 +88,8 @@ def stream_totals_kernel(
         rows, scored = _weighted_rows(
             x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
         )
-        sum_w += tl.sum(rows, axis=0)
-        sum_x += tl.sum(scored, axis=0)
+        sum_w += tl.reduce(rows, 0, _add)
+        sum_x += tl.reduce(scored, 0, _add)
     base = totals_ptr + ((row * NCHUNK + chunk) * 2) * D + d
     tl.store(base, sum_w, mask=dmask)
     tl.store(base + D, sum_x, mask=dmask)
@@ -104,27 +119,27 @@ def stream_kernel(
     acc_dtype = u_ptr.dtype.element_ty
     d = dblk * BD + tl.arange(0, BD)
     dmask = d < D
-    run_w = tl.zeros([BD], dtype=acc_dtype)
-    run_x = tl.zeros([BD], dtype=acc_dtype)
+    run_w = tl.full([BD], 0.0, acc_dtype)
+    run_x = tl.full([BD], 0.0, acc_dtype)
     if HAS_CARRY:
         base = carry_ptr + ((row * NCHUNK + chunk) * 2) * D + d
         run_w += tl.load(base, mask=dmask, other=0.0).to(acc_dtype)
         run_x += tl.load(base + D, mask=dmask, other=0.0).to(acc_dtype)
-    xshift = tl.zeros([BD], dtype=acc_dtype)
+    xshift = tl.full([BD], 0.0, acc_dtype)
     if HAS_XSHIFT:
         xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
-    vec = tl.zeros([BD], dtype=acc_dtype)
+    vec = tl.full([BD], 0.0, acc_dtype)
     if HAS_C3 or DOT_VEC:
         vec = tl.load(vec_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
-    yshift = tl.zeros([BD], dtype=acc_dtype)
+    yshift = tl.full([BD], 0.0, acc_dtype)
     if HAS_YSHIFT:
         yshift = tl.load(yshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
 
-    ysum = tl.zeros([BD], dtype=acc_dtype)
+    ysum = tl.full([BD], 0.0, acc_dtype)
 
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
-    for it in range(0, tl.cdiv(stop - start, BLOCK)):
+    for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         p = start + it * BLOCK + tl.arange(0, BLOCK)
         pmask = p < stop
         e = tl.load(order_ptr + row * L + p, mask=pmask, other=0)
@@ -136,10 +151,10 @@ def stream_kernel(
             x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
         )
         # inclusive sums; a sink's own row is zero, so at a sink they are the sums strictly before it
-        pre_w = tl.cumsum(rows, axis=0) + run_w[None, :]
-        pre_x = tl.cumsum(scored, axis=0) + run_x[None, :]
-        run_w += tl.sum(rows, axis=0)
-        run_x += tl.sum(scored, axis=0)
+        pre_w = tl.associative_scan(rows, 0, _add) + run_w[None, :]
+        pre_x = tl.associative_scan(scored, 0, _add) + run_x[None, :]
+        run_w += tl.reduce(rows, 0, _add)
+        run_x += tl.reduce(scored, 0, _add)
         sink2 = is_sink[:, None] & dmask[None, :]
         if WRITE > 0:
             c1 = tl.load(c1_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
@@ -158,13 +173,13 @@ def stream_kernel(
             if HAS_YSHIFT:
                 y = tl.where(sink2, y - yshift[None, :], 0.0)
             at = dots_ptr + ((dblk * 3) * N + row) * T + i
-            tl.store(at, tl.sum(y * pre_w, axis=1), mask=is_sink)
-            tl.store(at + N * T, tl.sum(y * pre_x, axis=1), mask=is_sink)
+            tl.store(at, tl.reduce(y * pre_w, 1, _add), mask=is_sink)
+            tl.store(at + N * T, tl.reduce(y * pre_x, 1, _add), mask=is_sink)
             if DOT_VEC:
-                tl.store(at + 2 * N * T, tl.sum(y * vec[None, :], axis=1), mask=is_sink)
+                tl.store(at + 2 * N * T, tl.reduce(y * vec[None, :], 1, _add), mask=is_sink)
             if YSUM:
                 c4 = tl.load(c4_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
-                ysum += tl.sum(y * c4[:, None], axis=0)
+                ysum += tl.reduce(y * c4[:, None], 0, _add)
     if YSUM:
         tl.store(ysum_ptr + (row * NCHUNK + chunk) * D + d, ysum, mask=dmask)
 
@@ -203,8 +218,8 @@ def linear_causal_fwd_kernel(
     cd = tl.arange(0, BD)
     cv = tl.arange(0, BDV)
     dmask, vmask = cd < D, cv < DV
-    state = tl.zeros([BD, BDV], dtype=tl.float32)
-    norm = tl.zeros([BD], dtype=tl.float32)
+    state = tl.full([BD, BDV], 0.0, tl.float32)
+    norm = tl.full([BD], 0.0, tl.float32)
     ci = tl.arange(0, C)
     causal = ci[:, None] >= ci[None, :]
     for c0 in range(0, T, C):
@@ -221,7 +236,7 @@ def linear_causal_fwd_kernel(
         scores = tl.dot(fq, tl.trans(fk), input_precision=PRECISION)
         scores = tl.where(causal, scores, 0.0)
         num = tl.dot(scores, v, input_precision=PRECISION) + tl.dot(fq, state, input_precision=PRECISION)
-        den = tl.sum(scores, axis=1) + tl.sum(fq * norm[None, :], axis=1)
+        den = tl.reduce(scores, 1, _add) + tl.reduce(fq * norm[None, :], 1, _add)
         out = num / (den + eps)[:, None]
         if HAS_MASK:
             out = tl.where(keep[:, None], out, 0.0)
@@ -232,7 +247,7 @@ def linear_causal_fwd_kernel(
         )
         tl.store(den_ptr + row * T + pos, den, mask=pmask)
         state += tl.dot(tl.trans(fk), v, input_precision=PRECISION)
-        norm += tl.sum(fk, axis=0)
+        norm += tl.reduce(fk, 0, _add)
 
 
 @triton.jit
@@ -247,8 +262,8 @@ def linear_causal_bwd_q_kernel(
     cd = tl.arange(0, BD)
     cv = tl.arange(0, BDV)
     dmask, vmask = cd < D, cv < DV
-    state = tl.zeros([BD, BDV], dtype=tl.float32)
-    norm = tl.zeros([BD], dtype=tl.float32)
+    state = tl.full([BD, BDV], 0.0, tl.float32)
+    norm = tl.full([BD], 0.0, tl.float32)
     ci = tl.arange(0, C)
     causal = ci[:, None] >= ci[None, :]
     for c0 in range(0, T, C):
@@ -269,7 +284,7 @@ def linear_causal_bwd_q_kernel(
         den = tl.load(den_ptr + row * T + pos, mask=pmask, other=1.0)
         inv = 1.0 / (den + eps)
         gnum = g * inv[:, None]
-        gden = -tl.sum(gnum * num, axis=1) * inv  # -(g · o) / (den + eps)
+        gden = -tl.reduce(gnum * num, 1, _add) * inv  # -(g · o) / (den + eps)
         gscores = tl.dot(gnum, tl.trans(v), input_precision=PRECISION) + gden[:, None]
         gscores = tl.where(causal, gscores, 0.0)
         gfq = tl.dot(gscores, fk, input_precision=PRECISION)
@@ -285,7 +300,7 @@ def linear_causal_bwd_q_kernel(
         )
         tl.store(gden_ptr + row * T + pos, gden, mask=pmask)
         state += tl.dot(tl.trans(fk), v, input_precision=PRECISION)
-        norm += tl.sum(fk, axis=0)
+        norm += tl.reduce(fk, 0, _add)
 
 
 @triton.jit
@@ -300,8 +315,8 @@ def linear_causal_bwd_kv_kernel(
     cd = tl.arange(0, BD)
     cv = tl.arange(0, BDV)
     dmask, vmask = cd < D, cv < DV
-    back = tl.zeros([BD, BDV], dtype=tl.float32)
-    back_norm = tl.zeros([BD], dtype=tl.float32)
+    back = tl.full([BD, BDV], 0.0, tl.float32)
+    back_norm = tl.full([BD], 0.0, tl.float32)
     ci = tl.arange(0, C)
     causal = ci[:, None] >= ci[None, :]  # [i, j]: query i sees key j
     for step in range(0, NCHUNKS):
@@ -338,4 +353,4 @@ def linear_causal_bwd_kv_kernel(
             mask=pmask[:, None] & vmask[None, :],
         )
         back += tl.dot(tl.trans(fq), gnum, input_precision=PRECISION)
-        back_norm += tl.sum(fq * gden[:, None], axis=0)
+        back_norm += tl.reduce(fq * gden[:, None], 0, _add)
