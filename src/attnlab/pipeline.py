@@ -156,6 +156,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "train_samples_per_sec_total": perf.get("train_samples_per_sec_total"),
         "eval_samples_per_sec": perf.get("eval_samples_per_sec"),
         "peak_mem_mb": perf.get("peak_mem_mb"),
+        "train_tflops_per_sec": perf.get("train_tflops_per_sec"),  # model FLOPs (attnlab.flops)
+        "mfu": perf.get("mfu"),  # null unless the device's peak is known (callbacks.throughput.peak_flops)
         "params": params,
         "wall_time_s": clock.wall_time_s(),  # all attempts of the run, this one to its end
         "attempts": clock.attempt,

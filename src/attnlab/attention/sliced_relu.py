@@ -45,6 +45,7 @@ import functools
 import torch
 
 from attnlab.attention.precision import FLOAT_DTYPES, accumulation_dtype, no_autocast
+from attnlab.attention.triton.runtime import IMPLS, resolve_impl
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
 
@@ -548,6 +549,14 @@ def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.reshape(-1, *x.shape[2:]).to(dtype).contiguous()
 
 
+def _torch_only_causal(op: str, impl: str) -> None:
+    """The causal ops have no Triton kernel yet: ``auto`` runs the torch code, ``triton`` is refused."""
+    if impl not in IMPLS:
+        raise ValueError(f"{op}: impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
+    if impl == "triton":
+        raise ValueError(f"{op}: causal=True has no Triton kernel yet; use impl='auto' or impl='torch'")
+
+
 def sliced_relu_attention(
     s: torch.Tensor,
     t: torch.Tensor,
@@ -555,6 +564,7 @@ def sliced_relu_attention(
     key_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-4,
     causal: bool = False,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Exact sliced ReLU attention in O(T log T): ``(B, H, T, D)`` output.
 
@@ -563,7 +573,9 @@ def sliced_relu_attention(
     ``v`` is ``(B, H, T, D)``, ``key_padding_mask`` a bool ``(B, T)`` with True = real token.
     Padded query positions output zeros. Differentiable in ``s``, ``t`` and ``v``.
     ``causal=True``: keys j <= i only, every statistic over that prefix, in O(T log² T)
-    (``attnlab.attention.causal_sliced``).
+    (``attnlab.attention.causal_sliced``; torch code only, no Triton kernel yet). ``impl``:
+    ``"auto"`` (Triton kernels for CUDA tensors, this torch code otherwise), ``"triton"`` or
+    ``"torch"`` (see ``attnlab.attention.triton``).
     """
     _check_inputs("sliced_relu_attention", s, t, v, key_padding_mask)
     if not eps > 0:
@@ -571,12 +583,18 @@ def sliced_relu_attention(
     if causal:
         from attnlab.attention.causal_sliced import causal_sliced_relu_attention
 
+        _torch_only_causal("sliced_relu_attention", impl)
         return causal_sliced_relu_attention(s, t, v, key_padding_mask, eps)
+    impl = resolve_impl("sliced_relu_attention", impl, s, t, v)
     batch, heads, length, dim = v.shape
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
     valid = _valid_rows(key_padding_mask, heads)
     if valid is not None:
         valid = valid.to(v.device)
+    if impl == "triton":
+        from attnlab.attention.triton import sliced
+
+        return sliced.sliced_relu(s, t, v, valid, eps, acc)
     out = _SlicedReLU.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, float(eps))
     return out.view(batch, heads, length, dim).to(v.dtype)
 
@@ -588,6 +606,7 @@ def sliced_relu_bump_attention(
     bandwidth: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     causal: bool = False,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Exact sliced ReLU-bump attention in O(T log T): ``(B, H, T, D)`` output.
 
@@ -597,7 +616,8 @@ def sliced_relu_bump_attention(
     ``sliced_relu_attention``. The window sums are prefix-sum differences, so in float32 very
     narrow bandwidths at long T lose precision (the window is small next to the running totals);
     the scores' offset does not matter (the op centres them).
-    ``causal=True``: keys j <= i only, n_i = real keys j <= i, in O(T log² T).
+    ``causal=True``: keys j <= i only, n_i = real keys j <= i, in O(T log² T) (torch code only).
+    ``impl`` as in ``sliced_relu_attention``.
     """
     _check_inputs("sliced_relu_bump_attention", s, t, v, key_padding_mask)
     batch, heads, length, dim = v.shape
@@ -620,11 +640,17 @@ def sliced_relu_bump_attention(
     if causal:
         from attnlab.attention.causal_sliced import causal_sliced_relu_bump_attention
 
+        _torch_only_causal("sliced_relu_bump_attention", impl)
         return causal_sliced_relu_bump_attention(s, t, v, bandwidth, key_padding_mask)
+    impl = resolve_impl("sliced_relu_bump_attention", impl, s, t, v)
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
     valid = _valid_rows(key_padding_mask, heads)
     if valid is not None:
         valid = valid.to(v.device)
     width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
+    if impl == "triton":
+        from attnlab.attention.triton import sliced
+
+        return sliced.sliced_relu_bump(s, t, v, width, valid, acc)
     out = _SlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid)
     return out.view(batch, heads, length, dim).to(v.dtype)

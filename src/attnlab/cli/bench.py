@@ -143,6 +143,15 @@ def state_bytes(obj) -> int:
     return 0
 
 
+# op names of forced variants: the torch code where "auto" would take Triton on CUDA, causal linear
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "sliced_relu_attention_torch": ("sliced_relu_attention", {"impl": "torch"}),
+    "sliced_relu_bump_attention_torch": ("sliced_relu_bump_attention", {"impl": "torch"}),
+    "linear_attention_causal": ("linear_attention", {"causal": True}),
+    "linear_attention_causal_torch": ("linear_attention", {"causal": True, "impl": "torch"}),
+}
+
+
 def _op(name: str) -> Callable:
     """The op behind a backend, imported on first use (the facade `attnlab.attention.ops`)."""
     if name == "softmax_kv_cache_step":
@@ -152,6 +161,11 @@ def _op(name: str) -> Callable:
 
         op = getattr(ops, name.removeprefix("causal:"))
         return lambda *args: op(*args, causal=True)
+    if name in VARIANTS:
+        import functools
+
+        base, keywords = VARIANTS[name]
+        return functools.partial(_op(base), **keywords)
     if name == "sliced_relu_concat":
         from attnlab.attention.reference import sliced_relu_attention_concat
 
@@ -168,6 +182,11 @@ BACKENDS: dict[str, tuple[str, Callable]] = {
     "sliced_relu": ("sliced_relu_attention", _score_inputs),
     "sliced_relu_bump": ("sliced_relu_bump_attention", _bump_inputs),
     "sliced_relu_concat": ("sliced_relu_concat", _score_inputs),
+    # on CUDA the plain names run the Triton kernels (impl="auto"); these force the torch code
+    "sliced_relu_torch": ("sliced_relu_attention_torch", _score_inputs),
+    "sliced_relu_bump_torch": ("sliced_relu_bump_attention_torch", _bump_inputs),
+    "linear_causal": ("linear_attention_causal", _qkv_inputs),
+    "linear_causal_torch": ("linear_attention_causal_torch", _qkv_inputs),
     # one recurrent decoding step at position T: its time and memory must not grow with T
     "linear_decode": ("linear_attention_step", _decode_inputs),
     "sliced_relu_decode": ("sliced_relu_attention_step", _sliced_decode_inputs),
@@ -494,6 +513,8 @@ def main_attention(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     title = f"attention ops, B={args.batch} H={args.heads} D={args.dim} {args.dtype} on {args.device}"
+    if args.device == "cuda":
+        title += f" ({torch.cuda.get_device_name()})"
     if args.device == "cpu":
         tuning = "".join(f" {k}={os.environ[k]}" for k in ALLOCATOR_SETTINGS if k in os.environ)
         title += f" ({torch.get_num_threads()} threads{tuning})"
