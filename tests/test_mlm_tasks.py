@@ -97,3 +97,21 @@ def test_resumed_run_draws_the_same_masks(tmp_path, data_dir, monkeypatch):
     for (_, a), (_, b) in zip(full[3:], seen, strict=True):
         assert torch.equal(a, b)  # same blocks, same masked positions, same targets
     assert not torch.equal(full[3][1], full[4][1])
+
+
+def test_data_prepare_mlm_trains_the_tokenizer_once_and_the_run_reuses_it(tmp_path, capsys):
+    from attnlab.cli.main import main
+
+    size = [f"task.data.source.tokenizer.vocab_size={VOCAB}"]
+    check = ["data", "prepare", "mlm", "--check-only", "--data-dir", str(tmp_path / "data"), *size]
+    assert main(check) == 1
+    assert "MISSING" in capsys.readouterr().out and not (tmp_path / "data" / "mlm").exists()
+    assert main(["data", "prepare", "mlm", "--data-dir", str(tmp_path / "data"), *size]) == 0
+    out = capsys.readouterr().out
+    assert "pydoc_data.topics" in out and "train  ok" in out and "counts are tokens" in out
+    vocab = next((tmp_path / "data" / "mlm").rglob("vocab.json"))
+    stamp = vocab.stat().st_mtime_ns
+    assert main(check) == 0
+    summary, _ = run(tmp_path, tmp_path / "data", "task.max_steps=2", "task.val_check_interval=2")
+    assert vocab.stat().st_mtime_ns == stamp and str(vocab) in summary["data_source"]  # reused, not retrained
+    assert main(["data", "prepare", "lra", "--data-dir", str(tmp_path)]) == 2  # lra still needs --task

@@ -354,6 +354,14 @@ class TextCorpus:
 
     def status(self) -> dict:
         """What `attnlab data prepare mlm` prints: each split's stream, present or not, and its tokens."""
+        trained = self.tokenizer_dir() / VOCAB_FILE
+        if self.vocab_file is None and not trained.is_file():  # never train here: --check-only trains nothing
+            return {
+                "task": f"mlm: {self.short_name} (no tokenizer trained yet)",
+                "splits": {s: {"path": str(trained), "present": False} for s in SPLITS},
+                "how_to_obtain": "run `attnlab data prepare mlm` (without --check-only) to train the "
+                "tokenizer and tokenize the corpus",
+            }
         folder = self.tokens_dir()
         meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else None
         splits = {
