@@ -115,3 +115,35 @@ def test_data_prepare_mlm_trains_the_tokenizer_once_and_the_run_reuses_it(tmp_pa
     summary, _ = run(tmp_path, tmp_path / "data", "task.max_steps=2", "task.val_check_interval=2")
     assert vocab.stat().st_mtime_ns == stamp and str(vocab) in summary["data_source"]  # reused, not retrained
     assert main(["data", "prepare", "lra", "--data-dir", str(tmp_path)]) == 2  # lra still needs --task
+
+
+@pytest.mark.parametrize(
+    "attn,trainer,devices,heads,accumulate",
+    [
+        ("softmax", "gpu", 1, 16, 32),
+        ("sliced_relu_bump", "ddp", 2, 64, 16),
+        ("sliced_relu_bump", "ddp", 8, 64, 4),
+    ],
+)
+def test_paper_preset_keeps_the_global_batch_and_the_paper_model(
+    tmp_path, attn, trainer, devices, heads, accumulate
+):
+    from hydra.utils import instantiate
+
+    cfg = compose_train_config(
+        ["experiment=mlm/paper", f"attn={attn}", f"trainer={trainer}", f"trainer.devices={devices}"], tmp_path
+    )
+    assert cfg.task.model.num_heads == heads and cfg.task.data.seq_len == 512
+    assert cfg.trainer.accumulate_grad_batches == accumulate
+    assert cfg.task.data.batch_size * devices * accumulate == 1024
+    assert cfg.trainer.precision == "bf16-mixed" and cfg.task.module.optimizer.eps == 1e-6
+    with torch.device("meta"):  # the 24 × 1024 model's shape, without allocating it
+        model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), vocab_size=50265, pad_id=1)
+    assert model.config["depth"] == 24 and model.config["dim"] == 1024 and model.config["mlp_dim"] == 4096
+    assert 300e6 < sum(p.numel() for p in model.parameters()) < 360e6  # BERT-large size, tied embeddings
+
+
+def test_paper_preset_refuses_a_global_batch_it_cannot_keep(tmp_path):
+    cfg = compose_train_config(["experiment=mlm/paper", "trainer=ddp", "trainer.devices=3"], tmp_path)
+    with pytest.raises(Exception, match=r"trainer.devices=3 .* do not split evenly over 3 devices"):
+        _ = cfg.trainer.accumulate_grad_batches
