@@ -131,7 +131,14 @@ def test_paper_preset_keeps_the_global_batch_and_the_paper_model(
     from hydra.utils import instantiate
 
     cfg = compose_train_config(
-        ["experiment=mlm/paper", f"attn={attn}", f"trainer={trainer}", f"trainer.devices={devices}"], tmp_path
+        [
+            "experiment=mlm/paper",
+            f"attn={attn}",
+            f"trainer={trainer}",
+            "task.data.source.files=/data/corpus/*.jsonl",  # docs/mlm.md's command
+            f"trainer.devices={devices}",
+        ],
+        tmp_path,
     )
     assert cfg.task.model.num_heads == heads and cfg.task.data.seq_len == 512
     assert cfg.trainer.accumulate_grad_batches == accumulate
