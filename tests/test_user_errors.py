@@ -90,3 +90,19 @@ def test_train_split_smaller_than_a_batch_is_named(train_config):
     """192 training examples with batch 256 and incomplete batches dropped: no training step at all."""
     with pytest.raises(ConfigError, match=r"train split of 'listops' has 192 examples.*batch_size=256"):
         train(train_config(*TINY_LISTOPS, "task.data.batch_size=256", "trainer.max_steps=4"))
+
+
+def test_a_resolver_refusing_its_inputs_is_named_without_a_traceback(tmp_path):
+    """The paper MLM preset derives gradient accumulation from the device count: 3 devices cannot
+    share a global batch of 1024 sequences."""
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), "experiment=mlm/paper", "trainer.devices=3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert "error: trainer.accumulate_grad_batches:" in done.stderr
+    assert "1024 sequences do not split evenly over 3 devices" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -30,10 +30,3 @@ def accumulation(global_batch: int, micro_batch: int, devices, num_nodes=1) -> i
             )
         )
     return global_batch // replicas
-
-
-def register_resolvers() -> None:
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("attnlab_accumulate"):
-        OmegaConf.register_new_resolver("attnlab_accumulate", accumulation)

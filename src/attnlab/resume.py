@@ -171,11 +171,3 @@ def best_checkpoint_in_run(best_path: str | None, run_dir: Path) -> str | None:
         f"the best checkpoint recorded in this run's state, {best_path}, lies outside the run dir "
         f"{run_dir}; refusing to load it (if that file is this run's, copy it into {run_dir / 'checkpoints'})"
     )
-
-
-def register_resolvers() -> None:
-    """``${attnlab_resume_dir:<ckpt_path>,<default>}`` for ``hydra.run.dir`` (idempotent)."""
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("attnlab_resume_dir"):
-        OmegaConf.register_new_resolver("attnlab_resume_dir", resume_run_dir)

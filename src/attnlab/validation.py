@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from attnlab.errors import ConfigError
 
@@ -97,7 +98,13 @@ CHECKS: dict[str, tuple[Check, str]] = {
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Raise `ConfigError` naming every key whose value has the wrong type or range."""
+    """Raise `ConfigError` naming every key whose value has the wrong type or range, or that cannot be
+    resolved (a resolver such as ``${attnlab_accumulate:...}`` refusing its inputs)."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationResolutionError as err:
+        where = f"{err.full_key}: " if getattr(err, "full_key", None) else ""
+        raise ConfigError(f"{where}{str(err).splitlines()[0]}") from err
     problems = []
     for key, (ok, expected) in CHECKS.items():
         value = OmegaConf.select(cfg, key, default="__absent__", throw_on_missing=False)
