@@ -26,6 +26,7 @@ split as test), with the same hold-out rule.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
+_RANDAUGMENT_SECTION = re.compile(r"^(?:(?:mstd|mmax|inc|m|n|p)\d[\d.]*|t\w+)$")
 
 # ------------------------------------------------------------------------------------------------
 # Datasets
@@ -410,6 +412,10 @@ def train_transform(
         fill = tuple(round(255 * m) for m in mean)
         hparams = {"translate_const": int(size * 0.45), "img_mean": fill if len(fill) > 1 else fill[0]}
         try:
+            sections = str(randaugment).split("-")
+            # timm skips sections it cannot parse without a word: a typo would silently mean defaults
+            if sections[0] != "rand" or not all(_RANDAUGMENT_SECTION.match(c) for c in sections[1:]):
+                raise ValueError("expected rand-<section>-... with sections m, n, mstd, mmax, inc, p, t")
             augment = rand_augment_transform(randaugment, hparams)
         except (AssertionError, ValueError, KeyError) as err:
             raise ConfigError(

@@ -118,10 +118,10 @@ def tiny_vit(
         raise ValueError(f"pooling={pooling!r} is not supported; choose one of {', '.join(POOLINGS)}")
     if mlp_dim < 1 or dim < 1:
         raise ValueError(f"dim and mlp_dim must be positive, got dim={dim}, mlp_dim={mlp_dim}")
-    if img_size % patch_size:
-        raise ValueError(f"img_size={img_size} is not divisible by patch_size={patch_size}")
     global_pool, class_token = POOLINGS[pooling]
     stem = conv_stem(in_chans, list(stem_channels), patch_size)
+    if img_size % patch_size:
+        raise ValueError(f"img_size={img_size} is not divisible by patch_size={patch_size}")
     model = VisionTransformer(
         img_size=img_size,
         patch_size=1,  # HybridEmbed's 1x1 projection over the stem's feature map: the stem sets the stride
