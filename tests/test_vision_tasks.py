@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from hydra.utils import instantiate
 
 from attnlab.data.common import MissingDataError
 from attnlab.pipeline import train
+from attnlab.reporting import make_report
 from attnlab.tasks.vision import ImageClassificationTask
 from data.test_vision import write_cifar, write_tiny_imagenet
 from tiny_runs import QUIET
@@ -35,6 +37,11 @@ QUICK = [
     "task.data.eval_batch_size=16",
     "callbacks.throughput.warmup_steps=1",
 ]
+
+
+def _md_rows(markdown: str) -> list[list[str]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
 
 
 @pytest.fixture(scope="module")
@@ -89,13 +96,47 @@ def test_missing_image_dataset_stops_with_the_expected_path(train_config, tmp_pa
         train(cfg)
 
 
-def test_digits_vit_learns_in_seconds(train_config):
-    """The default digits run, cut to 100 steps: far above chance (10 %) on the real test images."""
-    cfg = train_config("task=digits_vit", "attn=sliced_relu", *QUIET, "trainer.max_steps=100", "logger=csv")
+def test_digits_vit_learns_in_seconds(train_config, tmp_path):
+    """docs/vision.md's `python train.py task=digits_vit attn=sliced_relu`, cut to 100 steps: far above
+    chance (10 %) on the real test images; `attnlab report` tables it beside an LRA run."""
+    cfg = train_config("task=digits_vit", "attn=sliced_relu", "trainer.max_steps=100")
     summary = train(cfg)
     assert summary["baseline_acc"] == pytest.approx(0.1)
     assert summary["test_acc"] >= 0.6, summary
     assert summary["seq_len"] == 16 and "scikit-learn" in summary["data_source"]
+    assert summary["train_tokens_per_sec"] == pytest.approx(16 * summary["train_samples_per_sec"])
+    lra = tmp_path / "lra_run"
+    lra.mkdir()
+    (lra / "summary.json").write_text(json.dumps({**summary, "task": "listops", "seq_len": 2000}))
+    report = make_report([tmp_path / "run", lra], tmp_path / "report")
+    header = _md_rows(report.accuracy_md)[0]
+    assert header[:3] == ["backend", "listops", "digits_vit"]
+    assert any(row[0] == "digits_vit" and row[1] == "16" for row in _md_rows(report.throughput_md))
+    assert (tmp_path / "report" / "acc_vs_throughput.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "task, attn",
+    [
+        ("cifar10_vit", "sliced_relu"),
+        pytest.param("tinyimagenet_vit", "softmax", marks=pytest.mark.slow),  # 256 tokens, 4.6 M parameters
+    ],
+)
+def test_documented_commands_run_on_the_official_layouts(train_config, vision_data, task, attn):
+    """docs/vision.md's commands as typed (paper-size model, 4 loader workers), with data-size overrides."""
+    cfg = train_config(
+        f"task={task}",
+        f"attn={attn}",
+        "trainer.max_steps=2",
+        "task.val_check_interval=2",
+        "task.data.batch_size=8",
+        "task.data.eval_batch_size=50",
+        "task.data.source.val_per_class=1",
+        f"paths.data_dir={vision_data}",
+    )
+    summary = train(cfg)
+    assert summary["steps"] == 2 and summary["test_acc"] is not None
+    assert summary["params"] == {"cifar10_vit": 4_975_270, "tinyimagenet_vit": 4_605_512}[task]
 
 
 def test_mixup_targets_sum_to_one_and_mix_two_labels():
