@@ -233,3 +233,27 @@ def test_every_vit_preset_builds_its_model(train_config, preset, attn):
     with torch.no_grad():
         out = model(torch.randn(2, 3, size, size))
     assert out.shape == (2, cfg.task.num_classes) and torch.isfinite(out).all()
+
+
+@pytest.mark.slow
+def test_paper_protocol_sweep_and_its_median_report(vision_data, tmp_path):
+    """docs/vision.md's sweep (3 backends x 4 seeds) and `attnlab report`, with data-size overrides."""
+    import subprocess
+    import sys
+
+    from attnlab.cli.main import main
+
+    sweep = tmp_path / "multirun"
+    command = [
+        sys.executable, "train.py", "-m", "experiment=vit/cifar10",
+        "attn=softmax,sliced_relu,sliced_relu_bump", "seed=0,1,2,3",
+        "trainer.max_steps=1", "task.val_check_interval=1", "task.data.batch_size=8",
+        "task.data.eval_batch_size=50", "task.data.source.val_per_class=1",
+        f"paths.data_dir={vision_data}", f"hydra.sweep.dir={sweep}",
+    ]  # fmt: skip
+    subprocess.run(command, cwd=REPO_ROOT, check=True, capture_output=True, timeout=1500)
+    assert main(["report", str(sweep), "--out-dir", str(tmp_path / "report")]) == 0
+    rows = _md_rows((tmp_path / "report" / "accuracy.md").read_text())
+    cells = {row[0]: row[1] for row in rows[1:]}
+    for backend in ("softmax", "sliced_relu", "sliced_relu_bump"):
+        assert ", median " in cells[backend] and cells[backend].endswith("(4)")
