@@ -251,7 +251,8 @@ def test_paper_protocol_sweep_and_its_median_report(vision_data, tmp_path):
         "task.data.eval_batch_size=50", "task.data.source.val_per_class=1",
         f"paths.data_dir={vision_data}", f"hydra.sweep.dir={sweep}",
     ]  # fmt: skip
-    subprocess.run(command, cwd=REPO_ROOT, check=True, capture_output=True, timeout=1500)
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert main(["report", str(sweep), "--out-dir", str(tmp_path / "report")]) == 0
     rows = _md_rows((tmp_path / "report" / "accuracy.md").read_text())
     cells = {row[0]: row[1] for row in rows[1:]}

@@ -236,3 +236,14 @@ def test_datamodule_batches_and_answers_the_pipeline(tmp_path):
         ImageDataModule(Cifar10Source(tmp_path), patch_size=5)
     with pytest.raises(ConfigError, match="task.data.randaugment='rand-zz' is not a timm RandAugment"):
         ImageDataModule(Cifar10Source(tmp_path), randaugment="rand-zz")
+
+
+def test_randaugment_survives_its_strongest_posterize():
+    """timm's posterize at magnitude 10 asks Pillow for 0 bits, which Pillow refuses: a run must go on."""
+    from attnlab.data.vision import train_transform
+
+    augment = train_transform(32, (0.5,) * 3, (0.25,) * 3, randaugment="rand-m10-n3-inc1")
+    torch.manual_seed(0)
+    image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)
+    for _ in range(300):  # each op is drawn with probability 3/15 per image, and applied half the time
+        assert augment(image).shape == (3, 32, 32)

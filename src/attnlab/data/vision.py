@@ -416,7 +416,7 @@ def train_transform(
             # timm skips sections it cannot parse without a word: a typo would silently mean defaults
             if sections[0] != "rand" or not all(_RANDAUGMENT_SECTION.match(c) for c in sections[1:]):
                 raise ValueError("expected rand-<section>-... with sections m, n, mstd, mmax, inc, p, t")
-            augment = rand_augment_transform(randaugment, hparams)
+            augment = _posterize_keeps_one_bit(rand_augment_transform(randaugment, hparams))
         except (AssertionError, ValueError, KeyError) as err:
             raise ConfigError(
                 f"task.data.randaugment={randaugment!r} is not a timm RandAugment string "
@@ -427,6 +427,17 @@ def train_transform(
     if random_erasing > 0:
         steps.append(v2.RandomErasing(random_erasing))
     return v2.Compose(steps)
+
+
+def _posterize_keeps_one_bit(augment):
+    """timm's increasing posterize keeps 4 - 4·level/10 bits, 0 at the top magnitude (m9 plus mstd noise
+    reaches it), and Pillow >= 11 refuses 0 bits (ValueError in a loader worker, mid-run); keep 1 bit,
+    the nearest setting Pillow accepts (0 bits would have made the image black)."""
+    for op in getattr(augment, "ops", []):
+        if op.name == "PosterizeIncreasing":
+            fn = op.aug_fn
+            op.aug_fn = lambda img, bits, _fn=fn, **kw: _fn(img, max(1, bits), **kw)
+    return augment
 
 
 def eval_transform(mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
