@@ -5,8 +5,9 @@ report can be rebuilt at any time from copied run directories, without checkpoin
 
 Outputs, all written by `write_report`:
 
-- `accuracy.md` / `accuracy.csv`: backends × tasks, "mean ± std (n)" over seeds in percent, an
-  Average column and a row with the majority-class baseline of each task;
+- `accuracy.md` / `accuracy.csv`: backends × tasks, "mean ± std, median m (n)" over seeds in percent, an
+  Average column (of the means) and a row with the majority-class baseline of each task; each cell
+  also gives the median over seeds, the statistic the sliced ReLU paper reports (median of 4 runs);
 - `throughput.md` / `throughput.csv`: per task × backend, train samples/s per device, speed-up
   against a baseline backend, eval samples/s and peak memory;
 - `runs.csv`: one row per summary with every field, for spreadsheets;
@@ -193,11 +194,12 @@ def load_runs(dirs: Iterable[str | Path], on_skip: Callable[[Path, str], None] |
 
 @dataclass(frozen=True)
 class Stat:
-    """Mean and sample standard deviation of n values (std 0 when n == 1)."""
+    """Mean, sample standard deviation (0 when n == 1) and median of n values."""
 
     mean: float
     std: float
     n: int
+    median: float | None = None
 
     @classmethod
     def of(cls, values: Iterable[float | None]) -> Stat | None:
@@ -206,13 +208,13 @@ class Stat:
         if not present:
             return None
         std = statistics.stdev(present) if len(present) > 1 else 0.0
-        return cls(statistics.fmean(present), std, len(present))
+        return cls(statistics.fmean(present), std, len(present), statistics.median(present))
 
 
 def _pct_cell(stat: Stat | None) -> str:
     if stat is None:
         return MISSING
-    return f"{100 * stat.mean:.2f} ± {100 * stat.std:.2f} ({stat.n})"
+    return f"{100 * stat.mean:.2f} ± {100 * stat.std:.2f}, median {100 * stat.median:.2f} ({stat.n})"
 
 
 @dataclass
@@ -270,17 +272,19 @@ def accuracy_markdown(table: AccuracyTable) -> str:
     rows.append(["majority class", *base_cells, _average_cell(avg, covered, len(table.tasks))])
     title = (
         f"## Accuracy ({table.metric}, %)\n\n"
-        "Cells: mean ± sample std over seeds (number of runs). "
+        "Cells: mean ± sample std, and the median, over seeds (number of runs); the sliced ReLU paper "
+        "reports medians of 4 runs. "
         "Majority class: baseline_acc on the test split.\n\n"
     )
     return title + _markdown(header, rows)
 
 
 def accuracy_csv_rows(table: AccuracyTable) -> tuple[list[str], list[list[Any]]]:
-    """Numeric CSV (percent): `<task>_mean`, `<task>_std`, `<task>_n` per task, then the average."""
+    """Numeric CSV (percent): `<task>_mean`, `<task>_std`, `<task>_n`, `<task>_median` per task, then the
+    average (of the means)."""
     header = ["backend"]
     for t in table.tasks:
-        header += [f"{t}_mean", f"{t}_std", f"{t}_n"]
+        header += [f"{t}_mean", f"{t}_std", f"{t}_n", f"{t}_median"]
     header += ["average", "average_tasks"]
     rows = []
     for b in table.backends:
@@ -299,8 +303,13 @@ def accuracy_csv_rows(table: AccuracyTable) -> tuple[list[str], list[list[Any]]]
 
 def _stat_csv(stat: Stat | None) -> list[Any]:
     if stat is None:
-        return ["", "", 0]
-    return [_num(stat.mean, percent=True), _num(stat.std, percent=True), stat.n]
+        return ["", "", 0, ""]
+    return [
+        _num(stat.mean, percent=True),
+        _num(stat.std, percent=True),
+        stat.n,
+        _num(stat.median, percent=True),
+    ]
 
 
 def _num(value: float | None, percent: bool = False, digits: int = 4) -> str:

@@ -4,8 +4,9 @@ Timing covers the wall-clock time of each training step (forward, backward, opti
 `on_train_batch_start` to `on_train_batch_end`, CUDA-synchronised when on GPU, counting only steps
 after ``warmup_steps`` (the first steps pay for allocation and kernel selection). Data loading
 between steps is not counted: the figure is the model's speed, comparable across backends.
-Tokens are the real (unpadded) tokens of the batch. Peak memory is CUDA's max allocated memory
-on GPU and the process's peak resident set size on CPU.
+Tokens are the real (unpadded) tokens of the batch; a batch without a padding mask (images) counts
+``tokens_per_sample`` tokens per example when the LightningModule has that attribute. Peak memory
+is CUDA's max allocated memory on GPU and the process's peak resident set size on CPU.
 
 Under DDP every figure is per device, and at the end of training the ranks' rates are summed with
 an all-reduce into ``train_samples_per_sec_total`` / ``train_tokens_per_sec_total`` (a sum of what
@@ -43,11 +44,14 @@ def peak_memory_mb(device: torch.device) -> float:
     return rss / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-def _count(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
-    """(samples, real tokens) of a batch; two-sequence tasks count both sequences' tokens."""
+def _count(batch: dict[str, torch.Tensor], tokens_per_sample: int | None = None) -> tuple[int, int]:
+    """(samples, real tokens) of a batch; two-sequence tasks count both sequences' tokens, and batches
+    without a mask (every image has the same patches) ``tokens_per_sample`` per example."""
     samples = int(batch["labels"].shape[0])
-    tokens = sum(int(batch[k].sum()) for k in ("mask", "mask2") if k in batch)
-    return samples, tokens
+    masks = [k for k in ("mask", "mask2") if k in batch]
+    if not masks:
+        return samples, samples * (tokens_per_sample or 0)
+    return samples, sum(int(batch[k].sum()) for k in masks)
 
 
 class ThroughputMonitor(L.Callback):
@@ -94,7 +98,7 @@ class ThroughputMonitor(L.Callback):
         self._seen_steps += 1
         if self._seen_steps <= self.warmup_steps:
             return
-        samples, tokens = _count(batch)
+        samples, tokens = _count(batch, getattr(pl_module, "tokens_per_sample", None))
         self.train_time += elapsed
         self.train_samples += samples
         self.train_tokens += tokens
