@@ -244,3 +244,35 @@ def test_errors_are_user_errors():
             type("P", (), {"shape": {"attention": "X"}, "path": "p"})()
         )
     assert issubclass(CheckpointError, Exception)
+
+
+# ------------------------------------------------------------------------------------------- report
+
+
+def _summary(folder, task, attn, val, **fields):
+    import json
+
+    folder.mkdir(parents=True)
+    data = {"task": task, "attn": attn, "seed": 0, "val_acc": val, "test_acc": fields.get("test_acc", val)}
+    (folder / "summary.json").write_text(json.dumps({**data, **fields}))
+
+
+def test_report_prints_table4_from_the_best_grid_configuration(tmp_path, capsys):
+    from attnlab.cli.main import main
+
+    _summary(tmp_path / "mlm-a", "mlm", "softmax", 0.30, test_loss=4.5)
+    _summary(tmp_path / "mlm-b", "mlm", "softmax", 0.35, test_loss=4.2)  # best by validation
+    # a grid of two configurations: the lower validation score loses even with the higher dev score
+    _summary(tmp_path / "cola-1", "glue_cola", "softmax", 0.10, test_acc=0.4, test_mcc=0.4)
+    _summary(tmp_path / "cola-2", "glue_cola", "softmax", 0.20, test_acc=-0.05, test_mcc=-0.05)
+    _summary(
+        tmp_path / "mnli", "glue_mnli", "softmax", 0.6, test_accuracy=0.61, test_accuracy_mismatched=0.625
+    )
+    _summary(tmp_path / "mrpc", "glue_mrpc", "sliced_relu_bump", 0.7, test_f1=0.8, test_accuracy=0.72)
+    assert main(["report", str(tmp_path), "--out-dir", str(tmp_path / "report")]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("## GLUE dev") :]
+    assert "| backend | MLM eval loss | CoLA (MCC) | SST-2 | MRPC (F1/acc) | STS-B (P/S)" in table
+    assert "| softmax | 4.200 | -5.0 | — | — | — | — | 61.0/62.5 | — | — |" in table  # negative MCC kept
+    assert "| sliced_relu_bump | — | — | — | 80.0/72.0 |" in table
+    assert (tmp_path / "report" / "glue.md").read_text() == table.rstrip("\n") + "\n"
