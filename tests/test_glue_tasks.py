@@ -16,7 +16,7 @@ from attnlab.models.mlm import SentenceClassifier
 from attnlab.pipeline import train
 from attnlab.resume import read_checkpoint
 from attnlab.tasks.glue import GlueTask
-from conftest import compose_train_config
+from conftest import CONF_DIR, compose_train_config
 
 QUIET = ["trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0", "logger=csv"]
 TINY_MLM = [
@@ -276,3 +276,12 @@ def test_report_prints_table4_from_the_best_grid_configuration(tmp_path, capsys)
     assert "| softmax | 4.200 | -5.0 | — | — | — | — | 61.0/62.5 | — | — |" in table  # negative MCC kept
     assert "| sliced_relu_bump | — | — | — | 80.0/72.0 |" in table
     assert (tmp_path / "report" / "glue.md").read_text() == table.rstrip("\n") + "\n"
+
+
+def test_grid_preset_sweeps_batch_size_and_learning_rate(tmp_path):
+    cfg = compose_train_config(["experiment=glue/grid", "task.glue_task=rte", "attn=softmax"], tmp_path)
+    assert cfg.task.name == "glue_rte" and cfg.task.data.source.glue_task == "rte"
+    from omegaconf import OmegaConf
+
+    grid = OmegaConf.load(CONF_DIR / "experiment" / "glue" / "grid.yaml").hydra.sweeper.params
+    assert grid["task.data.batch_size"] == "16,32" and grid["task.module.optimizer.lr"] == "1e-5,2e-5,3e-5"
