@@ -55,6 +55,19 @@ _INTEGER_FIELDS = ("seed", "params", "attempts", "steps", "seq_len", "world_size
 # measured quantities: a negative value is a broken measurement, not a slow run
 _NON_NEGATIVE_FIELDS = tuple(f for f in _NUMBER_FIELDS if f not in _FRACTION_FIELDS)
 
+GLUE_PREFIX = "glue_"  # task=glue runs are named glue_<task>
+#: Table 4's GLUE columns: (task, header, summary fields shown as a/b, in percent)
+GLUE_COLUMNS = (
+    ("cola", "CoLA (MCC)", ("test_mcc",)),
+    ("sst2", "SST-2", ("test_accuracy",)),
+    ("mrpc", "MRPC (F1/acc)", ("test_f1", "test_accuracy")),
+    ("stsb", "STS-B (P/S)", ("test_pearson", "test_spearman")),
+    ("qqp", "QQP (acc/F1)", ("test_accuracy", "test_f1")),
+    ("mnli", "MNLI (m/mm)", ("test_accuracy", "test_accuracy_mismatched")),
+    ("qnli", "QNLI", ("test_accuracy",)),
+    ("rte", "RTE", ("test_accuracy",)),
+)
+
 MISSING = "—"  # a table cell with no value (the combination was not run, or did not report it)
 
 
@@ -155,8 +168,10 @@ def parse_summary(path: Path) -> RunSummary:
             raise ReportError(f"{path}: {key!r} must be a finite number or null, got {value!r}")
         if key in _INTEGER_FIELDS and value != int(value):
             raise ReportError(f"{path}: {key!r} must be an integer, got {value!r}")
-        if key in _FRACTION_FIELDS and not 0.0 <= value <= 1.0:
-            raise ReportError(f"{path}: {key!r} must be a fraction in [0, 1], got {value!r}")
+        # GLUE's main metric is a correlation for CoLA (MCC) and STS-B (Spearman): it may be negative
+        low = -1.0 if key in ("val_acc", "test_acc") and str(data["task"]).startswith(GLUE_PREFIX) else 0.0
+        if key in _FRACTION_FIELDS and not low <= value <= 1.0:
+            raise ReportError(f"{path}: {key!r} must be a fraction in [{low:g}, 1], got {value!r}")
         if key in _NON_NEGATIVE_FIELDS and value < 0:
             raise ReportError(f"{path}: {key!r} must be >= 0 (a measured quantity), got {value!r}")
     return RunSummary(path=Path(path), fields=data)
@@ -505,6 +520,46 @@ def _write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]])
 
 
 # --------------------------------------------------------------------------------------------------
+# GLUE (the paper's Table 4)
+
+
+def best_by_validation(runs: Sequence[RunSummary]) -> RunSummary | None:
+    """The run with the highest ``val_acc`` (a grid's best configuration); ties: the first path."""
+    scored = [r for r in runs if r.get("val_acc") is not None]
+    return max(sorted(scored, key=lambda r: str(r.path)), key=lambda r: r.get("val_acc"), default=None)
+
+
+def glue_markdown(runs: Sequence[RunSummary]) -> str:
+    """Table 4's shape: per backend, the MLM eval loss, then each GLUE task's dev score (percent).
+
+    Each cell is the run with the best validation score among that task's and backend's runs (the
+    grid's best configuration), reporting its dev metrics; the MLM column is the best (by validation)
+    task=mlm run's ``test_loss``. Empty when no GLUE run is given.
+    """
+    glue = [r for r in runs if r.task.startswith(GLUE_PREFIX)]
+    if not glue:
+        return ""
+    backends = sorted({r.attn for r in glue}, key=backend_sort_key)
+    header = ["backend", "MLM eval loss", *(title for _, title, _ in GLUE_COLUMNS)]
+    rows = []
+    for backend in backends:
+        mlm = best_by_validation([r for r in runs if r.task == "mlm" and r.attn == backend])
+        loss = mlm.get("test_loss") if mlm is not None else None
+        row = [backend, MISSING if loss is None else f"{loss:.3f}"]
+        for task, _, keys in GLUE_COLUMNS:
+            best = best_by_validation([r for r in glue if r.task == GLUE_PREFIX + task and r.attn == backend])
+            values = [best.get(k) for k in keys] if best is not None else [None]
+            row.append(MISSING if None in values else "/".join(f"{100 * v:.1f}" for v in values))
+        rows.append(row)
+    title = (
+        "## GLUE dev (Table 4 shape)\n\n"
+        "Per task and backend: the run with the best validation score (of a grid), its dev metrics in "
+        "percent. MLM eval loss: test_loss (nats) of the best task=mlm run.\n\n"
+    )
+    return title + _markdown(header, rows)
+
+
+# --------------------------------------------------------------------------------------------------
 # Plots (matplotlib's object API: no pyplot, so no global backend or figure state is touched)
 
 
@@ -636,6 +691,7 @@ class Report:
     files: dict[str, Path]
     runs: list[RunSummary]
     skipped: list[tuple[Path, str]]
+    glue_md: str = ""  # Table 4's shape when GLUE runs are present (also written to glue.md)
 
 
 def write_report(
@@ -689,4 +745,8 @@ def make_report(
         raise ReportError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
     loaded = load_runs(dirs, on_skip)
     acc_md, thr_md, files = write_report(loaded.runs, out_dir, metric, baseline)
-    return Report(acc_md, thr_md, files, loaded.runs, loaded.skipped)
+    glue_md = glue_markdown(loaded.runs)
+    if glue_md:
+        files["glue.md"] = Path(out_dir) / "glue.md"
+        files["glue.md"].write_text(glue_md, encoding="utf-8")
+    return Report(acc_md, thr_md, files, loaded.runs, loaded.skipped, glue_md)

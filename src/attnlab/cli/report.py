@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(report.accuracy_md)
     print(report.throughput_md)
+    if report.glue_md:  # GLUE runs present: the paper's Table 4 shape
+        print(report.glue_md)
     summary = f"{len(report.runs)} run(s) reported, {len(report.skipped)} skipped"
     print(f"{summary}; files written to {args.out_dir}/", file=sys.stderr)
     return 0
