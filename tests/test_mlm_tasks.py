@@ -1,4 +1,5 @@
-"""`task=mlm` trains by name on the embedded corpus, resumes with the same masks, and feeds `task=glue`."""
+"""`task=mlm` trains by name on the embedded corpus, resumes with the same masks (the GLUE
+fine-tune from its checkpoint is in tests/test_glue_tasks.py)."""
 
 from __future__ import annotations
 
