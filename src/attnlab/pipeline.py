@@ -201,8 +201,13 @@ def _print_closing_lines(summary: dict[str, Any], path: Path) -> None:
         if summary["world_size"] > 1
         else ""
     )
+    loss = (  # tasks scored by a loss too (masked-LM) compare it with their trivial model's
+        f"test loss {summary['test_loss']:.3f} (baseline {summary['baseline_loss']:.3f}); "
+        if summary.get("test_loss") is not None and summary.get("baseline_loss") is not None
+        else ""
+    )
     print(
-        f"\n{summary['task']} / {summary['attn']}: test accuracy {pct(summary['test_acc'])} "
+        f"\n{summary['task']} / {summary['attn']}: {loss}test accuracy {pct(summary['test_acc'])} "
         f"(majority baseline {pct(summary.get('baseline_acc'))}, best val {pct(summary['val_acc'])})\n"
         f"throughput: {rate(summary['train_samples_per_sec'])} train samples/s per device{total}, "
         f"{rate(summary['eval_samples_per_sec'])} eval samples/s, peak memory "
