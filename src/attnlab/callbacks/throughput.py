@@ -37,9 +37,14 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def _count(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
-    """(samples, real tokens) of a batch; two-sequence tasks count both sequences' tokens."""
+    """(samples, real tokens) of a batch; two-sequence tasks count both sequences' tokens.
+
+    A batch of fixed-size point clouds has no mask: every one of its ``points`` (B, N, C) is real.
+    """
     samples = int(batch["labels"].shape[0])
     tokens = sum(int(batch[k].sum()) for k in ("mask", "mask2") if k in batch)
+    if "mask" not in batch and "points" in batch:
+        tokens = int(batch["points"].shape[:-1].numel())
     return samples, tokens
 
 
