@@ -218,3 +218,93 @@ def test_classification_task_passes_the_configured_inputs():
     assert task(batch).shape == (2, 3)
     assert {"val_mean_class_acc", "test_mean_class_acc"} <= set(task.metrics)
     assert "train_mean_class_acc" not in task.metrics
+
+
+DOC = REPO_ROOT / "docs" / "pointcloud.md"
+# only the data's size and the run's length change: the commands run as typed otherwise
+DATA_SIZE = {
+    "shapes": [
+        "task.data.source.train_per_class=3",
+        "task.data.source.test_per_class=1",
+        "task.data.source.sample_points=32",
+    ],
+    "modelnet40": ["task.data.source.sample_points=32"],
+}
+RUN_SIZE = ["task.data.num_points=32", "task.data.batch_size=4", "trainer.max_steps=2", *QUICK]
+
+
+def doc_commands() -> list[str]:
+    lines, inside = [], False
+    for line in DOC.read_text().splitlines():
+        if line.startswith("```"):
+            inside = not inside
+        elif inside and line.startswith("python train.py"):
+            lines.append(line.split("#")[0].strip())
+    return lines
+
+
+def test_the_doc_shows_the_commands_tested_here():
+    assert doc_commands() == [
+        "python train.py task=modelnet40 attn=sliced_relu_bump",
+        "python train.py task=shapes attn=sliced_relu_bump",
+        "python train.py task=modelnet40 task.data.source.format=hdf5 attn=softmax",
+        "python train.py experiment=pointcloud/modelnet40_cpu attn=sliced_relu_bump",
+        "python train.py experiment=pointcloud/pct_head task=shapes attn=sliced_relu",
+    ]
+
+
+@pytest.mark.parametrize("command", doc_commands())
+def test_every_command_of_the_doc_runs(train_config, tmp_path, command):
+    data_dir = tmp_path / "data"
+    write_modelnet_off(data_dir / "ModelNet40")
+    write_modelnet_h5(
+        data_dir / "modelnet40_ply_hdf5_2048", sizes=(("train", 0, 40), ("test", 0, 8)), points=64
+    )
+    args = command.split()[2:]
+    task = "shapes" if "task=shapes" in args else "modelnet40"
+    summary = train(train_config(*args, *DATA_SIZE[task], *RUN_SIZE))
+    assert summary["task"] == task and summary["steps"] == 2 and summary["test_acc"] is not None
+    if "format=hdf5" in command:
+        assert "HDF5" in summary["data_source"]
+    elif task == "modelnet40":
+        assert "ModelNet OFF meshes" in summary["data_source"]
+
+
+def test_modelnet40_preset_values_name_their_source():
+    """Every model, optimisation and budget value of the paper preset carries [P], [A], [PCT] or ours."""
+    import re
+
+    keys = {"dim", "depth", "num_heads", "mlp_dim", "dropout", "attn_dropout", "features", "pooling"}
+    keys |= {"head_dims", "head_activation", "head_dropout", "lr", "momentum", "weight_decay", "decay"}
+    keys |= {"warmup_steps", "min_lr_ratio", "batch_size", "num_points", "max_steps", "val_check_interval"}
+    keys |= {"scale", "translate", "rotate_degrees", "point_dropout", "weight_decay_exclude_norm_bias"}
+    tag = re.compile(r"\[P\]|\[A\]|\[PCT\]|ours")
+    lines = (REPO_ROOT / "conf" / "task" / "modelnet40.yaml").read_text().splitlines()
+    missing = []
+    for i, line in enumerate(lines):
+        match = re.match(r"^\s+(\w+):\s*([^#\s][^#]*?)\s*(?:#\s*(.*))?$", line) or re.match(
+            r"^(\w+):\s*(\S+)", line
+        )
+        if match and match.group(1) in keys:
+            comment = line.split("#", 1)[1] if "#" in line else ""
+            if not tag.search(comment) and not (
+                lines[i - 1].lstrip().startswith("#") and tag.search(lines[i - 1])
+            ):
+                missing.append(line.strip())
+    assert not missing
+
+
+def test_modelnet40_preset_is_the_authors_model_with_pcts_schedule(train_config):
+    cfg = train_config("task=modelnet40")
+    model, module, data = cfg.task.model, cfg.task.module, cfg.task.data
+    assert (model.features, model.pooling, model.head_activation) == ("last", "mean", "gelu")
+    assert list(model.head_dims) == [4 * model.dim] and model.head_dropout == model.dropout
+    assert (data.num_points, data.batch_size, module.optimizer._target_) == (1024, 32, "torch.optim.SGD")
+    assert (module.optimizer.lr, module.optimizer.momentum, module.optimizer.weight_decay) == (
+        0.01,
+        0.9,
+        5e-4,
+    )
+    assert module.scheduler.decay == "cosine" and module.scheduler.min_lr_ratio == 0.01
+    train_clouds = 9843 - round(0.1 * 9843)
+    assert cfg.task.max_steps == 250 * (train_clouds // 32)  # 250 epochs of full batches

@@ -6,8 +6,8 @@ one ``n i_1 ... i_n`` line per face. About a fifth of ModelNet40's files fuse th
 and trailing colour values on face lines are tolerated.
 
 Why not PyG's ``torch_geometric.io.read_off``: it drops the last line of a file that does not end in a
-newline (so a face disappears silently), fails on ``OFF`` followed by spaces or ``\\r`` with an
-unpacking error that names no file, keeps only triangles and quads, and reads a truncated file
+newline (so a face disappears silently), fails on ``OFF`` followed by a space with an unpacking
+error that names no file, keeps only triangles and quads, and reads a truncated file
 without noticing (fewer vertices, faces pointing past them). Here every such file stops with a
 `DataError` naming it and the line, and polygons are fan-triangulated.
 """
