@@ -45,13 +45,18 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def _count(batch: dict[str, torch.Tensor], tokens_per_sample: int | None = None) -> tuple[int, int]:
-    """(samples, real tokens) of a batch; two-sequence tasks count both sequences' tokens, and batches
-    without a mask (every image has the same patches) ``tokens_per_sample`` per example."""
+    """(samples, real tokens) of a batch; two-sequence tasks count both sequences' tokens.
+
+    Batches without a mask have no padding: fixed-size point clouds count every one of their
+    ``points`` (B, N, C), images ``tokens_per_sample`` patches per example (the model says how many).
+    """
     samples = int(batch["labels"].shape[0])
     masks = [k for k in ("mask", "mask2") if k in batch]
-    if not masks:
-        return samples, samples * (tokens_per_sample or 0)
-    return samples, sum(int(batch[k].sum()) for k in masks)
+    if masks:
+        return samples, sum(int(batch[k].sum()) for k in masks)
+    if "points" in batch:
+        return samples, int(batch["points"].shape[:-1].numel())
+    return samples, samples * (tokens_per_sample or 0)
 
 
 class ThroughputMonitor(L.Callback):

@@ -7,7 +7,7 @@ config, so nothing here knows which task or attention backend it trains.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import lightning as L
 import torch
@@ -26,9 +26,15 @@ class ClassificationTask(L.LightningModule):
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
         weight_decay_exclude_norm_bias: bool = True,
+        inputs: Sequence[str] | None = None,
+        mean_class_acc: bool = False,
     ):
+        """``inputs``: the batch keys passed to the model (default `MODEL_INPUTS`, those present);
+        ``mean_class_acc``: also log ``val/mean_class_acc`` and ``test/mean_class_acc`` (the mean of
+        per-class accuracies, ModelNet's usual second metric)."""
         super().__init__()
         self.model = model
+        self.inputs = tuple(inputs) if inputs is not None else MODEL_INPUTS
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.exclude_norm_bias = weight_decay_exclude_norm_bias
         self.metrics = nn.ModuleDict(
@@ -37,9 +43,12 @@ class ClassificationTask(L.LightningModule):
                 for stage in ("train", "val", "test")
             }
         )
+        if mean_class_acc:
+            for stage in ("val", "test"):
+                self.metrics[f"{stage}_mean_class_acc"] = MulticlassAccuracy(num_classes, average="macro")
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.model(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
+        return self.model(**{k: batch[k] for k in self.inputs if k in batch})
 
     def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         logits = self(batch)
@@ -62,6 +71,10 @@ class ClassificationTask(L.LightningModule):
         self.log(
             f"{stage}/acc", metric, on_step=train, on_epoch=not train, prog_bar=True, batch_size=batch_size
         )
+        if f"{stage}_mean_class_acc" in self.metrics:
+            per_class = self.metrics[f"{stage}_mean_class_acc"]
+            per_class(logits.detach(), labels)
+            self.log(f"{stage}/mean_class_acc", per_class, on_epoch=True, batch_size=batch_size)
         return loss
 
     def training_step(self, batch, batch_idx):

@@ -1,0 +1,265 @@
+"""The point-cloud LightningDataModule: fixed-size clouds, a seeded validation split, augmentation, votes.
+
+A source (`ModelNetSource`, `ModelNetH5Source`, `ShapesSource`) gives ``train`` and ``test`` clouds of
+``S`` points each; this module carves a validation split from train (a seeded permutation, the same for
+every run with the same seed), takes ``num_points`` of each cloud (the first ones: sampled points come in
+random order, so they are a uniform sample; ``resample=true`` draws a fresh subset per training example),
+augments the training clouds, and batches ``{"points": (B, N, C), "labels": (B,)}``. Clouds all have
+``num_points`` points, so batches carry no mask.
+
+Test-time voting (``test_votes`` > 1): each test cloud also comes in ``test_votes - 1`` rescaled copies
+(anisotropic scale U(``vote_scale``), seeded per cloud and copy, so evaluation stays deterministic);
+the batch is then ``(B, V, N, C)`` and the model averages its logits over the copies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from attnlab.data.common import DataError, LengthBucketSampler, ResumableDataLoader
+from attnlab.data.pointcloud.modelnet import PointClouds
+from attnlab.data.pointcloud.transforms import AnisotropicScale, augmentation
+from attnlab.errors import ConfigError
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "val", "test")
+
+
+class PointCloudDataset(Dataset):
+    """Clouds ``points[indices]``, cut to ``num_points``, with an optional transform per access."""
+
+    def __init__(
+        self,
+        clouds: PointClouds,
+        indices: Sequence[int] | None = None,
+        num_points: int | None = None,
+        transform=None,
+        resample: bool = False,
+        votes: int = 1,
+        vote_scale: tuple[float, float] = (0.8, 1.25),
+        vote_seed: int = 0,
+    ):
+        self.points = clouds.points
+        self.indices = np.arange(len(clouds)) if indices is None else np.asarray(indices, dtype=np.int64)
+        self.labels = clouds.labels.numpy()[self.indices]
+        self.num_points = num_points or self.points.shape[1]
+        self.transform, self.resample = transform, resample
+        self.votes, self.vote_seed = votes, vote_seed
+        self.vote_transform = AnisotropicScale(*vote_scale) if votes > 1 else None
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def _apply(self, transform, points: torch.Tensor) -> torch.Tensor:
+        from torch_geometric.data import Data
+
+        data = Data(pos=points[:, :3])
+        if points.shape[1] == 6:
+            data.normal = points[:, 3:]
+        data = transform(data)
+        return data.pos if points.shape[1] == 3 else torch.cat([data.pos, data.normal], dim=1)
+
+    def __getitem__(self, index: int) -> dict:
+        cloud = self.points[self.indices[index]]
+        if self.resample and cloud.shape[0] > self.num_points:
+            cloud = cloud[torch.randperm(cloud.shape[0])[: self.num_points]]
+        else:
+            cloud = cloud[: self.num_points]
+        if self.transform is not None:
+            cloud = self._apply(self.transform, cloud)
+        if self.votes > 1:
+            copies = [cloud]
+            for vote in range(1, self.votes):
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(self.vote_seed * 1_000_003 + int(self.indices[index]) * 131 + vote)
+                    copies.append(self._apply(self.vote_transform, cloud))
+            cloud = torch.stack(copies)
+        return {"points": cloud.float(), "label": int(self.labels[index])}
+
+
+def collate_clouds(batch: list[dict]) -> dict[str, torch.Tensor]:
+    return {
+        "points": torch.stack([ex["points"] for ex in batch]),
+        "labels": torch.tensor([ex["label"] for ex in batch], dtype=torch.long),
+    }
+
+
+def split_indices(count: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) indices: a seeded permutation, val the first ``round(val_fraction * count)``."""
+    num_val = round(val_fraction * count)
+    if not 1 <= num_val < count:
+        raise ConfigError(
+            f"task.data.val_fraction={val_fraction} leaves {num_val} of {count} training clouds for "
+            f"validation; choose a fraction that gives at least one cloud to each side"
+        )
+    order = np.random.default_rng(seed).permutation(count)
+    return np.sort(order[num_val:]), np.sort(order[:num_val])
+
+
+class PointCloudDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        source,
+        num_classes: int,
+        num_points: int = 1024,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        seed: int = 0,
+        val_fraction: float = 0.1,
+        resample: bool = False,
+        augment: dict | None = None,
+        test_votes: int = 1,
+        vote_scale: Sequence[float] = (0.8, 1.25),
+    ):
+        super().__init__()
+        if batch_size < 1:
+            raise ConfigError(f"task.data.batch_size must be >= 1, got {batch_size}")
+        if num_points < 1:
+            raise ConfigError(f"task.data.num_points must be >= 1, got {num_points}")
+        if not 0 < val_fraction < 1:
+            raise ConfigError(f"task.data.val_fraction must be in (0, 1), got {val_fraction}")
+        if test_votes < 1:
+            raise ConfigError(f"task.data.test_votes must be >= 1, got {test_votes}")
+        augment = dict(augment or {})
+        known = {"scale", "translate", "rotate_degrees", "point_dropout"}
+        unknown = sorted(set(augment) - known)
+        if unknown:
+            raise ConfigError(
+                f"task.data.augment has unknown key(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        if augment.get("scale") is not None:
+            augment["scale"] = tuple(float(x) for x in augment["scale"])
+        try:  # checked now; built again in setup, about the up axis of the data the source found
+            augmentation(**augment)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"task.data.augment: {err}") from None
+        self.augment, self.transform = augment, None
+        self.source, self.num_classes, self.num_points = source, num_classes, num_points
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
+        self.num_workers, self.seed, self.val_fraction = num_workers, seed, val_fraction
+        self.resample, self.test_votes = resample, test_votes
+        self.vote_scale = tuple(float(x) for x in vote_scale)
+        self.datasets: dict[str, PointCloudDataset] = {}
+        self.classes: list[str] = []
+
+    def prepare_data(self) -> None:
+        self.source.prepare()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        clouds = self.source.load()
+        train, test = clouds["train"], clouds["test"]
+        self.classes = train.classes
+        if len(self.classes) != self.num_classes:
+            raise ConfigError(
+                f"{self.source.description}: {len(self.classes)} classes found, but task.num_classes="
+                f"{self.num_classes}; set task.num_classes={len(self.classes)} (e.g. for ModelNet10)"
+            )
+        available = train.points.shape[1]
+        if self.num_points > available:
+            raise ConfigError(
+                f"task.data.num_points={self.num_points} exceeds the {available} points per cloud of "
+                f"the data (task.data.source.sample_points for meshes; 2048 in the HDF5 copy)"
+            )
+        for split, part in (("train", train), ("test", test)):
+            if len(part) == 0:
+                raise DataError(self.source.description, f"the {split} split is empty")
+        self.transform = augmentation(**self.augment, up_axis=self.source.up_axis)
+        train_idx, val_idx = split_indices(len(train), self.val_fraction, self.seed)
+        n = self.num_points
+        self.datasets = {
+            "train": PointCloudDataset(train, train_idx, n, self.transform, self.resample),
+            "val": PointCloudDataset(train, val_idx, n),
+            "test": PointCloudDataset(test, None, n, votes=self.test_votes, vote_scale=self.vote_scale),
+        }
+        sizes = ", ".join(f"{s} {len(self.datasets[s]):,}" for s in SPLITS)
+        log.info(
+            "data: %s (%s); %d points per cloud, %d channels; train augmentation: %s%s",
+            self.source.description,
+            sizes,
+            n,
+            train.points.shape[2],
+            self.transform or "none",
+            f"; test votes: {self.test_votes} (scale U{self.vote_scale})" if self.test_votes > 1 else "",
+        )
+
+    def model_kwargs(self) -> dict[str, int]:
+        return {"in_channels": self.source.channels}
+
+    def majority_baseline(self, split: str = "test") -> float:
+        self.setup()
+        labels = self.datasets[split].labels
+        return float(np.bincount(labels).max() / len(labels))
+
+    def max_length(self, split: str = "train") -> int:
+        """Points per cloud: the sequence length the attention sees."""
+        return self.num_points
+
+    def _replicas(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (1, 0) if trainer is None else (trainer.world_size, trainer.global_rank)
+
+    def _generator(self, split: str) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed * len(SPLITS) + SPLITS.index(split))
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled, sharded across ranks and resumable mid-epoch (attnlab's `LengthBucketSampler`
+        with equal lengths is exactly that)."""
+        replicas, rank = self._replicas()
+        dataset = self.datasets["train"]
+        sampler = LengthBucketSampler(
+            np.full(len(dataset), self.num_points),
+            self.batch_size,
+            shuffle=True,
+            seed=self.seed,
+            pool_batches=1,
+            drop_last=True,
+            num_replicas=replicas,
+            rank=rank,
+        )
+        if len(sampler) == 0:
+            raise ConfigError(
+                f"the train split has {len(dataset):,} clouds"
+                + (f" ({len(dataset) // replicas:,} per rank over {replicas} ranks)" if replicas > 1 else "")
+                + f": fewer than one batch of task.data.batch_size={self.batch_size} (incomplete batches are "
+                f"dropped); lower the batch size or use more training data"
+            )
+        if self.trainer is not None:
+            sampler.set_epoch(self.trainer.current_epoch)
+        return ResumableDataLoader(
+            dataset,
+            batch_sampler=sampler,
+            num_workers=self.num_workers,
+            collate_fn=collate_clouds,
+            persistent_workers=self.num_workers > 0,
+            generator=self._generator("train"),
+        )
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        replicas, rank = self._replicas()
+        order = np.arange(len(self.datasets[split]))[rank::replicas]
+        size = self.eval_batch_size
+        batches = [order[i : i + size].tolist() for i in range(0, len(order), size)]
+        return DataLoader(
+            self.datasets[split],
+            batch_sampler=batches,
+            num_workers=self.num_workers,
+            collate_fn=collate_clouds,
+            persistent_workers=self.num_workers > 0,
+            generator=self._generator(split),
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")
