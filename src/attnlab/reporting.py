@@ -33,8 +33,12 @@ SUMMARY_NAME = "summary.json"
 
 #: Known backends first, in the paper's order; anything else follows alphabetically.
 BACKEND_ORDER = ("softmax", "sliced_relu", "sliced_relu_bump", "linear", "performer")
-#: LRA tasks in the benchmark's usual order; anything else follows alphabetically.
-TASK_ORDER = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
+#: LRA tasks in the benchmark's usual order, then the paper's other benchmarks; anything else follows
+#: alphabetically.
+TASK_ORDER = (
+    *("listops", "text", "retrieval", "image", "pathfinder", "pathx"),
+    *("cifar10_vit", "tinyimagenet_vit", "digits_vit", "modelnet40", "shapes", "mlm", "mqar"),
+)
 
 METRICS = ("test_acc", "val_acc")
 
