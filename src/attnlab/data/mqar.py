@@ -95,9 +95,13 @@ def generate_mqar(
     inputs = np.empty((num_examples, spec.seq_len), dtype=np.int32)
     labels = np.full((num_examples, spec.seq_len), IGNORE_INDEX, dtype=np.int32)
     for start in range(0, num_examples, _CHUNK):
-        stop = min(start + _CHUNK, num_examples)
         rng = np.random.default_rng([seed, stream, start // _CHUNK])
-        _fill(spec, rng, inputs[start:stop], labels[start:stop])
+        # always a whole chunk, cut afterwards: the draws must not depend on how many rows are kept
+        chunk_inputs = np.empty((_CHUNK, spec.seq_len), dtype=np.int32)
+        chunk_labels = np.full((_CHUNK, spec.seq_len), IGNORE_INDEX, dtype=np.int32)
+        _fill(spec, rng, chunk_inputs, chunk_labels)
+        rows = min(_CHUNK, num_examples - start)
+        inputs[start : start + rows], labels[start : start + rows] = chunk_inputs[:rows], chunk_labels[:rows]
     return inputs, labels
 
 

@@ -1,0 +1,131 @@
+"""task=mqar and the MQAR sweep presets: they compose, build for every causal backend, refuse the others
+by name, and the commands docs/mqar.md shows run as typed (with tiny data sizes and step counts added)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+
+from attnlab.attention import available_backends
+from attnlab.models.causal_lm import NoCausalAttentionError, causal_backends
+from attnlab.validation import check_config
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ["task=mqar", "experiment=mqar/sweep_width", "experiment=mqar/sweep_seqlen"]
+# data and step counts only: what makes a documented command take seconds
+TINY = [
+    "task.data.source.sizes.train=128",
+    "task.data.source.sizes.val=32",
+    "task.data.source.sizes.test=32",
+    "task.data.batch_size=32",
+    "trainer.max_steps=2",
+    "task.val_check_interval=1",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.enable_progress_bar=false",
+    "callbacks.throughput.warmup_steps=0",
+    "logger=csv",
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("attn", available_backends())
+def test_mqar_configs_build_for_causal_backends_and_refuse_others(train_config, config, attn):
+    cfg = train_config(config, f"attn={attn}")
+    check_config(cfg)
+    assert cfg.task.name == "mqar" and cfg.task.model.max_len == cfg.task.data.source.seq_len
+    datamodule = instantiate(cfg.task.data)
+    vocab = datamodule.model_kwargs()["vocab_size"]
+    build = lambda: instantiate(cfg.task.model, attention=instantiate(cfg.attn), vocab_size=vocab)  # noqa: E731
+    if attn not in causal_backends():
+        with pytest.raises(InstantiationException) as caught:
+            build()
+        assert isinstance(caught.value.__cause__, NoCausalAttentionError)
+        assert f"backend '{attn}' cannot serve this request" in str(caught.value)
+        return
+    model = build().eval()
+    module = instantiate(cfg.task.module, model=model)
+    assert module.metrics["test_acc"].num_classes == vocab == 128
+    with torch.no_grad():
+        out = model(torch.randint(1, vocab, (2, 16)))
+    assert out.shape == (2, 16, vocab) and torch.isfinite(out).all()
+
+
+def _train_py(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_docs_single_run_command(tmp_path):
+    """`python train.py task=mqar attn=softmax` (docs/mqar.md) writes test_acc and baseline_acc."""
+    done = _train_py(tmp_path, "task=mqar", "attn=softmax", *TINY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (summary_path,) = (tmp_path / "outputs" / "mqar" / "softmax").glob("*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert 0.0 <= summary["test_acc"] <= 1.0 and 0.0 < summary["baseline_acc"] < 0.05  # 64 values
+    assert summary["seq_len"] == 64 and "num_kv_pairs 8" in summary["data_source"]
+
+
+def test_default_backend_without_causal_form_stops_with_the_reason(tmp_path):
+    """`python train.py task=mqar` takes the default attention; without a causal form it says so."""
+    if "sliced_relu" in causal_backends():
+        pytest.skip(
+            "sliced_relu has a causal form: the default run trains (see test_docs_single_run_command)"
+        )
+    done = _train_py(tmp_path, "task=mqar", *TINY)
+    assert done.returncode == 1
+    assert "backend 'sliced_relu' cannot serve this request" in done.stderr
+    assert "backends with a causal form: " + ", ".join(causal_backends()) in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("preset", "swept"),
+    [("sweep_width", "task.model.dim=32,64,128"), ("sweep_seqlen", "task.data.source.seq_len=64,128,256")],
+)
+def test_docs_sweep_commands_and_report(tmp_path, preset, swept):
+    """The two sweeps of docs/mqar.md, as typed, then `attnlab report` on the sweep dir: every causal
+    backend gives a point per swept value and the MQAR plot is drawn."""
+    backends = "softmax,linear,performer,sliced_relu,sliced_relu_bump"
+    sweep_dir = tmp_path / "sweep"
+    done = _train_py(
+        tmp_path,
+        "-m",
+        f"experiment=mqar/{preset}",
+        f"attn={backends}",
+        swept,
+        *TINY,
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    summaries = [json.loads(p.read_text()) for p in sweep_dir.rglob("summary.json")]
+    ran = sorted({s["attn"] for s in summaries})
+    expected = [b for b in backends.split(",") if b in causal_backends()]
+    assert ran == sorted(expected), done.stderr[-3000:]
+    assert len(summaries) == 3 * len(expected)
+    if len(expected) < 5:  # the sweep stops at the first backend without a causal form, naming it
+        assert done.returncode != 0 and "cannot serve this request" in done.stderr
+    report = subprocess.run(
+        [str(Path(sys.executable).parent / "attnlab"), "report", str(sweep_dir)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert report.returncode == 0, report.stderr[-3000:]
+    name = "mqar_vs_width.png" if preset == "sweep_width" else "mqar_vs_seqlen.png"
+    assert (tmp_path / "report" / name).stat().st_size > 5000  # the default --out-dir, report/
