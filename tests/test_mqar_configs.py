@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,25 +94,18 @@ def test_default_backend_without_causal_form_stops_with_the_reason(tmp_path):
     assert "backends with a causal form: " + ", ".join(causal_backends()) in done.stderr
 
 
+SWEPT_BACKENDS = "attn=softmax,linear,performer,sliced_relu,sliced_relu_bump"
+SWEPT = {"sweep_width": "task.model.dim=32,64,128", "sweep_seqlen": "task.data.source.seq_len=64,128,256"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("preset", "swept"),
-    [("sweep_width", "task.model.dim=32,64,128"), ("sweep_seqlen", "task.data.source.seq_len=64,128,256")],
-)
-def test_docs_sweep_commands_and_report(tmp_path, preset, swept):
+@pytest.mark.parametrize("preset", list(SWEPT))
+def test_docs_sweep_commands_and_report(tmp_path, preset):
     """The two sweeps of docs/mqar.md, as typed, then `attnlab report` on the sweep dir: every causal
     backend gives a point per swept value and the MQAR plot is drawn."""
-    backends = "softmax,linear,performer,sliced_relu,sliced_relu_bump"
-    sweep_dir = tmp_path / "sweep"
-    done = _train_py(
-        tmp_path,
-        "-m",
-        f"experiment=mqar/{preset}",
-        f"attn={backends}",
-        swept,
-        *TINY,
-        f"hydra.sweep.dir={sweep_dir}",
-    )
+    backends = SWEPT_BACKENDS.removeprefix("attn=")
+    done = _train_py(tmp_path, "-m", f"experiment=mqar/{preset}", SWEPT_BACKENDS, SWEPT[preset], *TINY)
+    (sweep_dir,) = (tmp_path / "outputs" / "multirun").iterdir()  # outputs/multirun/<time>
     summaries = [json.loads(p.read_text()) for p in sweep_dir.rglob("summary.json")]
     ran = sorted({s["attn"] for s in summaries})
     expected = [b for b in backends.split(",") if b in causal_backends()]
@@ -120,7 +114,7 @@ def test_docs_sweep_commands_and_report(tmp_path, preset, swept):
     if len(expected) < 5:  # the sweep stops at the first backend without a causal form, naming it
         assert done.returncode != 0 and "cannot serve this request" in done.stderr
     report = subprocess.run(
-        [str(Path(sys.executable).parent / "attnlab"), "report", str(sweep_dir)],
+        [str(Path(sys.executable).parent / "attnlab"), "report", str(sweep_dir.relative_to(tmp_path))],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -129,3 +123,38 @@ def test_docs_sweep_commands_and_report(tmp_path, preset, swept):
     assert report.returncode == 0, report.stderr[-3000:]
     name = "mqar_vs_width.png" if preset == "sweep_width" else "mqar_vs_seqlen.png"
     assert (tmp_path / "report" / name).stat().st_size > 5000  # the default --out-dir, report/
+
+
+DOC = REPO_ROOT / "docs" / "mqar.md"
+# every command docs/mqar.md shows, and the test that runs it
+DOC_COMMANDS = {
+    "python train.py task=mqar attn=softmax": "test_docs_single_run_command",
+    "python train.py task=mqar": "test_default_backend_without_causal_form_stops_with_the_reason",
+    f"python train.py -m experiment=mqar/sweep_width {SWEPT_BACKENDS} {SWEPT['sweep_width']}": (
+        "test_docs_sweep_commands_and_report"
+    ),
+    f"python train.py -m experiment=mqar/sweep_seqlen {SWEPT_BACKENDS} {SWEPT['sweep_seqlen']}": (
+        "test_docs_sweep_commands_and_report"
+    ),
+    "attnlab report outputs/multirun/<time>": "test_docs_sweep_commands_and_report",
+}
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), flags=re.S)
+
+
+def test_every_command_in_the_doc_is_one_the_tests_run():
+    shown = [line.strip() for block in _blocks("bash") for line in block.splitlines() if line.strip()]
+    assert shown and set(shown) <= set(DOC_COMMANDS), set(shown) - set(DOC_COMMANDS)
+    for preset in ("sweep_width", "sweep_seqlen"):  # the presets quote the same commands
+        text = (REPO_ROOT / "conf" / "experiment" / "mqar" / f"{preset}.yaml").read_text()
+        assert any(command in text for command in DOC_COMMANDS if preset in command), preset
+
+
+def test_the_python_example_in_the_doc_prints_what_it_says(capsys):
+    (code,) = _blocks("python")
+    exec(compile(code, str(DOC), "exec"), {})
+    printed = capsys.readouterr().out.strip()
+    promised = [line.split("#", 1)[1].strip() for line in code.splitlines() if "print(" in line]
+    assert printed == "\n".join(promised)
