@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: train test test-all lint bench venv
+.PHONY: train test test-all lint bench bench-gpu venv
 
 venv: $(STAMP)
 
@@ -32,3 +32,8 @@ lint: $(STAMP)
 # `attnlab bench attention --help`): the timings then measure the ops, not the page faults
 bench: $(STAMP)
 	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 $(VENV)/bin/attnlab bench attention $(ARGS)
+
+# the GPU benchmark (issue 13): ops fwd+bwd over T = 1K..64K in bf16/fp16/fp32, Triton against torch, and
+# training throughput with MFU; about 5 minutes on one H100/H200; prints the GPU name and a summary table
+bench-gpu: $(STAMP)
+	PY=$(PY) OUT=$(or $(OUT),bench_results/gpu) scripts/bench_gpu.sh

@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 import attnlab  # noqa: F401  registers the config resolvers (hydra.run.dir of a resumed run)
-from attnlab.errors import UserError
+from attnlab.errors import user_error
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -18,8 +18,11 @@ def main(cfg: DictConfig) -> float | None:
 
     try:
         summary = train(cfg)
-    except UserError as err:  # the user's to fix: the message says what, a traceback would bury it
-        sys.exit(f"error: {err}")
+    except Exception as err:
+        cause = user_error(err)
+        if cause is None:
+            raise
+        sys.exit(f"error: {cause}")  # the user's to fix: the message says what, a traceback would bury it
     return summary["val_acc"]  # the value a Hydra sweeper would optimise
 
 

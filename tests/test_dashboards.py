@@ -187,3 +187,33 @@ def test_wandb_offline_run_gets_history_and_config(train_config, tmp_path, monke
     for key in SERIES:
         values = [row[key] for row in history if key in row]
         assert values and all(v >= 0 for v in values), (key, history)
+
+
+def test_attnlab_dashboard_reads_what_a_real_run_writes(train_config, tmp_path):
+    """`attnlab dashboard`'s log dir from a trained run: the summary's values in the HParams session and the
+    run's own curves beside them (tests/cli/test_dashboard.py serves and renders it)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    from attnlab.cli.dashboard import METRIC_PREFIX, load_runs, write_logdir
+
+    quick = [*TINY_LISTOPS, "trainer.max_steps=4", "task.val_check_interval=2", "logger=tensorboard"]
+    train(train_config(*quick, "attn=linear", "seed=7"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    write_logdir(load_runs([tmp_path]), tmp_path / "dashboard")
+
+    events = EventAccumulator(str(tmp_path / "dashboard" / "run"), size_guidance={"scalars": 0})
+    events.Reload()
+    start_info = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    hparams = HParamsPluginData.FromString(start_info).session_start_info.hparams
+    assert (hparams["task"].string_value, hparams["attn"].string_value) == ("listops", "linear")
+    assert hparams["seed"].string_value == "7" and hparams["seq_len"].number_value == summary["seq_len"]
+    for key in ("test_acc", "val_acc", "train_samples_per_sec", "peak_mem_mb"):
+        (point,) = events.Scalars(METRIC_PREFIX + key)
+        assert point.value == pytest.approx(summary[key], rel=1e-6), key  # stored as float32
+    own = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0})
+    own.Reload()
+    for tag in ("val/acc", "train/loss"):  # the run's own curves came along, point for point
+        copied = [(e.step, e.value) for e in events.Scalars(tag)]
+        assert copied == [(e.step, e.value) for e in own.Scalars(tag)] and len(copied) >= 2, tag
+    assert "hp_metric" not in events.Tags()["scalars"]

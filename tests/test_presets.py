@@ -425,3 +425,10 @@ def test_listops_presets_train_end_to_end(train_config, preset):
     )
     summary = train(cfg)
     assert summary["steps"] == 2 and summary["val_acc"] is not None
+
+
+@pytest.mark.parametrize("task", ["image", "pathfinder", "pathx"])
+def test_official_pixel_presets_mask_black_pixels_like_lra(train_config, task):
+    """LRA's encoder derives its padding mask from ``inputs > 0`` (lra_benchmarks/models/transformer)."""
+    assert train_config(f"experiment=lra/{task}").task.data.zero_pixels == "padding"
+    assert train_config(f"task={task}").task.data.zero_pixels == "token"

@@ -79,7 +79,8 @@ if [[ $action == status ]]; then
     exit 0
 fi
 
-[[ $EUID -eq 0 ]] || die "run as root (sudo bash $0): it installs packages and starts system daemons"
+[[ $EUID -eq 0 ]] || die "run as root, from a root shell (or 'sudo bash $0' where sudo is installed): \
+it installs packages and starts system daemons"
 
 if [[ $action == stop ]]; then
     stop_daemon slurmd /run/slurmd.pid

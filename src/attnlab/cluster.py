@@ -27,8 +27,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
-# hydra.launcher._target_ of the submitit SLURM launcher ends with this
-SLURM_LAUNCHER_SUFFIX = "submitit_launcher.SlurmLauncher"
+# hydra.launcher._target_ of a SLURM launcher ends with one of these: submitit's, or attnlab's subclass
+# of it that waits for requeued runs (conf/hydra/launcher/slurm*.yaml)
+SLURM_LAUNCHER_SUFFIXES = ("submitit_launcher.SlurmLauncher", "attnlab_slurm.RequeueAwareSlurmLauncher")
 GPU_ACCELERATORS = ("gpu", "cuda")
 # Sweeps over these change the trainer, so each of their values is composed and checked on its own.
 LAYOUT_SWEEP_GROUPS = ("trainer", "experiment")
@@ -182,7 +183,7 @@ def layout_problems(trainer: DictConfig, layout: SlurmLayout) -> list[str]:
 def _launcher_of(cfg: DictConfig) -> DictConfig | None:
     """``cfg.hydra.launcher`` when ``cfg`` carries Hydra's node and its launcher submits to SLURM."""
     launcher = OmegaConf.select(cfg, "hydra.launcher")
-    if launcher is not None and str(launcher.get("_target_", "")).endswith(SLURM_LAUNCHER_SUFFIX):
+    if launcher is not None and str(launcher.get("_target_", "")).endswith(SLURM_LAUNCHER_SUFFIXES):
         return launcher
     return None
 

@@ -14,3 +14,14 @@ class ConfigError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be used (the message names the file and what is wrong with it)."""
+
+
+def user_error(error: BaseException) -> UserError | None:
+    """The `UserError` behind ``error``, if any: Hydra's ``instantiate`` wraps what a constructor raises."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, UserError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__
+    return None

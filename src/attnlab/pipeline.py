@@ -6,8 +6,10 @@ objects at once (the data's vocabulary for the model, the trainer's results for 
 
 What a task's datamodule (``task.data``) provides besides Lightning's hooks: ``model_kwargs()`` (what
 the model takes from the data, e.g. ``vocab_size``), ``max_length(split)`` (tokens per example, for
-the summary's ``seq_len``), ``majority_baseline(split)`` and ``source.description`` (which data fed
-the run, for the log and ``summary.json``).
+the summary's ``seq_len``), ``majority_baseline(split)`` (or ``baselines(split)``, a dict of summary
+fields, for tasks whose trivial baseline is not a majority class) and ``source.description`` (which
+data fed the run, for the log and ``summary.json``). Every ``test/<name>`` metric the module logs
+lands in the summary as ``test_<name>``.
 """
 
 from __future__ import annotations
@@ -131,25 +133,31 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     checkpoint = _find(trainer.callbacks, ModelCheckpoint)
     best_path = best_checkpoint_in_run(checkpoint.best_model_path if checkpoint else "", run_dir)
     best_val = checkpoint.best_model_score if checkpoint else None
-    test_acc = None
+    test_metrics: dict[str, float] = {}  # test/acc -> test_acc, test/top5 -> test_top5, ...
     if cfg.get("test", True):
         if best_path:  # the weights only: restoring the whole checkpoint would rewind the callbacks too
             module.load_state_dict(read_checkpoint(best_path, "best checkpoint")["state_dict"])
         results = trainer.test(module, datamodule=datamodule)
-        test_acc = results[0].get("test/acc") if results else None
+        test_metrics = {
+            "test_" + key.removeprefix("test/").replace("/", "_"): float(value)
+            for key, value in (results[0] if results else {}).items()
+            if key.startswith("test/")
+        }
 
     summary = {
         "task": cfg.task.name,
         "attn": cfg.attn.name,
         "seed": cfg.seed,
         "val_acc": float(best_val) if best_val is not None else None,
-        "test_acc": float(test_acc) if test_acc is not None else None,
-        "baseline_acc": datamodule.majority_baseline("test"),
+        "test_acc": test_metrics.pop("test_acc", None),
+        **_baselines(datamodule),
         "train_samples_per_sec": perf.get("train_samples_per_sec"),
         "train_tokens_per_sec": perf.get("train_tokens_per_sec"),
         "train_samples_per_sec_total": perf.get("train_samples_per_sec_total"),
         "eval_samples_per_sec": perf.get("eval_samples_per_sec"),
         "peak_mem_mb": perf.get("peak_mem_mb"),
+        "train_tflops_per_sec": perf.get("train_tflops_per_sec"),  # model FLOPs (attnlab.flops)
+        "mfu": perf.get("mfu"),  # null unless the device's peak is known (callbacks.throughput.peak_flops)
         "params": params,
         "wall_time_s": clock.wall_time_s(),  # all attempts of the run, this one to its end
         "attempts": clock.attempt,
@@ -159,6 +167,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "git_commit": git_commit(Path(__file__).parent),
         "data_source": datamodule.source.description,
         "best_checkpoint": best_path or None,
+        "dim": cfg.task.model.get("dim"),  # model width: the state size of recall comparisons
+        **test_metrics,
     }
     if trainer.is_global_zero:
         path = write_summary(run_dir, summary)
@@ -166,6 +176,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         _print_closing_lines(summary, path)
     _finish_wandb(trainer)
     return summary
+
+
+def _baselines(datamodule) -> dict[str, float]:
+    """What a trivial predictor scores on the test split: ``baseline_acc`` (majority class) unless the
+    datamodule names its own (``baselines(split)``, e.g. a unigram model's loss for masked-LM)."""
+    if hasattr(datamodule, "baselines"):
+        return datamodule.baselines("test")
+    return {"baseline_acc": datamodule.majority_baseline("test")}
 
 
 def _finish_wandb(trainer: L.Trainer) -> None:
@@ -185,7 +203,7 @@ def _print_closing_lines(summary: dict[str, Any], path: Path) -> None:
     )
     print(
         f"\n{summary['task']} / {summary['attn']}: test accuracy {pct(summary['test_acc'])} "
-        f"(majority baseline {pct(summary['baseline_acc'])}, best val {pct(summary['val_acc'])})\n"
+        f"(majority baseline {pct(summary.get('baseline_acc'))}, best val {pct(summary['val_acc'])})\n"
         f"throughput: {rate(summary['train_samples_per_sec'])} train samples/s per device{total}, "
         f"{rate(summary['eval_samples_per_sec'])} eval samples/s, peak memory "
         f"{rate(summary['peak_mem_mb'])} MB, {summary['steps']} steps in {summary['wall_time_s']:.0f} s\n"

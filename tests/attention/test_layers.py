@@ -186,13 +186,23 @@ def test_linear_layer_step_matches_causal_forward(rope):
         LinearAttention(DIM, HEADS).step(x[:, 0].float())
 
 
-@pytest.mark.parametrize("name", ["softmax", "linear", "performer"])
-def test_causal_layers_ignore_the_future(name):
+CAUSAL_BACKENDS = [name for name in available_backends() if backend_capabilities(name).causal]
+
+
+def test_every_causal_backend_is_checked_for_leaks():
+    assert set(CAUSAL_BACKENDS) >= {"softmax", "linear", "performer"}
+
+
+@pytest.mark.parametrize("name", CAUSAL_BACKENDS)
+@pytest.mark.parametrize("scale", [1.0, 10.0])  # large future tokens dominate any shared statistic
+def test_causal_layers_ignore_the_future(name, scale):
     layer = make_layer(name, causal=True, rope=True)
-    x = torch.randn(1, 9, DIM, dtype=torch.float64)
+    x = torch.randn(2, 9, DIM, dtype=torch.float64)
+    mask = lengths_mask([9, 7], 9)
     y = x.clone()
-    y[:, 6:] = torch.randn(1, 3, DIM, dtype=torch.float64)
-    torch.testing.assert_close(layer(y)[:, :6], layer(x)[:, :6], rtol=0, atol=1e-12)
+    y[:, 6:] = scale * torch.randn(2, 3, DIM, dtype=torch.float64)
+    for kpm in (None, mask):
+        torch.testing.assert_close(layer(y, kpm)[:, :6], layer(x, kpm)[:, :6], rtol=0, atol=1e-12)
 
 
 def test_layer_input_checks():
@@ -201,3 +211,18 @@ def test_layer_input_checks():
         layer(torch.randn(2, 5, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="key_padding_mask"):
         layer(torch.randn(2, 5, DIM, dtype=torch.float64), key_padding_mask=torch.ones(2, 5))
+
+
+@pytest.mark.parametrize("name", list(dict.fromkeys(["softmax", *available_backends()])))
+def test_rope_and_left_padding(name):
+    """docs/attention.md: with RoPE only softmax sees relative positions alone; the other backends see
+    absolute positions, so left padding (which moves every real token) changes their outputs."""
+    layer = make_layer(name, rope=True)
+    x = torch.randn(2, 6, DIM, dtype=torch.float64)
+    padded = torch.cat([torch.zeros(2, 3, DIM, dtype=torch.float64), x], dim=1)
+    mask = torch.arange(9)[None, :].expand(2, -1) >= 3
+    same = torch.allclose(layer(padded, key_padding_mask=mask)[:, 3:], layer(x), rtol=0, atol=1e-10)
+    assert same == (name == "softmax")
+    right = torch.cat([x, torch.zeros(2, 3, DIM, dtype=torch.float64)], dim=1)  # right padding is safe
+    out_right = layer(right, key_padding_mask=mask.flip(1))[:, :6]
+    torch.testing.assert_close(out_right, layer(x), rtol=0, atol=1e-10)

@@ -128,3 +128,41 @@ def test_feature_map_without_redraw_and_seed_from_global_rng():
     assert a.seed == b.seed and torch.equal(a.projection, b.projection)
     with pytest.raises(ValueError, match="redraw_interval"):
         PerformerFeatureMap(head_dim=4, num_features=8, redraw_interval=-1)
+
+
+def test_causal_output_is_the_non_causal_output_of_the_prefix():
+    """Position i sees exactly what a non-causal layer sees on tokens 0..i, key stabiliser included."""
+    t = 11
+    q, k, v = small_qkv((2, 2, t, 4), scale=1.5)
+    w = orthogonal_gaussian_projection(32, 4, torch.Generator().manual_seed(0))
+    mask = lengths_mask([11, 8], t)
+    causal = performer_attention(q, k, v, w, mask, causal=True, chunk_size=3)
+    for i in range(t):
+        cut = slice(0, i + 1)
+        prefix = performer_attention(q[:, :, cut], k[:, :, cut], v[:, :, cut], w, mask[:, cut])
+        torch.testing.assert_close(causal[:, :, i], prefix[:, :, i], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 64])
+def test_causal_future_keys_do_not_move_the_past(chunk_size):
+    """Future keys with the largest logits used to move the shared key stabiliser (up to 1.5)."""
+    t, cut = 12, 7
+    q, k, v = small_qkv((1, 2, t, 4))
+    w = orthogonal_gaussian_projection(16, 4, torch.Generator().manual_seed(1))
+    before = performer_attention(q, k, v, w, causal=True, chunk_size=chunk_size)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, cut:] = 4.0 * w[0] / w[0].norm() * 4**0.25 * 3  # aligned with a feature: huge logits
+    v2[:, :, cut:] = 100.0
+    after = performer_attention(q, k2, v2, w, causal=True, chunk_size=chunk_size)
+    torch.testing.assert_close(after[:, :, :cut], before[:, :, :cut], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_are_the_gradients_of_the_forward(causal):
+    q, k, v = small_qkv((1, 2, 6, 3), scale=1.0)
+    w = orthogonal_gaussian_projection(8, 3, torch.Generator().manual_seed(2))
+    mask = torch.tensor([[True] * 5 + [False]])
+    inputs = [x.requires_grad_() for x in (q, k, v)]
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: performer_attention(a, b, c, w, mask, causal=causal, chunk_size=4), inputs
+    )

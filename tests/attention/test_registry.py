@@ -22,6 +22,7 @@ from attnlab.attention import (
     check_support,
 )
 from attnlab.attention.layers import (
+    Capabilities,
     LinearAttention,
     PerformerAttention,
     SlicedReLUAttention,
@@ -60,7 +61,7 @@ def test_unknown_name_lists_known_backends():
 def test_unknown_option_lists_accepted_ones():
     with pytest.raises(ValueError, match="unknown option.*num_features.*'sliced_relu'") as err:
         build_attention("sliced_relu", 16, 4, num_features=8)
-    assert "accepted options: " + ", ".join([*COMMON, "projection", "eps"]) in str(err.value)
+    assert "accepted options: " + ", ".join([*COMMON, "projection", "eps", "standardise"]) in str(err.value)
 
 
 def test_options_are_read_from_constructors():
@@ -76,17 +77,22 @@ def test_bad_width_or_head_count(dim, heads):
         build_attention("softmax", dim, heads)
 
 
-@pytest.mark.parametrize("name", ["sliced_relu", "sliced_relu_bump"])
-def test_unsupported_causal_names_backend_and_reason(name):
-    with pytest.raises(UnsupportedAttentionError, match=f"backend '{name}'.*causal: scores are sorted"):
-        build_attention(name, 16, 4, causal=True)
-    with pytest.raises(UnsupportedAttentionError, match=f"backend '{name}'.*causal: scores are sorted"):
-        EXPECTED[name](16, 4, causal=True)  # the same refusal when the layer is built directly
+def test_unsupported_causal_names_backend_and_reason():
+    class Bidirectional(SoftmaxAttention):
+        name = "bidirectional"
+        capabilities = Capabilities(reasons={"causal": "every query sees every key"})
+
+    with pytest.raises(UnsupportedAttentionError, match="backend 'bidirectional'.*causal: every query sees"):
+        Bidirectional(16, 4, causal=True)
+    for name in EXPECTED:  # every registered backend has a causal form
+        assert build_attention(name, 16, 4, causal=True).causal
 
 
 def test_capabilities_and_check_support():
     assert backend_capabilities("linear").recurrent_step and backend_capabilities("linear").causal
-    assert not backend_capabilities("sliced_relu").causal
+    assert (
+        backend_capabilities("sliced_relu").causal and backend_capabilities("sliced_relu_bump").recurrent_step
+    )
     assert all(backend_capabilities(n).padding_mask for n in EXPECTED)
     assert check_support("linear", causal=True, recurrent_step=True, dtype=torch.bfloat16) == []
     reasons = check_support("softmax", recurrent_step=True)
@@ -129,3 +135,39 @@ def test_attention_package_needs_neither_lightning_nor_hydra():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+BAD_OPTIONS = [
+    # (backends, options, message): each bad value must fail when the layer is built, named
+    (["sliced_relu"], {"eps": 0.0}, r"eps must be a finite number in \(0, inf\), got 0\.0"),
+    (["sliced_relu"], {"eps": -1e-4}, r"eps must be a finite number in \(0, inf\)"),
+    (["sliced_relu"], {"projection": "conv"}, r"projection must be 'mlp' or 'linear', got 'conv'"),
+    (["linear", "performer"], {"eps": -1e-6}, r"eps must be a finite number in \(0, inf\), got -1e-06"),
+    (["linear", "performer"], {"chunk_size": 0}, r"chunk_size must be an integer >= 1, got 0"),
+    (["linear", "performer"], {"chunk_size": 2.5}, r"chunk_size must be an integer >= 1, got 2\.5"),
+    (["performer"], {"num_features": 0}, r"num_features must be an integer >= 1, got 0"),
+    (["performer"], {"redraw_interval": -5}, r"redraw_interval must be an integer >= 0 or null"),
+    (["performer"], {"seed": "abc"}, r"seed must be an integer >= 0 or null, got 'abc'"),
+    (list(EXPECTED), {"causal": "false"}, r"causal must be true or false, got 'false'"),
+    (list(EXPECTED), {"causal": 1}, r"causal must be true or false, got 1"),
+    (list(EXPECTED), {"rope": "yes"}, r"rope must be true or false"),
+    (list(EXPECTED), {"qkv_bias": None}, r"qkv_bias must be true or false, got None"),
+    (list(EXPECTED), {"dropout": 1.0}, r"dropout must be a finite number in \[0, 1\), got 1\.0"),
+    (list(EXPECTED), {"dropout": True}, r"dropout must be a finite number in \[0, 1\), got True"),
+    (list(EXPECTED), {"rope_base": 0}, r"rope_base must be a finite number in \(0, inf\), got 0"),
+    (list(EXPECTED), {"dim": True, "num_heads": 1}, r"must be positive integers; got dim=True"),
+    (list(EXPECTED), {"dim": 16, "num_heads": 2.0}, r"must be positive integers; got num_heads=2\.0"),
+]
+
+
+@pytest.mark.parametrize(
+    "name,options,message",
+    [(name, options, message) for names, options, message in BAD_OPTIONS for name in names],
+    ids=lambda x: x if isinstance(x, str) and not x.startswith(("(", "[", "r")) else None,
+)
+def test_bad_options_fail_at_build_time_for_every_backend(name, options, message):
+    options = {"dim": 16, "num_heads": 4, **options}
+    with pytest.raises(ValueError, match=message):
+        build_attention(name, **options)
+    with pytest.raises(ValueError, match=message):  # the same check when the class is built directly
+        EXPECTED[name](**options)

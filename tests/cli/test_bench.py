@@ -161,3 +161,35 @@ def test_decode_row_is_inference_only_and_flat_in_memory(tmp_path):
     short, long = rows[("16", "fwd")], rows[("256", "fwd")]
     assert short["status"] == long["status"] == "ok"
     assert float(short["peak_mem_mb"]) == float(long["peak_mem_mb"])  # the state does not grow with T
+
+
+def test_decoding_rows_report_their_state(tmp_path, capsys):
+    backends = ["linear_decode", "sliced_relu_decode", "softmax_decode"]
+    code = run(
+        tmp_path, "--backends", *backends, "--seq-lens", "64", "256", "--repeats", "1", "--mode", "fwd"
+    )
+    assert code == 0
+    rows = {(r["backend"], r["seq_len"]): r for r in read_rows(tmp_path)}
+    assert all(r["status"] == "ok" and float(r["time_ms"]) > 0 for r in rows.values())
+    state = {key: float(r["state_mb"]) * 2**20 for key, r in rows.items()}
+    heads, dim = 2, 4
+    for n in (64, 256):
+        assert state[("softmax_decode", str(n))] == (n + 1) * heads * 2 * dim * 4  # K and V, float32
+        # (D + 2) numbers per past token and head, plus O(D log n) run totals and running sums
+        sliced = state[("sliced_relu_decode", str(n))] - n * heads * (dim + 2) * 4
+        assert 0 <= sliced <= heads * 4 * 8 * (dim + 1)
+    assert state[("linear_decode", "64")] == state[("linear_decode", "256")]
+    assert "state_mb" in capsys.readouterr().out
+
+
+def test_causal_parallel_rows(tmp_path):
+    code = run(tmp_path, "--backends", "sliced_relu_causal", "sliced_relu_bump_causal", "--seq-lens", "50")
+    assert code == 0
+    rows = read_rows(tmp_path)
+    assert [(r["backend"], r["mode"], r["status"]) for r in rows] == [
+        ("sliced_relu_causal", "fwd", "ok"),
+        ("sliced_relu_causal", "fwdbwd", "ok"),
+        ("sliced_relu_bump_causal", "fwd", "ok"),
+        ("sliced_relu_bump_causal", "fwdbwd", "ok"),
+    ]
+    assert all(r["state_mb"] == "nan" for r in rows)

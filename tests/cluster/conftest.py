@@ -13,7 +13,7 @@ def _unavailable(reason: str) -> None:
     """Skip on a developer machine; fail in CI, where setup.sh must have started the cluster."""
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true but {reason}; CI must run `bash .ci/slurm/setup.sh` before the tests")
-    pytest.skip(f"{reason} (start a local cluster with `sudo bash .ci/slurm/setup.sh`)")
+    pytest.skip(f"{reason} (start a local cluster with `bash .ci/slurm/setup.sh`, as root)")
 
 
 @pytest.fixture(scope="session")

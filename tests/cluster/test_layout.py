@@ -48,8 +48,10 @@ def compose_with_hydra(*overrides: str):
 @pytest.mark.parametrize("launcher", ["slurm", "slurm_local"])
 def test_launcher_configs_are_submitit_slurm_and_register_the_check(launcher):
     cfg = compose_with_hydra(f"hydra/launcher={launcher}")
-    assert cfg.hydra.launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    # submitit's SLURM launcher, subclassed to wait for requeued runs (attnlab.launcher)
+    assert cfg.hydra.launcher._target_ == "hydra_plugins.attnlab_slurm.RequeueAwareSlurmLauncher"
     assert cfg.hydra.callbacks.slurm_layout._target_ == "attnlab.cluster.SlurmLayoutCheck"
+    assert cfg.hydra.callbacks.multirun_hydra_config._target_ == "attnlab.launcher.MultirunHydraConfig"
     assert cfg.hydra.launcher.additional_parameters.signal == f"USR1@{cfg.hydra.launcher.signal_delay_s}"
 
 

@@ -1,14 +1,14 @@
-"""Real jobs on the CI cluster: a sweep through the project's SLURM launcher config (2 tasks x 2 backends
-as one job array), and ``slurm/multinode.sbatch`` as a 2-process CPU DDP run.
+"""Real jobs on the CI cluster: the documented sweep through ``hydra/launcher=slurm_local`` as one job
+array, a sweep with a pre-empted run that SLURM requeues, and ``slurm/multinode.sbatch`` as a 2-process CPU
+DDP run.
 
-``python train.py -m hydra/launcher=slurm_local task=listops,pathfinder attn=softmax,sliced_relu ...`` runs
-as a subprocess against the cluster that `.ci/slurm/setup.sh` starts; every array task must complete and
-write its run's ``summary.json``. The data are fixtures in the official layouts (tiny ListOps TSV files,
-a tiny Pathfinder set as in ``lra_release``), so nothing is downloaded or generated inside the jobs.
+The sweeps run ``python train.py -m ...`` exactly as slurm/README.md shows it, plus the data-size overrides
+of ``tests/tiny_runs.py``, with the temporary directory as the working directory: the default sweep dir
+(``outputs/multirun/<time>``) and data dir (``data/``) are below it, and each job generates its tiny
+ListOps set there.
 
-Without a reachable scheduler the tests skip, except in CI (``CI=true``), where that is a failure. The
-cluster has no accounting, so submitit cannot see a job that SLURM killed and would wait forever: the
-jobs run under a deadline and are cancelled by name when a test fails.
+Without a reachable scheduler the tests skip, except in CI (``CI=true``), where that is a failure. The jobs
+run under a deadline and are cancelled (by job id) when a test fails.
 """
 
 from __future__ import annotations
@@ -21,17 +21,18 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
+
+from tiny_runs import TINY_LISTOPS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SWEEP_DEADLINE_S = 300  # 4 tiny runs, 2 at a time on the 2-core CI node: ~1 min when the machine is idle
+SWEEP_DEADLINE_S = 300  # 4 tiny runs, 2 at a time on the 2-core CI node: ~40 s when the machine is idle
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
-TASKS = ("listops", "pathfinder")
-ATTNS = ("softmax", "sliced_relu")
-# Keys both tasks have, so one set of overrides shrinks every run of the cartesian sweep.
-TINY = [
+# slurm/README.md ("Run the CI cluster locally"); with trainer=cpu (the default) in slurm_local.yaml
+DOCUMENTED_SWEEP = "hydra/launcher=slurm_local task=listops attn=softmax,sliced_relu seed=0,1"
+TINY = [*TINY_LISTOPS, "trainer.max_steps=3", "task.val_check_interval=3"]
+# The multinode run on the fixture files of write_listops_fixture: small batches, 3 steps.
+TINY_FIXTURE = [
     "task.data.batch_size=4",
     "task.data.eval_batch_size=8",
     "task.data.num_workers=0",
@@ -48,7 +49,7 @@ TINY = [
 
 def write_listops_fixture(data_dir: Path) -> None:
     """Small ListOps TSV files where the task's config looks (lra_release/listops-short), made with the
-    project's generator in this process, so the concurrent jobs only read them."""
+    project's generator in this process, so the job only reads them."""
     from attnlab.data.lra.sources import ListOpsSource
 
     ListOpsSource(
@@ -60,112 +61,180 @@ def write_listops_fixture(data_dir: Path) -> None:
     ).prepare()
 
 
-def write_pathfinder_fixture(data_dir: Path, count: int = 30) -> None:
-    """A tiny set in the release layout (pathfinder32/curv_contour_length_14/{imgs/0,metadata/0.npy}),
-    which the task reads as found: 32x32 greyscale PNGs and 11-column text metadata rows."""
-    directory = data_dir / "lra_release" / "pathfinder32" / "curv_contour_length_14"
-    (directory / "imgs" / "0").mkdir(parents=True)
-    (directory / "metadata").mkdir()
-    rng = np.random.default_rng(0)
-    rows = []
-    for i in range(count):
-        pixels = (rng.random((32, 32)) < 0.2).astype(np.uint8) * 255
-        pixels[0, 0] = 255  # never a blank image (the loader skips those)
-        Image.fromarray(pixels, "L").save(directory / "imgs" / "0" / f"sample_{i}.png")
-        rows.append(f"imgs/0 sample_{i}.png {i} {i % 2} 1.0 14 4 2 0.5 1 1\n")
-    (directory / "metadata" / "0.npy").write_text("".join(rows))
-
-
-def _array_task_states(job_id: str) -> dict[str, str]:
-    """``{"<array job>_<index>": state}`` from the controller (finished jobs stay for MinJobAge)."""
+def _array_task_states(job_id: str) -> dict[str, tuple[str, int]]:
+    """``{"<array job>_<index>": (state, restarts)}`` from the controller (finished jobs stay for
+    MinJobAge)."""
     out = subprocess.run(
         ["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True, timeout=20
     ).stdout
     states = {}
     for line in out.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        states[f"{fields.get('ArrayJobId')}_{fields.get('ArrayTaskId')}"] = fields.get("JobState", "")
+        key = f"{fields.get('ArrayJobId')}_{fields.get('ArrayTaskId')}"
+        states[key] = (fields.get("JobState", ""), int(fields.get("Restarts", "0")))
     return states
 
 
-def _job_logs(sweep_dir: Path) -> str:
-    """The tails of the jobs' submitit logs, for a failure message."""
-    parts = []
-    for log in sorted(sweep_dir.glob(".submitit/*/*_log.*")):
-        parts.append(f"--- {log.relative_to(sweep_dir)}\n" + "\n".join(log.read_text().splitlines()[-15:]))
-    return "\n".join(parts) or "(no job logs)"
+class Sweep:
+    """``python train.py -m <args>`` started in ``cwd``, its output in ``cwd/sweep.log``."""
+
+    def __init__(self, cwd: Path, args: list[str]) -> None:
+        self.cwd, self.log = cwd, cwd / "sweep.log"
+        with self.log.open("w") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, str(REPO_ROOT / "train.py"), "-m", *args],
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+
+    @property
+    def sweep_dir(self) -> Path | None:
+        dirs = sorted((self.cwd / "outputs" / "multirun").glob("*"))
+        return dirs[-1] if dirs else None
+
+    def job_dirs(self) -> list[str]:
+        """submitit's folder per array task: ``.submitit/<array job id>_<index>``."""
+        if self.sweep_dir is None:
+            return []
+        return sorted(p.name for p in (self.sweep_dir / ".submitit").glob("*_*") if p.is_dir())
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def job_logs(self) -> str:
+        """The tails of the jobs' submitit logs, for a failure message."""
+        if self.sweep_dir is None:
+            return "(no sweep dir)"
+        parts = []
+        for log in sorted(self.sweep_dir.glob(".submitit/*/*_log.*")):
+            tail = "\n".join(log.read_text().splitlines()[-15:])
+            parts.append(f"--- {log.relative_to(self.sweep_dir)}\n{tail}")
+        return "\n".join(parts) or "(no job logs)"
+
+    def cancel(self) -> None:
+        """Leave nothing queued or running (the jobs of a sweep that failed, or returned too early)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for array_id in {name.split("_")[0] for name in self.job_dirs()}:
+            subprocess.run(["scancel", array_id], capture_output=True, timeout=20)
+
+    def wait(self, timeout: float = SWEEP_DEADLINE_S) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            queue = subprocess.run(["squeue"], capture_output=True, text=True, timeout=20).stdout
+            self.cancel()
+            pytest.fail(f"the sweep did not finish within {timeout}s; squeue:\n{queue}\n{self.job_logs()}")
 
 
-def _run_sweep(command: list[str], sweep_dir: Path, job_name: str) -> tuple[list[str], dict[str, str]]:
-    """Run the multirun under the deadline; return its array tasks and their final SLURM states."""
-    try:
-        done = subprocess.run(
-            command, cwd=sweep_dir.parent, capture_output=True, text=True, timeout=SWEEP_DEADLINE_S
-        )
-    except subprocess.TimeoutExpired:
-        queue = subprocess.run(
-            ["squeue", "--noheader", f"--name={job_name}", "--format=%i %T %r"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        ).stdout
-        pytest.fail(
-            f"the sweep did not finish within {SWEEP_DEADLINE_S}s; squeue:\n{queue}\n{_job_logs(sweep_dir)}"
-        )
-    assert done.returncode == 0, f"{done.stderr[-3000:]}\n{_job_logs(sweep_dir)}"
-    # submitit keeps each array task's files in .submitit/<array job id>_<index>
-    job_dirs = sorted(p.name for p in (sweep_dir / ".submitit").glob("*_*") if p.is_dir())
-    assert job_dirs, f"no job folders in {sweep_dir / '.submitit'}: was anything submitted?"
-    array_id = job_dirs[0].split("_")[0]
-    # submitit returns once every result file is written; SLURM may still be closing the jobs (COMPLETING)
-    deadline = time.monotonic() + 60
-    states = _array_task_states(array_id)
-    while set(states.values()) - TERMINAL_STATES and time.monotonic() < deadline:
-        time.sleep(1)
-        states = _array_task_states(array_id)
-    return job_dirs, states
+@pytest.fixture
+def sweep_in(tmp_path: Path):
+    """Starts sweeps in ``tmp_path`` (same machine: tmp is visible to the jobs); cancels what a failed
+    test leaves behind."""
+    started: list[Sweep] = []
+
+    def start(*args: str) -> Sweep:
+        started.append(Sweep(tmp_path, list(args)))
+        return started[-1]
+
+    yield start
+    for sweep in started:  # after a passing test every job has left the queue: nothing to cancel
+        sweep.cancel()
 
 
-def test_sweep_of_two_tasks_and_two_backends_runs_as_a_job_array(slurm_cluster: None, tmp_path: Path) -> None:
-    data_dir, sweep_dir = tmp_path / "data", tmp_path / "sweep"  # same machine: tmp is visible to the jobs
-    write_listops_fixture(data_dir)
-    write_pathfinder_fixture(data_dir)
-    job_name = f"attnlab-test-{uuid.uuid4().hex[:8]}"
-    command = [
-        sys.executable,
-        str(REPO_ROOT / "train.py"),
-        "-m",
-        "hydra/launcher=slurm_local",
-        f"task={','.join(TASKS)}",
-        f"attn={','.join(ATTNS)}",
-        *TINY,
-        f"paths.data_dir={data_dir}",
-        f"hydra.sweep.dir={sweep_dir}",
-        f"hydra.launcher.name={job_name}",
-        "hydra.launcher.timeout_min=5",
-    ]
-    try:
-        job_dirs, states = _run_sweep(command, sweep_dir, job_name)
-    except BaseException:
-        # a failed or timed-out sweep leaves nothing queued or running (only then: cancelling a job that is
-        # still COMPLETING would record it as CANCELLED)
-        subprocess.run(["scancel", f"--name={job_name}"], capture_output=True, timeout=20)
-        raise
+def _summaries(sweep_dir: Path) -> dict[tuple[str, int], dict]:
+    runs = {}
+    for path in sweep_dir.glob("listops/*/seed*_*/summary.json"):
+        summary = json.loads(path.read_text())
+        assert summary["task"] == "listops" and summary["attn"] == path.parts[-3], path
+        runs[summary["attn"], summary["seed"]] = summary
+    return runs
+
+
+def _table_row(output: str, run: str) -> list[str]:
+    """The row of the launcher's closing table for a run dir (relative to the sweep dir)."""
+    rows = [line.split() for line in output.splitlines() if line.split()[:1] == [run]]
+    assert len(rows) == 1, f"no single table row for {run} in:\n{output[-3000:]}"
+    return rows[0]
+
+
+def test_documented_sweep_runs_as_one_job_array(slurm_cluster: None, sweep_in) -> None:
+    sweep = sweep_in(*DOCUMENTED_SWEEP.split(), *TINY)
+    rc = sweep.wait()
+    assert rc == 0, f"{sweep.output()[-3000:]}\n{sweep.job_logs()}"
+    job_dirs = sweep.job_dirs()
     assert len(job_dirs) == 4 and len({name.split("_")[0] for name in job_dirs}) == 1, (
         f"expected one array of 4 jobs, got {job_dirs}"
     )
-    assert states == dict.fromkeys(job_dirs, "COMPLETED"), states
+    # the launcher returns once every job has left the queue
+    states = _array_task_states(job_dirs[0].split("_")[0])
+    assert states == dict.fromkeys(job_dirs, ("COMPLETED", 0)), states
 
-    # Every (task, backend) wrote its own summary, from the fixture data, after the 3 steps asked for.
-    summaries = {}
-    for path in sweep_dir.glob("*/*/seed0_*/summary.json"):
-        summary = json.loads(path.read_text())
-        task, attn = path.parts[-4], path.parts[-3]
-        assert (summary["task"], summary["attn"]) == (task, attn), path
+    # every (backend, seed) wrote its own summary, from data generated in ./data, after the 3 steps asked for
+    summaries = _summaries(sweep.sweep_dir)
+    assert sorted(summaries) == [(a, s) for a in ("sliced_relu", "softmax") for s in (0, 1)], sorted(
+        summaries
+    )
+    for summary in summaries.values():
         assert summary["steps"] == 3 and summary["world_size"] == 1, summary
-        assert str(data_dir) in summary["data_source"], summary["data_source"]
-        summaries[task, attn] = summary
-    assert sorted(summaries) == sorted((t, a) for t in TASKS for a in ATTNS), sorted(summaries)
+        assert str(sweep.cwd / "data") in summary["data_source"], summary["data_source"]
+    output = sweep.output()
+    assert "4 of 4 runs completed, 0 failed, 0 requeued" in output, output[-3000:]
+    assert _table_row(output, "listops/softmax/seed1_1")[2:] == ["COMPLETED", "1", "0"]
+
+
+def test_a_preempted_run_is_awaited_until_its_requeued_attempt_wrote_the_summary(
+    slurm_cluster: None, sweep_in
+) -> None:
+    """Run #0 gets the time-limit warning (SIGUSR1, what ``--signal=USR1@<signal_delay_s>`` sends), saves
+    ``hpc_ckpt_1.ckpt``, requeues itself and returns from its first attempt without a summary. The stock
+    submitit launcher ended the sweep there, with status 0; ``-m`` must return after the requeued attempt
+    (~30 s later on this cluster) has resumed and written the summary."""
+    steps = 80  # long enough to still be training when the signal arrives
+    sweep = sweep_in(
+        *["hydra/launcher=slurm_local", "trainer=cpu", "task=listops", "attn=softmax,sliced_relu", "seed=0"],
+        *TINY,
+        f"trainer.max_steps={steps}",
+        "task.val_check_interval=40",
+    )
+    deadline = time.monotonic() + SWEEP_DEADLINE_S
+    marker = "Setting signal handlers"  # Lightning's line once fit has started and SIGUSR1 is handled
+    while time.monotonic() < deadline and sweep.process.poll() is None:
+        logs = sweep.sweep_dir and list(sweep.sweep_dir.glob(".submitit/*_0/*_0_log.err"))
+        if logs and marker in logs[0].read_text():
+            break
+        time.sleep(0.2)
+    else:
+        sweep.cancel()
+        pytest.fail(f"run #0 never started training:\n{sweep.output()[-3000:]}\n{sweep.job_logs()}")
+    job_id = logs[0].parent.name
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=20)
+
+    rc = sweep.wait(max(deadline - time.monotonic(), 1))
+    summaries = _summaries(sweep.sweep_dir)  # looked at as soon as -m returned
+    output = sweep.output()
+    assert rc == 0, f"{output[-3000:]}\n{sweep.job_logs()}"
+    assert sorted(summaries) == [("sliced_relu", 0), ("softmax", 0)], f"{output[-3000:]}\n{sweep.job_logs()}"
+    run_dir = sweep.sweep_dir / "listops" / "softmax" / "seed0_0"
+    assert (run_dir / "hpc_ckpt_1.ckpt").is_file(), "run #0 was not pre-empted"
+    assert summaries["softmax", 0]["steps"] == steps, summaries["softmax", 0]
+    assert f"run #0 listops/softmax/seed0_0 (job {job_id}) was requeued (1 requeue so far)" in output
+    assert _table_row(output, "listops/softmax/seed0_0") == [
+        "listops/softmax/seed0_0",
+        job_id,
+        "COMPLETED",
+        "2",
+        "1",
+    ]
+    assert _table_row(output, "listops/sliced_relu/seed0_1")[2:] == ["COMPLETED", "1", "0"]
+    assert "2 of 2 runs completed, 0 failed, 1 requeued" in output
+    assert _array_task_states(job_id.split("_")[0])[job_id] == ("COMPLETED", 1)
+    # the requeued attempt resumed from the checkpoint the first one saved
+    job_log = (sweep.sweep_dir / ".submitit" / job_id / f"{job_id}_0_log.err").read_text()
+    assert f"Restored all states from the checkpoint at {run_dir / 'hpc_ckpt_1.ckpt'}" in job_log
 
 
 def test_multinode_sbatch_script_runs_cpu_ddp_over_two_tasks(slurm_cluster: None, tmp_path: Path) -> None:
@@ -188,7 +257,7 @@ def test_multinode_sbatch_script_runs_cpu_ddp_over_two_tasks(slurm_cluster: None
         str(REPO_ROOT / "slurm" / "multinode.sbatch"),
         "trainer.accelerator=cpu",
         "trainer.precision=32-true",
-        *TINY,
+        *TINY_FIXTURE,
         f"paths.data_dir={data_dir}",
         f"hydra.run.dir={run_dir}",  # after the script's own hydra.run.dir, so it wins
     ]

@@ -196,3 +196,10 @@ def test_file_lock_makes_processes_take_turns(tmp_path):
     events = Path(log).read_text().splitlines()
     # never interleaved
     assert events in (["a in", "a out", "b in", "b out"], ["b in", "b out", "a in", "a out"])
+
+
+def test_pad_collate_masks_id_zero_inside_a_sequence_too():
+    """0 is padding wherever it stands: how black pixels drop out of attention (zero_pixels=padding)."""
+    ds = TokenSequenceDataset([np.array([0, 4, 0, 5]), np.array([7])], [1, 0])
+    batch = pad_collate([ds[0], ds[1]])
+    assert batch["mask"].tolist() == [[False, True, False, True], [True, False, False, False]]

@@ -4,21 +4,26 @@ Depends on torch only (no Lightning, no Hydra), so every backend can be built an
 
     from attnlab.attention import build_attention
     layer = build_attention("sliced_relu", dim=128, num_heads=4, rope=True)
+
+Your own backend: subclass `AttentionLayer` and decorate it with `register_backend` (docs/extending.md).
 """
 
 from __future__ import annotations
 
 from attnlab.attention import ops
-from attnlab.attention.layers import UnsupportedAttentionError
+from attnlab.attention.layers import AttentionLayer, Capabilities, UnsupportedAttentionError
 from attnlab.attention.registry import (
     available_backends,
     backend_capabilities,
     backend_options,
     build_attention,
     check_support,
+    register_backend,
 )
 
 __all__ = [
+    "AttentionLayer",
+    "Capabilities",
     "UnsupportedAttentionError",
     "available_backends",
     "backend_capabilities",
@@ -26,4 +31,5 @@ __all__ = [
     "build_attention",
     "check_support",
     "ops",
+    "register_backend",
 ]

@@ -8,6 +8,8 @@ which the registry reads to refuse requests a backend cannot serve.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -15,6 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.attention.causal_sliced import (
+    SlicedDecodeState,
+    sliced_relu_attention_step,
+    sliced_relu_bump_attention_step,
+)
 from attnlab.attention.linear import DEFAULT_CHUNK_SIZE, linear_attention, linear_attention_step
 from attnlab.attention.performer import PerformerFeatureMap, performer_attention
 from attnlab.attention.precision import FLOAT_DTYPES, accumulation_dtype
@@ -24,7 +31,35 @@ from attnlab.attention.softmax import softmax_attention
 
 
 class UnsupportedAttentionError(ValueError):
-    """A backend was asked for something it cannot do (e.g. causal sliced ReLU)."""
+    """A backend was asked for something it cannot do (e.g. a recurrent step of softmax)."""
+
+
+# Option checks shared by every layer, run when the layer is built: a bad value from a config file
+# fails there, named, instead of at the first forward pass or (a string "false" for a flag) never.
+
+
+def check_flag(name: str, value: object) -> None:
+    """`value` must be a real bool: a YAML string such as 'false' would otherwise count as true."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def check_int(name: str, value: object, minimum: int, *, allow_none: bool = False) -> None:
+    """`value` must be an int >= `minimum` (bools are refused: True is not a width)."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
+        also = " or null" if allow_none else ""
+        raise ValueError(f"{name} must be an integer >= {minimum}{also}, got {value!r}")
+
+
+def check_number(name: str, value: object, *, low: float, low_open: bool, high: float = math.inf) -> None:
+    """`value` must be a finite real number in (low, high) or [low, high) (`low_open` decides)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and value < high
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g})"
+        raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -65,10 +100,13 @@ class AttentionLayer(nn.Module):
         qkv_dim: int | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(dim, int) or not isinstance(num_heads, int) or dim < 1 or num_heads < 1:
-            raise ValueError(
-                f"dim and num_heads must be positive integers; got dim={dim!r}, num_heads={num_heads!r}"
-            )
+        bad_ints = [
+            f"{key}={value!r}"
+            for key, value in (("dim", dim), ("num_heads", num_heads))
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1
+        ]
+        if bad_ints:
+            raise ValueError(f"dim and num_heads must be positive integers; got {', '.join(bad_ints)}")
         if qkv_dim is None:
             if dim % num_heads != 0:
                 raise ValueError(
@@ -82,8 +120,10 @@ class AttentionLayer(nn.Module):
                 f"qkv_dim={qkv_dim!r} must be a positive integer divisible by num_heads={num_heads} "
                 "(the width of q, k and v, split across heads), or null for dim"
             )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        for key, value in (("rope", rope), ("causal", causal), ("qkv_bias", qkv_bias)):
+            check_flag(key, value)
+        check_number("dropout", dropout, low=0.0, low_open=False, high=1.0)
+        check_number("rope_base", rope_base, low=0.0, low_open=True)
         if causal and not self.capabilities.causal:
             raise UnsupportedAttentionError(
                 f"attention backend {self.name!r} cannot serve this request: "
@@ -163,8 +203,8 @@ class LinearAttention(AttentionLayer):
         self, dim: int, num_heads: int, *, eps: float = 1e-6, chunk_size: int = DEFAULT_CHUNK_SIZE, **common
     ) -> None:
         super().__init__(dim, num_heads, **common)
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}")
+        check_number("eps", eps, low=0.0, low_open=True)  # 0: a query that sees no real key gives 0/0
+        check_int("chunk_size", chunk_size, 1)
         self.eps = eps
         self.chunk_size = chunk_size
 
@@ -217,6 +257,11 @@ class PerformerAttention(AttentionLayer):
         **common,
     ) -> None:
         super().__init__(dim, num_heads, **common)
+        check_int("num_features", num_features, 1)
+        check_int("redraw_interval", redraw_interval, 0, allow_none=True)
+        check_int("seed", seed, 0, allow_none=True)
+        check_number("eps", eps, low=0.0, low_open=True)  # 0: a query that sees no real key gives 0/0
+        check_int("chunk_size", chunk_size, 1)
         self.feature_map = PerformerFeatureMap(self.head_dim, num_features, redraw_interval, seed)
         self.eps = eps
         self.chunk_size = chunk_size
@@ -235,27 +280,64 @@ class PerformerAttention(AttentionLayer):
         return self.output_dropout(o)
 
 
-_NOT_CAUSAL = (
-    "scores are sorted over the whole sequence, so every query sees every key (no causal form implemented)"
-)
+class SlicedAttentionState(NamedTuple):
+    """Decoding state of a causal sliced ReLU(-bump) layer: the op's sorted runs, the running score
+    statistics of `standardise="prefix"` (count, Σ, Σ² of the shifted scores and the shift; None
+    otherwise), tokens seen."""
+
+    op: SlicedDecodeState
+    stats: tuple[torch.Tensor, ...] | None
+    position: int
+
+
+def _check_step_input(layer: AttentionLayer, x_t: torch.Tensor) -> None:
+    if not layer.causal:
+        raise ValueError(
+            f"{type(layer).__name__}.step needs a causal layer (causal=True): a non-causal output depends "
+            "on future tokens, which a recurrent decoder has not seen"
+        )
+    if x_t.dim() != 2 or x_t.shape[-1] != layer.dim:
+        raise ValueError(f"expected x_t of shape (B, dim={layer.dim}), got {tuple(x_t.shape)}")
+
+
+STANDARDISE = ("auto", "sequence", "prefix", "none")
 
 
 class SlicedReLUAttention(AttentionLayer):
     """Sliced ReLU attention (docs/attention.md): Π maps each token's concatenated heads to a score per head.
 
     `projection="mlp"` is H·D -> H·D -> H with GELU, `"linear"` is H·D -> H. The same Π maps q to s and
-    k to t, which are then standardised jointly per sequence and head over valid tokens.
+    k to t, which are then standardised per sequence and head over valid tokens: `standardise="sequence"`
+    with one mean and std over the whole sequence (`standardise_scores`), `"prefix"` with the running
+    statistics of tokens j <= i (`standardise_scores_prefix`, sees no future), `"none"` not at all;
+    `"auto"` is "prefix" for a causal layer and "sequence" otherwise. Causal layers decode with `step`.
     """
 
     name = "sliced_relu"
-    capabilities = Capabilities(
-        reasons={"causal": _NOT_CAUSAL, "recurrent_step": "no recurrent form"},
-    )
+    capabilities = Capabilities(causal=True, recurrent_step=True)
 
     def __init__(
-        self, dim: int, num_heads: int, *, projection: str = "mlp", eps: float = 1e-4, **common
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        projection: str = "mlp",
+        eps: float = 1e-4,
+        standardise: str = "auto",
+        **common,
     ) -> None:
         super().__init__(dim, num_heads, **common)
+        check_number("eps", eps, low=0.0, low_open=True)  # the floor of the normaliser
+        if standardise not in STANDARDISE:
+            raise ValueError(f"standardise must be one of {', '.join(STANDARDISE)}; got {standardise!r}")
+        if standardise == "auto":
+            standardise = "prefix" if self.causal else "sequence"
+        if standardise == "sequence" and self.causal:
+            raise ValueError(
+                'standardise="sequence" reads the statistics of the whole sequence, future tokens included: '
+                'a causal layer takes "prefix" (running statistics) or "none"'
+            )
+        self.standardise = standardise
         width = self.qkv_dim  # Π reads a token's concatenated heads
         if projection == "mlp":
             self.slicer = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, num_heads))
@@ -267,11 +349,35 @@ class SlicedReLUAttention(AttentionLayer):
         self.eps = eps
 
     def attend(self, q, k, v, key_padding_mask):
-        s, t = standardise_scores(
-            slice_tokens(self.slicer, q), slice_tokens(self.slicer, k), key_padding_mask
-        )
-        o = sliced_relu_attention(s, t, v, key_padding_mask, eps=self.eps)  # scores stay in float32+
+        s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
+        if self.standardise == "sequence":
+            s, t = standardise_scores(s, t, key_padding_mask)
+        elif self.standardise == "prefix":
+            s, t = standardise_scores_prefix(s, t, key_padding_mask)
+        # scores stay in float32+
+        o = sliced_relu_attention(s, t, v, key_padding_mask, eps=self.eps, causal=self.causal)
         return self.output_dropout(o)
+
+    def step(
+        self, x_t: torch.Tensor, state: SlicedAttentionState | None = None
+    ) -> tuple[torch.Tensor, SlicedAttentionState]:
+        """Decode one token x_t (B, dim) -> (y_t (B, dim), new state), same weights as `forward`.
+
+        Feeding x_0, x_1, ... gives the rows of `forward(x)` of a causal layer (in eval mode); the
+        state grows by (D + 2) numbers per token and head, and a step costs O(D log² n).
+        """
+        _check_step_input(self, x_t)
+        position = 0 if state is None else state.position
+        q, k, v = self.heads(x_t[:, None, :], offset=position)
+        s, t = slice_tokens(self.slicer, q)[..., 0], slice_tokens(self.slicer, k)[..., 0]
+        stats = None
+        if self.standardise == "prefix":
+            s, t, stats = _standardise_step(s, t, None if state is None else state.stats)
+        o, op_state = sliced_relu_attention_step(
+            s, t, v[:, :, 0], None if state is None else state.op, self.eps
+        )
+        y = self.out_proj(self.output_dropout(o).reshape(x_t.shape[0], self.qkv_dim))
+        return y, SlicedAttentionState(op_state, stats, position + 1)
 
 
 def slice_tokens(slicer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -306,13 +412,51 @@ def standardise_scores(
     return (s - mean) / std, (t - mean) / std
 
 
+def standardise_scores_prefix(
+    s: torch.Tensor, t: torch.Tensor, key_padding_mask: torch.Tensor | None, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal `standardise_scores`: s_i and t_i shifted and scaled by the pooled mean and std of the
+    valid {s_j, t_j : j <= i}, so no score depends on a later token. Unlike the whole-sequence map,
+    each token gets its own (running) map, fixed when it arrives, which is what a decoder can keep.
+    Sums run on scores shifted by the row's first valid key score (a constant: no cancellation from
+    a large common offset). Computed in float32 at least.
+    """
+    acc = accumulation_dtype(s.dtype)
+    s, t = s.to(acc), t.to(acc)
+    weight = torch.ones_like(s[:, :1]) if key_padding_mask is None else key_padding_mask[:, None, :].to(acc)
+    first = weight.argmax(dim=-1, keepdim=True).expand(-1, s.shape[1], -1)  # first valid token
+    shift = torch.gather(t, -1, first)
+    ds, dt = s - shift, t - shift
+    count = (2 * weight).cumsum(-1).clamp_min(1.0)
+    mean = ((ds + dt) * weight).cumsum(-1) / count
+    square = ((ds * ds + dt * dt) * weight).cumsum(-1) / count
+    std = torch.sqrt((square - mean * mean).clamp_min(0.0) + eps)
+    return (ds - mean) / std, (dt - mean) / std
+
+
+def _standardise_step(s, t, stats, eps: float = 1e-6):
+    """One token of `standardise_scores_prefix` from running (shift, count, Σ, Σ²): scores (B, H)."""
+    acc = accumulation_dtype(s.dtype)
+    s, t = s.to(acc), t.to(acc)
+    if stats is None:
+        shift, count, total, squares = t, 0.0, torch.zeros_like(t), torch.zeros_like(t)
+    else:
+        shift, count, total, squares = stats
+    ds, dt = s - shift, t - shift
+    count, total, squares = count + 2, total + ds + dt, squares + ds * ds + dt * dt
+    mean, square = total / count, squares / count
+    std = torch.sqrt((square - mean * mean).clamp_min(0.0) + eps)
+    return (ds - mean) / std, (dt - mean) / std, (shift, count, total, squares)
+
+
 class SlicedReLUBumpAttention(AttentionLayer):
-    """Sliced ReLU-bump attention: linear Π without bias, no standardisation, learned per-head bandwidth."""
+    """Sliced ReLU-bump attention: linear Π without bias, no standardisation, learned per-head bandwidth.
+
+    Causal layers decode with `step`.
+    """
 
     name = "sliced_relu_bump"
-    capabilities = Capabilities(
-        reasons={"causal": _NOT_CAUSAL, "recurrent_step": "no recurrent form"},
-    )
+    capabilities = Capabilities(causal=True, recurrent_step=True)
 
     def __init__(self, dim: int, num_heads: int, **common) -> None:
         super().__init__(dim, num_heads, **common)
@@ -326,5 +470,18 @@ class SlicedReLUBumpAttention(AttentionLayer):
 
     def attend(self, q, k, v, key_padding_mask):
         s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
-        o = sliced_relu_bump_attention(s, t, v, self.bandwidth, key_padding_mask)
+        o = sliced_relu_bump_attention(s, t, v, self.bandwidth, key_padding_mask, causal=self.causal)
         return self.output_dropout(o)
+
+    def step(
+        self, x_t: torch.Tensor, state: SlicedAttentionState | None = None
+    ) -> tuple[torch.Tensor, SlicedAttentionState]:
+        """Decode one token, as `SlicedReLUAttention.step`."""
+        _check_step_input(self, x_t)
+        position = 0 if state is None else state.position
+        q, k, v = self.heads(x_t[:, None, :], offset=position)
+        s, t = slice_tokens(self.slicer, q)[..., 0], slice_tokens(self.slicer, k)[..., 0]
+        previous = None if state is None else state.op
+        o, op_state = sliced_relu_bump_attention_step(s, t, v[:, :, 0], self.bandwidth, previous)
+        y = self.out_proj(self.output_dropout(o).reshape(x_t.shape[0], self.qkv_dim))
+        return y, SlicedAttentionState(op_state, None, position + 1)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from attnlab.attention.precision import accumulation_dtype, no_autocast
 from attnlab.attention.softmax import check_qkv
+from attnlab.attention.triton.runtime import resolve_impl
 
 DEFAULT_CHUNK_SIZE = 64
 
@@ -35,13 +36,28 @@ def linear_attention(
     causal: bool = False,
     eps: float = 1e-6,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """o_i = φ(q_i)ᵀ S / (φ(q_i)ᵀ z + eps) for q, k of shape (B, H, T, D), v (B, H, T, Dv).
 
     Padded keys (`key_padding_mask` False) contribute nothing; outputs at padded queries are zero.
     With `causal`, S and z only sum keys j <= i, computed chunk by chunk (`chunk_size` tokens).
+    `impl` ("auto", "triton", "torch") chooses the causal form's code: "auto" runs the Triton
+    kernel (`attnlab.attention.triton.linear`, its own chunk size) on CUDA tensors other than
+    float64, torch otherwise; the non-causal form is two matmuls and always runs in torch.
     """
     check_qkv(q, k, v, key_padding_mask)
+    use = resolve_impl("linear_attention", impl, q, k, v)
+    if use == "triton" and causal:
+        if torch.float64 not in (q.dtype, k.dtype, v.dtype):
+            from attnlab.attention.triton.linear import causal_linear_attention
+
+            return causal_linear_attention(q, k, v, key_padding_mask, eps)
+        if impl == "triton":
+            raise TypeError(
+                "linear_attention: impl='triton' has no float64 kernel; use impl='torch' or 'auto' "
+                f"for float64 inputs (got {q.dtype}, {k.dtype}, {v.dtype})"
+            )
     with no_autocast(q.device):
         acc = accumulation_dtype(q.dtype)
         phi_q = elu_feature_map(q.to(acc))

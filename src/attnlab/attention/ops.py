@@ -5,6 +5,12 @@ Import from here rather than from the implementation modules, which may be reorg
 
 from __future__ import annotations
 
+from attnlab.attention.causal_sliced import (
+    sliced_relu_attention_state,
+    sliced_relu_attention_step,
+    sliced_relu_bump_attention_state,
+    sliced_relu_bump_attention_step,
+)
 from attnlab.attention.linear import linear_attention, linear_attention_state, linear_attention_step
 from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bump_attention
 from attnlab.attention.softmax import softmax_attention
@@ -14,6 +20,10 @@ __all__ = [
     "linear_attention_state",
     "linear_attention_step",
     "sliced_relu_attention",
+    "sliced_relu_attention_state",
+    "sliced_relu_attention_step",
     "sliced_relu_bump_attention",
+    "sliced_relu_bump_attention_state",
+    "sliced_relu_bump_attention_step",
     "softmax_attention",
 ]

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "causal_sliced_relu_attention",
+    "causal_sliced_relu_bump_attention",
     "linear_attention",
     "sliced_relu_attention",
     "sliced_relu_attention_concat",
@@ -172,3 +174,49 @@ def sliced_relu_attention_concat(
 
     out = 2 * numer / dist.clamp_min(eps)[..., None]
     return torch.where(valid[..., None], out, torch.zeros_like(out))
+
+
+def _causal_allowed(key_padding_mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """Bool ``(B, 1, T_query, T_key)``: key j is real and j <= i."""
+    length = like.shape[2]
+    tril = torch.ones(length, length, dtype=torch.bool, device=like.device).tril()
+    return _key_mask(key_padding_mask, like)[:, :, None, :] & tril
+
+
+def causal_sliced_relu_attention(
+    s: torch.Tensor,
+    t: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """``o_i = 2 Σ_{j≤i} ReLU(s_i − t_j)(v_j − vbar_i) / max(Σ_{j≤i} |s_i − t_j|, eps)``, real j only,
+    ``vbar_i`` the mean of the real ``v_j`` with ``j ≤ i``."""
+    allowed = _causal_allowed(key_padding_mask, s)  # (B, 1, T, T)
+    count = allowed.sum(dim=-1).clamp_min(1)  # (B, 1, T)
+    v_real = torch.where(_key_mask(key_padding_mask, s)[..., None], v, torch.zeros_like(v))
+    vbar = (allowed.to(v.dtype) @ v_real) / count[..., None]  # (B, H, T, D): prefix means
+    diff = s[..., :, None] - t[..., None, :]
+    relu = torch.where(allowed, torch.relu(diff), torch.zeros_like(diff))
+    dist = torch.where(allowed, diff.abs(), torch.zeros_like(diff))
+    numer = relu @ v_real - relu.sum(dim=-1, keepdim=True) * vbar  # Σ_j relu_ij (v_j − vbar_i)
+    out = 2 * numer / dist.sum(dim=-1, keepdim=True).clamp_min(eps)
+    return torch.where(_key_mask(key_padding_mask, s)[..., None], out, torch.zeros_like(out))
+
+
+def causal_sliced_relu_bump_attention(
+    s: torch.Tensor,
+    t: torch.Tensor,
+    v: torch.Tensor,
+    bandwidth: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``o_i = (1/n_i) Σ_{j≤i} max(0, 1 − |s_i − t_j| / b_h) v_j``, n_i real keys with ``j ≤ i``."""
+    allowed = _causal_allowed(key_padding_mask, s)
+    count = allowed.sum(dim=-1).clamp_min(1)
+    diff = s[..., :, None] - t[..., None, :]
+    hat = torch.relu(1 - diff.abs() / bandwidth[None, :, None, None])
+    hat = torch.where(allowed, hat, torch.zeros_like(hat))
+    v_real = torch.where(_key_mask(key_padding_mask, s)[..., None], v, torch.zeros_like(v))
+    out = (hat @ v_real) / count[..., None]
+    return torch.where(_key_mask(key_padding_mask, s)[..., None], out, torch.zeros_like(out))

@@ -28,17 +28,24 @@ Implementation notes (why the code looks the way it does):
 Precision: sums are accumulated in float32 for half/bfloat16/float32 inputs (float64 for float64)
 and the result is cast back. Prefix sums are differences of running totals: a window or a
 tail sum ``P[b] - P[a]`` loses about ``|P| / |P[b] - P[a]|`` ulps, and ``s_i · P_w - P_tw`` loses
-about ``|s_i|·|P_w| / |result|``. Both grow with T and with the magnitude of the scores, so keep
-the scores standardised (the layers do). Measured with standard-normal scores, float32 against
-float64: relative error 2e-6 on the output and <= 1.5e-6 on the gradients at T = 65,536
-(``tests/attention/test_sliced_relu.py`` prints the figures).
+about ``|s_i|·|P_w| / |result|``. So that this does not depend on where the scores sit, each row's
+scores are shifted by one constant (exact: see ``_centre_scores``) and the tables hold centred
+values (ReLU-bump: ``v - vbar``, with ``vbar`` times the hat mass added from float64 scalar tables).
+What remains grows with T and with the scores' spread over the bump width. Measured float32
+against float64: sliced ReLU with standard-normal scores, relative error 2e-6 on the output and
+<= 1.5e-6 on the gradients at T = 65,536, the same at a score offset of 1,000; ReLU-bump at
+T = 16,384, b = 0.005, 4e-4 on the output at offset 0 or 30 (``tests/attention/test_sliced_relu.py``
+prints the figures).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from attnlab.attention.precision import FLOAT_DTYPES, accumulation_dtype, no_autocast
+from attnlab.attention.triton.runtime import IMPLS, resolve_impl
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
 
@@ -187,6 +194,55 @@ def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.einsum("ntd,ntd->nt", a, b)
 
 
+def _centre_scores(s, t, valid, count):
+    """Shift s and t by one constant per row, near the mean of its real scores; padded slots stay 0.
+
+    The kernels depend on s - t only, so the shift changes nothing in exact arithmetic (and needs
+    no gradient), but it does in floating point: the prefix tables of t·v and the products s·P
+    grow with the scores' offset, so at an offset of 100 float32 kept about 3 digits of a narrow
+    bump window. The shift is the mean rounded to a power of two near the scores' spread, so
+    that s - c is exact for any score within about |c| of c (the kernels see the very same
+    differences, kinks and ties included) while the centred scores stay of the order of the spread.
+    """
+    weight = None if valid is None else valid.to(s.dtype)
+    mean = ((s.sum(dim=1) + t.sum(dim=1)) / (2 * count))[:, None]  # padded slots hold 0
+    spread = (s - mean).square() + (t - mean).square()
+    if weight is not None:
+        spread = spread * weight
+    std = (spread.sum(dim=1, keepdim=True) / (2 * count[:, None])).sqrt()
+    step = torch.exp2(torch.floor(torch.log2(std)))  # 0 when all scores are equal
+    ok = (step > 0) & torch.isfinite(step)
+    centre = torch.where(ok, torch.round(mean / torch.where(ok, step, 1.0)) * step, mean)
+    s, t = s - centre, t - centre
+    if valid is not None:
+        s, t = s.masked_fill(~valid, 0.0), t.masked_fill(~valid, 0.0)
+    return s, t
+
+
+def _first_order_only(op_name: str):
+    """Refuse double backward up front: the hand-written backward passes are first order only.
+
+    Run with ``create_graph=True``, they would fail deep inside with an ``out=`` error (or, run
+    without a graph, give silently wrong second derivatives); this names the op and the way out.
+    """
+
+    def decorate(backward):
+        @functools.wraps(backward)
+        def checked(ctx, *grads):
+            if torch.is_grad_enabled():  # the engine enables grad mode only for create_graph=True
+                raise RuntimeError(
+                    f"{op_name}: double backward (create_graph=True, e.g. gradient penalties, "
+                    "Hessian-vector products, gradgradcheck) is not supported: its O(T log T) "
+                    "backward pass is hand-written and first order only. For higher-order "
+                    f"gradients use attnlab.attention.reference.{op_name} (O(T²) memory)."
+                )
+            return backward(ctx, *grads)
+
+        return checked
+
+    return decorate
+
+
 # --------------------------------------------------------------------------------------------
 # Sliced ReLU
 # --------------------------------------------------------------------------------------------
@@ -201,6 +257,7 @@ class _SlicedReLU(torch.autograd.Function):
             return _SlicedReLU._forward(ctx, s, t, v, valid, eps)
 
     @staticmethod
+    @_first_order_only("sliced_relu_attention")
     def backward(ctx, grad_out):
         with no_autocast(grad_out.device):
             return _SlicedReLU._backward(ctx, grad_out)
@@ -212,6 +269,7 @@ class _SlicedReLU(torch.autograd.Function):
         if valid is not None:  # padded slots get harmless finite scores
             s = s.masked_fill(~valid, 0.0)
             t = t.masked_fill(~valid, 0.0)
+        s, t = _centre_scores(s, t, valid, count)
         t_search, t_sorted, order = _sort_real_first(t, valid)
 
         # Prefix sums over sorted keys of w = v - vbar, of t·w and of t. Padded keys sit after
@@ -339,6 +397,18 @@ def _hat_terms(lo, mid, hi, centres, width, coef):
     return rows, scored
 
 
+def _key_windows(p_t, lo, mid, hi, dtype):
+    """Key counts and key-score sums of the windows (c - b, c] and (c, c + b) of every centre c.
+
+    ``p_t`` is the float64 exclusive prefix sum of the sorted key scores: unlike the vector tables,
+    its running total is of order T·E|t| (no sign cancellation), so its differences are taken in
+    float64 (an (N, T) table: cheap) before the result is rounded to ``dtype``.
+    """
+    left_n, right_n = (mid - lo).to(dtype), (hi - mid).to(dtype)
+    at_lo, at_mid, at_hi = (torch.gather(p_t, 1, k) for k in (lo, mid, hi))
+    return left_n, right_n, (at_mid - at_lo).to(dtype), (at_hi - at_mid).to(dtype)
+
+
 class _SlicedReLUBump(torch.autograd.Function):
     """Rows ``s, t (N, T)``, ``v (N, T, D)``, per-row bandwidth ``b (N, 1)``; ``valid`` or None."""
 
@@ -348,6 +418,7 @@ class _SlicedReLUBump(torch.autograd.Function):
             return _SlicedReLUBump._forward(ctx, s, t, v, b, valid)
 
     @staticmethod
+    @_first_order_only("sliced_relu_bump_attention")
     def backward(ctx, grad_out):
         with no_autocast(grad_out.device):
             return _SlicedReLUBump._backward(ctx, grad_out)
@@ -359,11 +430,17 @@ class _SlicedReLUBump(torch.autograd.Function):
         if valid is not None:
             s = s.masked_fill(~valid, 0.0)
             t = t.masked_fill(~valid, 0.0)
+        s, t = _centre_scores(s, t, valid, count)
         t_search, t_sorted, order = _sort_real_first(t, valid)
-        p_v = _sorted_rows(v, order, None, None)  # padded rows are never read (see _SlicedReLU)
+        # Tables of the centred values w = v - vbar (running totals stay of order sqrt(T) instead of
+        # T·|vbar|); vbar comes back as vbar · (hat mass), from the scalar tables below.
+        # Padded rows are never read (see _SlicedReLU).
+        vbar = _masked_mean_rows(v, valid, count)
+        p_v = _sorted_rows(v, order, vbar, None)
         p_tv = _times_scores(p_v, t_sorted)
         _cumsum_rows_(p_v)
         _cumsum_rows_(p_tv)
+        p_t = _exclusive_cumsum(t_sorted.to(torch.float64))
 
         lo, mid, hi = _hat_windows(t_search, s, b)
         coef = (1.0 / (count[:, None] * b)).expand(-1, length)  # 1 / (n b)
@@ -372,14 +449,18 @@ class _SlicedReLUBump(torch.autograd.Function):
         rows, scored = _hat_terms(lo, mid, hi, s, b, coef)
         out, _, buffer = _gather_combine(p_v, rows)
         out, _, _ = _gather_combine(p_tv, scored, out=out, buffer=buffer)
+        # (1/n) Σ_j hat(s_i - t_j) = coef · ((b - s) n_left + t_left + (b + s) n_right - t_right)
+        left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, s.dtype)
+        mass = coef * ((b - s) * left_n + left_t + (b + s) * right_n - right_t)
+        out.addcmul_(mass[..., None], vbar[:, None, :])
 
-        ctx.save_for_backward(s, t, v, b, t_search, p_v, p_tv, lo, mid, hi, coef)
+        ctx.save_for_backward(s, t, v, b, t_search, p_v, p_tv, p_t, vbar, lo, mid, hi, coef)
         ctx.valid = valid
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
-        s, t, v, b, t_search, p_v, p_tv, lo, mid, hi, coef = ctx.saved_tensors
+        s, t, v, b, t_search, p_v, p_tv, p_t, vbar, lo, mid, hi, coef = ctx.saved_tensors
         valid = ctx.valid
         grad_out = grad_out.contiguous()
 
@@ -387,6 +468,8 @@ class _SlicedReLUBump(torch.autograd.Function):
         #   dL/ds_i = coef g_i · (Σ_{t∈(s,s+b)} v - Σ_{t∈(s-b,s)} v)
         #           = coef g_i · (P[hi] - P[mid] + P[lo] - P[below])   (keys tied with s_i drop out)
         #   dL/db   = Σ_i coef/b · g_i · Σ_{|r|<b} |r| v_j = coef/b · g_i · (s (L - R) + R_x - L_x).
+        # The tables hold w = v - vbar: window sums of v add vbar times the window's key count
+        # (resp. its key-score sum), i.e. g·vbar times a scalar window term.
         below = torch.searchsorted(t_search, s, side="left")  # #{t < s}
         _, (g_lo, g_mid, g_hi, g_below), buffer = _gather_combine(
             p_v, [(lo, None), (mid, None), (hi, None), (below, None)], dots_with=grad_out
@@ -394,9 +477,12 @@ class _SlicedReLUBump(torch.autograd.Function):
         _, (gx_lo, gx_mid, gx_hi), buffer = _gather_combine(
             p_tv, [(lo, None), (mid, None), (hi, None)], dots_with=grad_out, buffer=buffer
         )
-        grad_s = coef * (g_hi - g_mid + g_lo - g_below)
-        left, right = g_mid - g_lo, g_hi - g_mid
-        left_x, right_x = gx_mid - gx_lo, gx_hi - gx_mid
+        g_vbar = torch.bmm(grad_out, vbar[:, :, None])[..., 0]
+        left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, s.dtype)
+        tied = (mid - below).to(s.dtype)  # keys with t = s: in the left window, not in the derivative
+        grad_s = coef * (g_hi - g_mid + g_lo - g_below + g_vbar * (right_n - left_n + tied))
+        left, right = g_mid - g_lo + g_vbar * left_n, g_hi - g_mid + g_vbar * right_n
+        left_x, right_x = gx_mid - gx_lo + g_vbar * left_t, gx_hi - gx_mid + g_vbar * right_t
         grad_b = (coef / b * (s * (left - right) + right_x - left_x)).sum(dim=1, keepdim=True)
 
         # Keys: the same windows with queries and keys exchanged (the hat is symmetric), on
@@ -463,12 +549,22 @@ def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.reshape(-1, *x.shape[2:]).to(dtype).contiguous()
 
 
+def _torch_only_causal(op: str, impl: str) -> None:
+    """The causal ops have no Triton kernel yet: ``auto`` runs the torch code, ``triton`` is refused."""
+    if impl not in IMPLS:
+        raise ValueError(f"{op}: impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
+    if impl == "triton":
+        raise ValueError(f"{op}: causal=True has no Triton kernel yet; use impl='auto' or impl='torch'")
+
+
 def sliced_relu_attention(
     s: torch.Tensor,
     t: torch.Tensor,
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-4,
+    causal: bool = False,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Exact sliced ReLU attention in O(T log T): ``(B, H, T, D)`` output.
 
@@ -476,15 +572,29 @@ def sliced_relu_attention(
     mean ``vbar`` over real keys. ``s`` (query scores) and ``t`` (key scores) are ``(B, H, T)``,
     ``v`` is ``(B, H, T, D)``, ``key_padding_mask`` a bool ``(B, T)`` with True = real token.
     Padded query positions output zeros. Differentiable in ``s``, ``t`` and ``v``.
+    ``causal=True``: keys j <= i only, every statistic over that prefix, in O(T log² T)
+    (``attnlab.attention.causal_sliced``; torch code only, no Triton kernel yet). ``impl``:
+    ``"auto"`` (Triton kernels for CUDA tensors, this torch code otherwise), ``"triton"`` or
+    ``"torch"`` (see ``attnlab.attention.triton``).
     """
     _check_inputs("sliced_relu_attention", s, t, v, key_padding_mask)
     if not eps > 0:
         raise ValueError(f"sliced_relu_attention: eps must be > 0, got {eps}")
+    if causal:
+        from attnlab.attention.causal_sliced import causal_sliced_relu_attention
+
+        _torch_only_causal("sliced_relu_attention", impl)
+        return causal_sliced_relu_attention(s, t, v, key_padding_mask, eps)
+    impl = resolve_impl("sliced_relu_attention", impl, s, t, v)
     batch, heads, length, dim = v.shape
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
     valid = _valid_rows(key_padding_mask, heads)
     if valid is not None:
         valid = valid.to(v.device)
+    if impl == "triton":
+        from attnlab.attention.triton import sliced
+
+        return sliced.sliced_relu(s, t, v, valid, eps, acc)
     out = _SlicedReLU.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, float(eps))
     return out.view(batch, heads, length, dim).to(v.dtype)
 
@@ -495,14 +605,19 @@ def sliced_relu_bump_attention(
     v: torch.Tensor,
     bandwidth: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
+    causal: bool = False,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Exact sliced ReLU-bump attention in O(T log T): ``(B, H, T, D)`` output.
 
     ``o_i = (1/n) Σ_j max(0, 1 - |s_i - t_j| / b_h) v_j`` over the n real keys (values are not
-    centred). ``bandwidth`` is a positive ``(H,)`` tensor, one width per head, and receives a
+    centred). ``bandwidth`` is a positive finite ``(H,)`` tensor, one width per head, and receives a
     gradient (it is a learned parameter of the layer). Other arguments as in
     ``sliced_relu_attention``. The window sums are prefix-sum differences, so in float32 very
-    narrow bandwidths at long T lose precision (the window is small next to the running totals).
+    narrow bandwidths at long T lose precision (the window is small next to the running totals);
+    the scores' offset does not matter (the op centres them).
+    ``causal=True``: keys j <= i only, n_i = real keys j <= i, in O(T log² T) (torch code only).
+    ``impl`` as in ``sliced_relu_attention``.
     """
     _check_inputs("sliced_relu_bump_attention", s, t, v, key_padding_mask)
     batch, heads, length, dim = v.shape
@@ -515,15 +630,27 @@ def sliced_relu_bump_attention(
         raise TypeError(
             f"sliced_relu_bump_attention: bandwidth must be a float tensor, got {bandwidth.dtype}"
         )
-    positive = "sliced_relu_bump_attention: bandwidth must be > 0 everywhere"
+    # b = inf would be the plain mean of v, but the window formula turns it into inf - inf = NaN
+    positive = "sliced_relu_bump_attention: bandwidth must be finite and > 0 everywhere"
+    good = ((bandwidth > 0) & torch.isfinite(bandwidth)).all()
     if bandwidth.is_cuda:  # checked on the device: a host-side check would stall every layer call
-        torch._assert_async((bandwidth > 0).all(), positive)
-    elif not bool((bandwidth > 0).all()):
+        torch._assert_async(good, positive)
+    elif not bool(good):
         raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
+    if causal:
+        from attnlab.attention.causal_sliced import causal_sliced_relu_bump_attention
+
+        _torch_only_causal("sliced_relu_bump_attention", impl)
+        return causal_sliced_relu_bump_attention(s, t, v, bandwidth, key_padding_mask)
+    impl = resolve_impl("sliced_relu_bump_attention", impl, s, t, v)
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
     valid = _valid_rows(key_padding_mask, heads)
     if valid is not None:
         valid = valid.to(v.device)
     width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
+    if impl == "triton":
+        from attnlab.attention.triton import sliced
+
+        return sliced.sliced_relu_bump(s, t, v, width, valid, acc)
     out = _SlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid)
     return out.view(batch, heads, length, dim).to(v.dtype)

@@ -10,6 +10,11 @@ on GPU and the process's peak resident set size on CPU.
 Under DDP every figure is per device, and at the end of training the ranks' rates are summed with
 an all-reduce into ``train_samples_per_sec_total`` / ``train_tokens_per_sec_total`` (a sum of what
 each rank measured, not the per-device rate times the world size: ranks differ, e.g. in lengths).
+
+FLOPs and MFU (``attnlab.flops``): the model's forward FLOPs are counted on every training step by
+forward hooks (analytic, per backend), a step counts 3 × its forward, and ``perf/train_tflops_per_sec``
+and ``perf/mfu`` (achieved / peak FLOP/s) are logged when a peak is known: ``peak_flops`` (FLOP/s per
+device, the override) or, on CUDA, the device table for the trainer's precision.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+
+from attnlab.flops import FlopCounter, peak_flops, precision_dtype
 
 
 def _sync(device: torch.device) -> None:
@@ -44,9 +51,16 @@ def _count(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
 
 
 class ThroughputMonitor(L.Callback):
-    def __init__(self, warmup_steps: int = 10, log_every_n_steps: int = 50):
+    def __init__(self, warmup_steps: int = 10, log_every_n_steps: int = 50, peak_flops: float | None = None):
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if peak_flops is not None and not (isinstance(peak_flops, int | float) and peak_flops > 0):
+            raise ValueError(
+                f"peak_flops must be a positive number of FLOP/s per device or null, got {peak_flops!r}"
+            )
+        self.peak_flops: float | None = peak_flops
+        self.flop_counter: FlopCounter | None = None
+        self.train_flops = 0.0
         self.warmup_steps, self.log_every_n_steps = warmup_steps, log_every_n_steps
         self.train_time = self.train_samples = self.train_tokens = self.train_steps = 0
         self.eval_time = self.eval_samples = 0
@@ -54,8 +68,23 @@ class ThroughputMonitor(L.Callback):
         self._seen_steps = 0
         self.total: dict[str, float] | None = None  # summed over ranks at the end of training
 
+    # ---- FLOPs ------------------------------------------------------------------------------
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit" and self.flop_counter is None:
+            self.flop_counter = FlopCounter().attach(pl_module)
+            if self.peak_flops is None and pl_module.device.type == "cuda":
+                name = torch.cuda.get_device_name(pl_module.device)
+                self.peak_flops = peak_flops(name, precision_dtype(trainer.precision))
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self.flop_counter is not None:
+            self.flop_counter.detach()
+            self.flop_counter = None
+
     # ---- training -------------------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.flop_counter is not None:
+            self.flop_counter.reset()
         _sync(pl_module.device)
         self._t0 = time.perf_counter()
 
@@ -70,6 +99,8 @@ class ThroughputMonitor(L.Callback):
         self.train_samples += samples
         self.train_tokens += tokens
         self.train_steps += 1
+        if self.flop_counter is not None:
+            self.train_flops += self.flop_counter.training_flops()
         if self.train_steps % self.log_every_n_steps == 0:
             pl_module.log_dict(self.train_metrics(pl_module.device), on_step=True, on_epoch=False)
 
@@ -110,12 +141,17 @@ class ThroughputMonitor(L.Callback):
     def train_metrics(self, device: torch.device) -> dict[str, float]:
         if self.train_steps == 0:
             return {"perf/peak_mem_mb": peak_memory_mb(device)}
-        return {
+        metrics = {
             "perf/train_samples_per_sec": self.train_samples / self.train_time,
             "perf/train_tokens_per_sec": self.train_tokens / self.train_time,
             "perf/step_ms": 1000.0 * self.train_time / self.train_steps,
             "perf/peak_mem_mb": peak_memory_mb(device),
         }
+        if self.train_flops > 0:
+            metrics["perf/train_tflops_per_sec"] = self.train_flops / self.train_time / 1e12
+            if self.peak_flops:
+                metrics["perf/mfu"] = self.train_flops / self.train_time / self.peak_flops
+        return metrics
 
     def results(self, device: torch.device) -> dict[str, float | None]:
         """Per-device figures for the run summary, and the totals over ranks (None where not measured)."""
@@ -129,6 +165,8 @@ class ThroughputMonitor(L.Callback):
             "step_ms": metrics.get("perf/step_ms"),
             "eval_samples_per_sec": self.eval_samples / self.eval_time if self.eval_time > 0 else None,
             "peak_mem_mb": metrics["perf/peak_mem_mb"],
+            "train_tflops_per_sec": metrics.get("perf/train_tflops_per_sec"),
+            "mfu": metrics.get("perf/mfu"),
         }
 
     def _sum_over_ranks(self, trainer, device: torch.device) -> dict[str, float] | None:
@@ -166,6 +204,7 @@ class ThroughputMonitor(L.Callback):
             "eval_time",
             "eval_samples",
             "_seen_steps",
+            "train_flops",
         )
         return {k: getattr(self, k) for k in keys}
 

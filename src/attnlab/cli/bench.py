@@ -4,7 +4,13 @@ For every backend and sequence length T the op runs on random inputs of shape (B
 (scores (B, H, T) for the sliced backends) in two modes: `fwd`, an inference forward under
 `torch.no_grad()`, and `fwdbwd`, a forward plus a backward pass to every input. The
 `linear_decode` row is one recurrent decoding step (`linear_attention_step`) at position T, after
-a prefix of T tokens prefilled untimed: its time and memory stay flat in T. Time is the
+a prefix of T tokens prefilled untimed: its time and memory stay flat in T. `sliced_relu_decode`
+is one step of causal sliced ReLU (`sliced_relu_attention_step`: sorted runs, O(D log² T)) and
+`softmax_decode` one step of softmax attention over a preallocated KV cache of T tokens; the
+`state_mb` column is the decoding state each keeps of the past ((D + 2) and 2·D numbers per token
+and head; constant for linear). The sliced step at T = 2^k merges no run (the amortised cost
+includes merges, up to O(T·D) for the step that completes a run). `sliced_relu_causal` and
+`sliced_relu_bump_causal` (not in the default list) run the causal parallel ops. Time is the
 median of `--repeats` calls after one warm-up call (CUDA is synchronised around each call).
 Peak memory is the largest amount of tensor memory allocated *on top of* what was live before
 the call (so the inputs themselves are excluded), measured during the warm-up call: on CUDA with
@@ -52,6 +58,8 @@ DEFAULT_BACKENDS = [
     "linear",
     "sliced_relu_concat",
     "linear_decode",
+    "sliced_relu_decode",
+    "softmax_decode",
 ]
 DEFAULT_SEQ_LENS = [1024, 4096, 16384, 65536]
 MODES = ("fwd", "fwdbwd")
@@ -100,8 +108,64 @@ def _decode_inputs(batch, heads, length, dim, dtype, device, generator):
     return [*token, state]
 
 
+def _sliced_decode_inputs(batch, heads, length, dim, dtype, device, generator):
+    """One new token and the sorted-runs state of a causal sliced ReLU prefix of ``length`` tokens."""
+    from attnlab.attention.ops import sliced_relu_attention_state
+
+    t, _, v = _score_inputs(batch, heads, length, dim, dtype, device, generator)
+    state = sliced_relu_attention_state(t, v)
+    token = [torch.randn(batch, heads, generator=generator).to(device, dtype) for _ in range(2)]
+    return [*token, torch.randn(batch, heads, dim, generator=generator).to(device, dtype), state]
+
+
+def _kv_cache_inputs(batch, heads, length, dim, dtype, device, generator):
+    """One new token and a KV cache holding ``length`` tokens, with room for one more."""
+    k, v = _qkv_inputs(batch, heads, length, dim, dtype, device, generator)[:2]
+    cache = [torch.cat([x, torch.zeros_like(x[:, :, :1])], dim=2) for x in (k, v)]
+    token = [torch.randn(batch, heads, dim, generator=generator).to(device, dtype) for _ in range(3)]
+    return [*token, tuple(cache)]
+
+
+def softmax_kv_cache_step(q_t, k_t, v_t, cache):
+    """One softmax decoding step: write the token into the last cache slot, attend over the cache."""
+    k_cache, v_cache = cache
+    k_cache[:, :, -1] = k_t
+    v_cache[:, :, -1] = v_t
+    return torch.nn.functional.scaled_dot_product_attention(q_t[:, :, None], k_cache, v_cache)[:, :, 0]
+
+
+def state_bytes(obj) -> int:
+    """Bytes of the tensors in a (nested) decoding state."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, tuple | list):
+        return sum(state_bytes(item) for item in obj)
+    return 0
+
+
+# op names of forced variants: the torch code where "auto" would take Triton on CUDA, causal linear
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "sliced_relu_attention_torch": ("sliced_relu_attention", {"impl": "torch"}),
+    "sliced_relu_bump_attention_torch": ("sliced_relu_bump_attention", {"impl": "torch"}),
+    "linear_attention_causal": ("linear_attention", {"causal": True}),
+    "linear_attention_causal_torch": ("linear_attention", {"causal": True, "impl": "torch"}),
+}
+
+
 def _op(name: str) -> Callable:
     """The op behind a backend, imported on first use (the facade `attnlab.attention.ops`)."""
+    if name == "softmax_kv_cache_step":
+        return softmax_kv_cache_step
+    if name.startswith("causal:"):
+        from attnlab.attention import ops
+
+        op = getattr(ops, name.removeprefix("causal:"))
+        return lambda *args: op(*args, causal=True)
+    if name in VARIANTS:
+        import functools
+
+        base, keywords = VARIANTS[name]
+        return functools.partial(_op(base), **keywords)
     if name == "sliced_relu_concat":
         from attnlab.attention.reference import sliced_relu_attention_concat
 
@@ -118,10 +182,19 @@ BACKENDS: dict[str, tuple[str, Callable]] = {
     "sliced_relu": ("sliced_relu_attention", _score_inputs),
     "sliced_relu_bump": ("sliced_relu_bump_attention", _bump_inputs),
     "sliced_relu_concat": ("sliced_relu_concat", _score_inputs),
+    # on CUDA the plain names run the Triton kernels (impl="auto"); these force the torch code
+    "sliced_relu_torch": ("sliced_relu_attention_torch", _score_inputs),
+    "sliced_relu_bump_torch": ("sliced_relu_bump_attention_torch", _bump_inputs),
+    "linear_causal": ("linear_attention_causal", _qkv_inputs),
+    "linear_causal_torch": ("linear_attention_causal_torch", _qkv_inputs),
     # one recurrent decoding step at position T: its time and memory must not grow with T
     "linear_decode": ("linear_attention_step", _decode_inputs),
+    "sliced_relu_decode": ("sliced_relu_attention_step", _sliced_decode_inputs),
+    "softmax_decode": ("softmax_kv_cache_step", _kv_cache_inputs),
+    "sliced_relu_causal": ("causal:sliced_relu_attention", _score_inputs),
+    "sliced_relu_bump_causal": ("causal:sliced_relu_bump_attention", _bump_inputs),
 }
-INFERENCE_ONLY = {"linear_decode"}
+INFERENCE_ONLY = {"linear_decode", "sliced_relu_decode", "softmax_decode"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,6 +217,7 @@ class Cell:
     time_ms_min: float = math.nan
     repeats: int = 0
     peak_mem_mb: float = math.nan
+    state_mb: float = math.nan  # decoding rows: the state kept of the past
     note: str = field(default="")
 
 
@@ -291,6 +365,8 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> l
                     if inputs is None:
                         generator = torch.Generator().manual_seed(args.seed)
                         inputs = build(args.batch, args.heads, length, args.dim, dtype, device, generator)
+                    if backend in INFERENCE_ONLY:
+                        cell.state_mb = state_bytes(inputs[-1]) / 2**20
                     if mode == "fwdbwd":
                         for x in inputs:
                             x.requires_grad_(True)
@@ -316,14 +392,18 @@ def run_bench(args: argparse.Namespace, log: Callable[[str], None] = print) -> l
 # Output: table, CSV, plot
 # --------------------------------------------------------------------------------------------
 
-_HEADER = f"{'backend':<20} {'mode':<7} {'T':>7} {'status':<8} {'time_ms':>11} {'peak_mem_mb':>12}  note"
+_HEADER = (
+    f"{'backend':<23} {'mode':<7} {'T':>7} {'status':<8} {'time_ms':>11} {'peak_mem_mb':>12} "
+    f"{'state_mb':>9}  note"
+)
 
 
 def _format_row(cell: Cell) -> str:
     time_text = f"{cell.time_ms:11.2f}" if cell.status == "ok" else f"{'-':>11}"
     mem_text = f"{cell.peak_mem_mb:12.1f}" if not math.isnan(cell.peak_mem_mb) else f"{'-':>12}"
-    head = f"{cell.backend:<20} {cell.mode:<7} {cell.seq_len:>7} {cell.status:<8}"
-    return f"{head} {time_text} {mem_text}  {cell.note}"
+    state_text = f"{cell.state_mb:9.2f}" if not math.isnan(cell.state_mb) else f"{'-':>9}"
+    head = f"{cell.backend:<23} {cell.mode:<7} {cell.seq_len:>7} {cell.status:<8}"
+    return f"{head} {time_text} {mem_text} {state_text}  {cell.note}"
 
 
 def write_csv(cells: list[Cell], path: Path) -> None:
@@ -433,6 +513,8 @@ def main_attention(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     title = f"attention ops, B={args.batch} H={args.heads} D={args.dim} {args.dtype} on {args.device}"
+    if args.device == "cuda":
+        title += f" ({torch.cuda.get_device_name()})"
     if args.device == "cpu":
         tuning = "".join(f" {k}={os.environ[k]}" for k in ALLOCATOR_SETTINGS if k in os.environ)
         title += f" ({torch.get_num_threads()} threads{tuning})"

@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "bench": "attnlab.cli.bench",
     "report": "attnlab.cli.report",
     "data": "attnlab.cli.data",
+    "dashboard": "attnlab.cli.dashboard",
 }
 
 

@@ -3,12 +3,14 @@
 An example is a dict with ``input_ids`` (1-D LongTensor of token ids, 0 is always padding),
 ``label`` (int) and, for two-sequence tasks (Retrieval), ``input_ids2``. `pad_collate` turns a
 list of examples into a batch with ``mask`` (bool, True = real token) next to each id tensor,
-which is the ``key_padding_mask`` the attention layers take.
+which is the ``key_padding_mask`` the attention layers take. Id 0 is masked wherever it stands,
+inside a sequence too: that is how ``zero_pixels="padding"`` keeps black pixels out of attention.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import math
 import random
 import warnings
@@ -20,16 +22,78 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from attnlab.errors import ConfigError, UserError
+
 PAD_ID = 0
+ON_BAD_ROWS = ("error", "skip")
+#: What pixel value 0 is in Image / Pathfinder / Path-X. ``padding``: LRA's rule; the pixel value is
+#: the token, so black pixels are id 0 and masked out of attention (LRA's encoder masks ``inputs > 0``).
+#: ``token``: every pixel is a real token, ``pixel + 1``, attended like any other.
+ZERO_PIXELS = ("padding", "token")
+SKIP_HINT = "set task.data.on_bad_rows=skip to skip such rows"
+
+log = logging.getLogger("attnlab.data")
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A data file is malformed; the message names the file (and line when there is one)."""
 
     def __init__(self, path: str | Path, message: str, line: int | None = None):
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {message}")
-        self.path, self.line = Path(path), line
+        self.path, self.line, self.reason = Path(path), line, message
+
+
+def check_choice(key: str, value, allowed: Sequence) -> None:
+    """A config value outside its allowed set fails with the key, the value and the choices."""
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+
+
+class BadRows:
+    """Applies ``on_bad_rows`` while a file is read, so no loader decides it on its own.
+
+    ``error`` (the default) raises the first bad row's `DataError`, with a hint to skip; ``skip``
+    counts bad rows and keeps the first as an example, for one warning at the end (`report`).
+    Bad rows are rows of an otherwise readable file: a wrong header or an empty split stays an error.
+    """
+
+    def __init__(self, on_bad_rows: str = "error"):
+        check_choice("on_bad_rows", on_bad_rows, ON_BAD_ROWS)
+        self.policy, self.count, self.first = on_bad_rows, 0, None
+
+    def add(self, error: DataError) -> None:
+        if self.policy == "error":
+            raise DataError(error.path, f"{error.reason} ({SKIP_HINT})", error.line) from None
+        self.count += 1
+        self.first = self.first or error
+
+    def report(self, what: str, total: int | None = None) -> None:
+        """One warning that counts the skipped rows of ``what`` and names the first one."""
+        if self.count:
+            of = f" of {total:,}" if total is not None else ""
+            log.warning(
+                "%s: skipped %d bad rows%s (on_bad_rows=skip), first: %s", what, self.count, of, self.first
+            )
+
+
+def pixel_offset(zero_pixels: str) -> int:
+    """What is added to a pixel value to make its token id under the ``zero_pixels`` rule."""
+    check_choice("zero_pixels", zero_pixels, ZERO_PIXELS)
+    return 0 if zero_pixels == "padding" else 1
+
+
+def describe_zero_pixels(zero_pixels: str) -> str:
+    """The rule in words, for ``data_source``."""
+    if zero_pixels == "padding":
+        return "pixel 0 = padding (black pixels masked out of attention, as LRA's inputs > 0)"
+    return "pixel 0 = token (tokens are pixel + 1; every pixel attended)"
+
+
+def require_examples(dataset: TokenSequenceDataset, where: str | Path, what: str = "example") -> None:
+    """An empty split is an error: training or evaluating on nothing would look like a result."""
+    if len(dataset) == 0:
+        raise DataError(where, f"no {what} to read: this split would be empty")
 
 
 class MissingDataError(FileNotFoundError):
@@ -83,10 +147,9 @@ def _pad(tensors: list[torch.Tensor], pad_to_multiple_of: int) -> tuple[torch.Te
     length = max(1, max(len(t) for t in tensors))
     length = math.ceil(length / pad_to_multiple_of) * pad_to_multiple_of
     ids = torch.full((len(tensors), length), PAD_ID, dtype=torch.long)
-    mask = torch.zeros((len(tensors), length), dtype=torch.bool)
     for row, tensor in enumerate(tensors):
         ids[row, : len(tensor)] = tensor
-        mask[row, : len(tensor)] = True
+    mask = ids != PAD_ID  # 0 is padding wherever it stands (black pixels under zero_pixels=padding)
     return ids, mask
 
 

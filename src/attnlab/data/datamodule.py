@@ -1,10 +1,13 @@
 """One LightningDataModule for every token-sequence task; the task's data comes from a *source*.
 
 A source knows one dataset family (ListOps, Pathfinder, ...): ``prepare()`` generates or checks
-files (run once per node, before training), ``load()`` returns the ``train``/``val``/``test``
-datasets, and ``description`` says which files or generator fed the run (logged, and written to
-``summary.json`` as ``data_source``). This module only batches: length buckets for training,
-length-sorted batches for evaluation, padding masks everywhere.
+files (run once per node, before training), ``load(on_bad_rows=...)`` returns the
+``train``/``val``/``test`` datasets, and ``description`` says which files or generator fed the run
+(logged, and written to ``summary.json`` as ``data_source``). This module holds the reading policies
+the config sets (``on_bad_rows``: a malformed row stops the run, or is skipped and counted;
+``zero_pixels``, for sources with ``reads_pixels``: is pixel value 0 padding, as in LRA, or a token)
+and batches: length buckets for training, length-sorted batches for evaluation, padding masks
+everywhere.
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from attnlab.data.common import LengthBucketSampler, ResumableDataLoader, TokenSequenceDataset, pad_collate
+from attnlab.data.common import (
+    ON_BAD_ROWS,
+    ZERO_PIXELS,
+    DataError,
+    LengthBucketSampler,
+    ResumableDataLoader,
+    TokenSequenceDataset,
+    check_choice,
+    pad_collate,
+)
 from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -30,7 +42,7 @@ class DataSource(Protocol):
 
     def prepare(self) -> None: ...
 
-    def load(self) -> dict[str, TokenSequenceDataset]: ...
+    def load(self, on_bad_rows: str = "error") -> dict[str, TokenSequenceDataset]: ...
 
     @property
     def description(self) -> str: ...
@@ -46,11 +58,21 @@ class SequenceDataModule(L.LightningDataModule):
         bucket_by_length: bool = True,
         pad_to_multiple_of: int = 1,
         seed: int = 0,
+        on_bad_rows: str = "error",
+        zero_pixels: str | None = None,
     ):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.source = source
+        check_choice("task.data.on_bad_rows", on_bad_rows, ON_BAD_ROWS)
+        if zero_pixels is not None:
+            check_choice("task.data.zero_pixels", zero_pixels, ZERO_PIXELS)
+            if not getattr(source, "reads_pixels", False):
+                raise ValueError(
+                    f"task.data.zero_pixels applies to pixel tasks (image, pathfinder, pathx); the "
+                    f"{source.name!r} source reads no pixels: remove zero_pixels={zero_pixels!r}"
+                )
+        self.source, self.on_bad_rows, self.zero_pixels = source, on_bad_rows, zero_pixels
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.bucket_by_length = num_workers, bucket_by_length
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
@@ -62,10 +84,16 @@ class SequenceDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        self.datasets = self.source.load()
+        policies = {"on_bad_rows": self.on_bad_rows}
+        if self.zero_pixels is not None:  # else the source's own default
+            policies["zero_pixels"] = self.zero_pixels
+        self.datasets = self.source.load(**policies)
         missing = [s for s in SPLITS if s not in self.datasets]
         if missing:
             raise ValueError(f"data source {self.source.name!r} returned no {', '.join(missing)} split")
+        empty = [s for s in SPLITS if len(self.datasets[s]) == 0]
+        if empty:  # the sources check their files; this catches any source that does not
+            raise DataError(self.source.description, f"the {', '.join(empty)} split is empty")
         sizes = ", ".join(f"{s} {len(self.datasets[s]):,}" for s in SPLITS)
         log.info("data: %s (%s)", self.source.description, sizes)
 

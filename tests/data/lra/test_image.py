@@ -235,3 +235,22 @@ def test_describe(data_dir, tmp_path_factory):
     empty = image.describe(tmp_path_factory.mktemp("empty"))
     assert not any(v["present"] for v in empty["splits"].values())
     assert empty["splits"]["val"]["expected_examples"] == 5_000
+
+
+def test_an_empty_split_is_an_error_naming_the_files(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    for b in range(5):
+        write_batch(folder / f"data_batch_{b + 1}", make_images(0, PER_BATCH), [0] * PER_BATCH)
+    write_batch(folder / "test_batch", np.zeros((0, 3072), np.uint8), [])
+    with pytest.raises(DataError, match="no image") as info:
+        image.load_cifar10_grey(tmp_path, "test")
+    assert str(folder / "test_batch") in str(info.value)
+
+
+def test_zero_pixels_padding_keeps_grey_levels_so_black_is_padding(data_dir):
+    token = image.load_cifar10_grey(data_dir, "train")  # image 0 is all black: grey level 0
+    padding = image.load_cifar10_grey(data_dir, "train", zero_pixels="padding")
+    assert token[0]["input_ids"].unique().tolist() == [1] and padding[0]["input_ids"].unique().tolist() == [0]
+    assert (padding[5]["input_ids"] + 1).tolist() == token[5]["input_ids"].tolist()
+    with pytest.raises(ValueError, match=r"zero_pixels='black'.*padding, token"):
+        image.load_cifar10_grey(data_dir, "train", zero_pixels="black")

@@ -443,3 +443,37 @@ def test_load_split_names_the_line_of_a_bad_token(tmp_path):
     path.write_text("Source\tTarget\n[MAX 2 9 ]\t9\n[FIRST 2 9 ]\t2\n")
     with pytest.raises(DataError, match=r"basic_val.tsv:3: unknown token '\[FIRST'"):
         load_split(path)
+
+
+# --- strict reading (issue 9, item 4) -----------------------------------------------------------
+
+
+def test_a_split_with_no_rows_is_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "basic_test.tsv"
+    path.write_text("Source\tTarget\n")
+    with pytest.raises(DataError, match="no example") as error:
+        load_split(path)
+    assert str(error.value).startswith(f"{path}: ")
+
+
+def test_a_non_utf8_row_names_file_and_line(tmp_path):
+    path = tmp_path / "basic_train.tsv"
+    path.write_bytes(b"Source\tTarget\n[MAX 2 9 ]\t9\n[MIN 2 \xff 9 ]\t2\n")
+    with pytest.raises(DataError, match="not valid UTF-8") as error:
+        load_split(path)
+    assert str(error.value).startswith(f"{path}:3: ") and "on_bad_rows=skip" in str(error.value)
+
+
+def test_on_bad_rows_skip_keeps_the_good_rows_and_counts_the_others(tmp_path, caplog):
+    path = tmp_path / "basic_train.tsv"
+    path.write_bytes(
+        b"Source\tTarget\n[MAX 2 9 ]\t9\n[MIN 2 \xff 9 ]\t2\n[MIN 2 9 ]\tnine\n"
+        b"[SM 1 2 ]\t3\n\n[MED 1 3 ]\t2\n"
+    )
+    with caplog.at_level("WARNING", logger="attnlab.data"):
+        dataset = load_split(path, on_bad_rows="skip")
+    assert dataset.labels.tolist() == [9, 3, 2] and dataset.num_skipped == 3
+    message = "\n".join(r.getMessage() for r in caplog.records)
+    assert "skipped 3 bad rows" in message and f"{path}:3" in message
+    with pytest.raises(ValueError, match=r"on_bad_rows='drop'.*error, skip"):
+        load_split(path, on_bad_rows="drop")

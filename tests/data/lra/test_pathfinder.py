@@ -206,23 +206,53 @@ def test_release_layout_is_read_and_split(tmp_path):
     assert len(load_pathfinder(tmp_path, 32, "hard", max_images=10)["train"]) == 8
 
 
-def test_unusable_images_are_skipped_with_one_counted_warning(tmp_path, caplog):
+def test_an_unreadable_image_stops_with_its_file_and_metadata_line(tmp_path):
+    directory, _ = write_release(tmp_path, [[0, 1] * 5], folder="curv_baseline")
+    (directory / "imgs" / "0" / "sample_5.png").write_bytes(b"\x89PNG garbage")
+    with pytest.raises(DataError, match="unreadable") as err:
+        load_pathfinder(tmp_path, 32, "easy")
+    message = str(err.value)
+    assert f"{directory / 'metadata' / '0.npy'}:6" in message and "sample_5.png" in message
+    assert "on_bad_rows=skip" in message
+
+
+def test_on_bad_rows_skip_counts_unusable_images_and_empty_files_are_dropped(tmp_path, caplog):
     directory, _ = write_release(tmp_path, [[0, 1] * 5], folder="curv_baseline")
     (directory / "imgs" / "0" / "sample_2.png").write_bytes(b"")  # like the release's sample_172.png
     (directory / "imgs" / "0" / "sample_5.png").write_bytes(b"\x89PNG garbage")
+    (directory / "imgs" / "0" / "sample_6.png").unlink()
     Image.fromarray(np.zeros((32, 32), np.uint8)).save(directory / "imgs" / "0" / "sample_7.png")
-    with caplog.at_level(logging.WARNING, logger="attnlab.data.lra.pathfinder"):
-        splits = load_pathfinder(tmp_path, 32, "easy")
-    assert sum(len(d) for d in splits.values()) == 7
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert (
-        "skipped 3 of 10" in warnings[0].getMessage()
-        and "sample_2.png (empty file)" in warnings[0].getMessage()
-    )
+    with caplog.at_level(logging.INFO, logger="attnlab.data"):
+        splits = load_pathfinder(tmp_path, 32, "easy", on_bad_rows="skip")
+    assert sum(len(d) for d in splits.values()) == 6
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "skipped 3 bad rows" in messages and "sample_5.png" in messages
+    assert "1 empty image file" in messages and "sample_2.png" in messages
+    # an empty file alone is dropped as LRA's pipeline drops it, even when bad rows are errors
+    (directory / "imgs" / "0" / "sample_5.png").unlink()
+    write_release(tmp_path / "again", [[0, 1] * 5], folder="curv_baseline")
+    (tmp_path / "again" / "pathfinder32" / "curv_baseline" / "imgs" / "0" / "sample_2.png").write_bytes(b"")
+    assert sum(len(d) for d in load_pathfinder(tmp_path / "again", 32, "easy").values()) == 9
     info = describe(tmp_path, 32, "easy")
     assert info["status"] == "complete" and info["source"] == "release" and info["rows"] == 10
-    assert sum(info["splits"].values()) == 9 and "1 listed images absent or empty" in info["missing"][0]
+
+
+def test_a_split_whose_every_image_is_missing_is_an_error(tmp_path):
+    directory, _ = write_release(tmp_path, [[0, 1] * 5])
+    for png in (directory / "imgs" / "0").glob("*.png"):
+        png.unlink()
+    with pytest.raises(DataError, match="no usable image") as err:
+        load_pathfinder(tmp_path, 32, "hard", on_bad_rows="skip")
+    assert str(directory) in str(err.value)
+
+
+def test_non_utf8_metadata_names_file_and_line(tmp_path):
+    directory, _ = write_release(tmp_path, [[0, 1, 0]])
+    meta = directory / "metadata" / "0.npy"
+    meta.write_bytes(meta.read_bytes().replace(b"imgs/0 sample_1.png", b"imgs/0 sample_\xff.png"))
+    with pytest.raises(DataError, match="not valid UTF-8") as err:
+        load_pathfinder(tmp_path, 32, "hard")
+    assert f"{meta}:2" in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -262,12 +292,28 @@ def test_missing_or_partial_set_raises_with_path_and_remedy(tmp_path):
 def test_ensure_generates_once_then_reuses(tmp_path):
     with pytest.raises(MissingDataError):
         ensure_pathfinder(tmp_path, 32, "easy", num_images=6, generate=False)
-    args = dict(num_images=6, images_per_batch=3, seed=4, workers=1, progress=False)
+    args = dict(num_images=10, images_per_batch=5, seed=4, workers=1, progress=False)
     directory = ensure_pathfinder(tmp_path, 32, "easy", **args)
     stamp = (directory / "metadata" / "0.npy").stat().st_mtime_ns
     assert ensure_pathfinder(tmp_path, 32, "easy", **args) == directory
     assert (directory / "metadata" / "0.npy").stat().st_mtime_ns == stamp
     splits = load_pathfinder(tmp_path, 32, "easy")
-    assert sum(len(d) for d in splits.values()) == 6
+    assert [len(splits[s]) for s in ("train", "val", "test")] == [8, 1, 1]
     info = describe(tmp_path, 32, "easy")
-    assert info["source"] == "generated" and info["generator"]["seed"] == 4 and info["rows"] == 6
+    assert info["source"] == "generated" and info["generator"]["seed"] == 4 and info["rows"] == 10
+
+
+def test_zero_pixels_padding_feeds_raw_pixels_and_masks_black_ones(tmp_path):
+    from attnlab.data.common import pad_collate
+
+    write_release(tmp_path, [[0, 1] * 5])
+    token = load_pathfinder(tmp_path, 32, "hard")["train"]
+    padding = load_pathfinder(tmp_path, 32, "hard", zero_pixels="padding")["train"]
+    pixels = padding.pixels[:2].astype(np.int64)
+    batch = pad_collate([padding[0], padding[1]])
+    assert batch["input_ids"].tolist() == pixels.tolist()  # LRA's tokens: the pixel values
+    assert batch["mask"].tolist() == (pixels > 0).tolist()  # LRA's mask: inputs > 0
+    assert (pixels == 0).mean() > 0.5  # most of a Pathfinder image is black
+    assert (
+        pad_collate([token[0]])["mask"].all() and (token[0]["input_ids"] == padding[0]["input_ids"] + 1).all()
+    )

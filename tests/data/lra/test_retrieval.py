@@ -128,3 +128,20 @@ def test_load_retrieval_source_and_describe(data_dir, tmp_path_factory):
     empty = retrieval.describe(tmp_path_factory.mktemp("empty"))
     assert not any(v["present"] for v in empty["splits"].values())
     assert empty["splits"]["train"]["path"].endswith("lra_release/tsv_data/new_aan_pairs.train.tsv")
+
+
+def test_non_utf8_row_names_file_and_line_and_can_be_skipped(data_dir):
+    path = retrieval.aan_path(data_dir, "test")
+    path.write_bytes(b"1.0\ta\tb\tgood one\tgood two\n0.0\tc\td\tbad \xe9 text\tfine\n1.0\te\tf\tok\tok\n")
+    with pytest.raises(DataError, match="not valid UTF-8") as info:
+        retrieval.load_aan(data_dir, "test")
+    assert str(info.value).startswith(f"{path}:2: ")
+    dataset = retrieval.load_aan(data_dir, "test", on_bad_rows="skip")
+    assert len(dataset) == 2 and dataset.num_skipped == 1 and dataset.labels.tolist() == [1, 1]
+
+
+def test_malformed_rows_can_be_skipped_but_not_all_of_them(data_dir):
+    path = retrieval.aan_path(data_dir, "test")
+    path.write_bytes(b"2.0\ta\tb\tx\ty\nonly\tthree\tfields\n")
+    with pytest.raises(DataError, match="no pair"):
+        retrieval.load_aan(data_dir, "test", on_bad_rows="skip")

@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from attnlab.data.common import MissingDataError, pad_collate
+from attnlab.data.common import DataError, MissingDataError, pad_collate
 from attnlab.data.lra import text
 
 REVIEWS = {
@@ -201,3 +201,36 @@ def test_describe(data_dir, tmp_path_factory):
     )
     empty = text.describe(tmp_path_factory.mktemp("empty"))
     assert not empty["splits"]["test"]["present"] and empty["splits"]["test"]["num_examples"] is None
+
+
+# --- strict reading and the official text pipeline (issue 9, item 4) -------------------------------
+
+
+def test_surrounding_whitespace_is_stripped_as_tfds_does(data_dir):
+    path = data_dir / "aclImdb" / "train" / "neg" / "3_1.txt"
+    path.write_bytes(b" \n\tBad  film\r\n \n")
+    ds = text.load_imdb(data_dir, "train")
+    assert ds[1]["input_ids"].tolist() == tokens("Bad  film")  # inner whitespace kept
+
+
+def test_hf_reviews_are_stripped_too(tmp_path, monkeypatch):
+    rows = {("stanfordnlp/imdb", "train"): FakeHFDataset([{"text": "  fine \n", "label": 1}])}
+    monkeypatch.setitem(sys.modules, "datasets", fake_datasets(rows, []))
+    assert text.load_imdb_hf("train")[0]["input_ids"].tolist() == tokens("fine")
+
+
+def test_non_utf8_review_names_file_and_line(data_dir):
+    path = data_dir / "aclImdb" / "train" / "pos" / "7_10.txt"
+    path.write_bytes(b"Great\nfun \xff here")
+    with pytest.raises(DataError, match="not valid UTF-8") as info:
+        text.load_imdb(data_dir, "train")
+    assert str(info.value).startswith(f"{path}:2: ") and "on_bad_rows=skip" in str(info.value)
+    ds = text.load_imdb(data_dir, "train", on_bad_rows="skip")
+    assert len(ds) == 3 and ds.num_skipped == 1 and ds.labels.tolist() == [0, 0, 1]
+
+
+def test_a_split_whose_every_review_is_bad_is_an_error(data_dir):
+    for path in (data_dir / "aclImdb" / "test").glob("*/*.txt"):
+        path.write_bytes(b"\xff\xfe")
+    with pytest.raises(DataError, match="no usable review"):
+        text.load_imdb(data_dir, "test", on_bad_rows="skip")

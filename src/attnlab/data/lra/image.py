@@ -29,7 +29,11 @@ three products inside its tensordot kernel; we sum R, G, B in that order in floa
 matters for values within an ulp of an integer: over all 2^24 colours, summing B, G, R instead changes
 47 of them by one level, and float64 arithmetic 237 (measured with this module's ``rgb_to_grey``).
 
-Tokens: ``token = grey + 1`` (ids 1..256, 0 = padding, vocabulary 257), 1,024 per image.
+Tokens, by the ``zero_pixels`` rule: ``token`` (attnlab's default) gives ``token = grey + 1`` (ids
+1..256; every pixel is attended); ``padding`` (LRA's rule) gives ``token = grey``, so black pixels are
+id 0, which the batches mask out of attention as LRA's encoder does with ``inputs > 0``. Vocabulary
+257 either way (0 = padding); 1,024 tokens per image. An all-black image under ``padding`` is fully
+masked: the models give it a fixed, input-independent output (LRA's gave it one too).
 
 The pickles are read with an unpickler that only admits what these files contain (numpy arrays,
 Python lists, bytes), so a tampered file cannot run code.
@@ -44,10 +48,16 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data.common import DataError, MissingDataError, TokenSequenceDataset
+from attnlab.data.common import (
+    DataError,
+    MissingDataError,
+    TokenSequenceDataset,
+    pixel_offset,
+    require_examples,
+)
 from attnlab.data.lra.text import load_hf_cached
 
-VOCAB_SIZE = 257  # 0 = padding, 1..256 = grey level + 1
+VOCAB_SIZE = 257  # 0 = padding; grey level + 1 (zero_pixels=token) or grey level (padding, 256 unused)
 NUM_CLASSES = 10
 IMAGE_SIZE = 32
 SEQ_LEN = IMAGE_SIZE * IMAGE_SIZE  # 1024
@@ -99,6 +109,8 @@ class _BatchUnpickler(pickle.Unpickler):
         ("numpy", "ndarray"),
         ("numpy", "dtype"),
         ("_codecs", "encode"),  # how Python 3 writes bytes with protocol 2
+        ("__builtin__", "bytes"),  # ... and empty bytes (an empty array's buffer)
+        ("builtins", "bytes"),
     }
 
     def find_class(self, module: str, name: str):
@@ -133,7 +145,8 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(
             path, f"b'data' must be uint8 of shape (N, {3 * SEQ_LEN}), got {data.dtype} {data.shape}"
         )
-    if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
+    # an empty list of labels reads as float64: only a non-empty one must be integers
+    if labels.shape != (len(data),) or (len(labels) and not np.issubdtype(labels.dtype, np.integer)):
         raise DataError(path, f"b'labels' must be {len(data)} integers, got {labels.dtype} {labels.shape}")
     if len(labels) and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
         raise DataError(
@@ -153,15 +166,16 @@ def _check_split(split: str) -> None:
         raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
 
 
-def _build(grey_blocks: Iterable[np.ndarray], labels: np.ndarray) -> TokenSequenceDataset:
-    blocks = [g.astype(np.int16) + 1 for g in grey_blocks]
+def _build(grey_blocks: Iterable[np.ndarray], labels: np.ndarray, offset: int = 1) -> TokenSequenceDataset:
+    blocks = [g.astype(np.int16) + offset for g in grey_blocks]
     tokens = np.concatenate(blocks) if blocks else np.zeros((0, SEQ_LEN), dtype=np.int16)
     return TokenSequenceDataset(list(tokens), labels)  # rows are views of one compact (N, 1024) array
 
 
-def load_cifar10_grey(root: str | Path, split: str) -> TokenSequenceDataset:
+def load_cifar10_grey(root: str | Path, split: str, zero_pixels: str = "token") -> TokenSequenceDataset:
     """Grey CIFAR-10 of ``split`` from ``<root>/cifar-10-batches-py`` (sequences of 1,024 tokens)."""
     _check_split(split)
+    offset = pixel_offset(zero_pixels)
     files = TEST_FILES if split == "test" else TRAIN_FILES
     batches = [read_batch(cifar_dir(root) / name) for name in files]
     data = np.concatenate([d for d, _ in batches])
@@ -170,15 +184,20 @@ def load_cifar10_grey(root: str | Path, split: str) -> TokenSequenceDataset:
         keep = _train_slice(split, len(data))
         data, labels = data[keep], labels[keep]
     # convert in blocks of one batch file's size to bound the float32 temporary
-    return _build((rgb_to_grey(data[i : i + 10_000]) for i in range(0, len(data), 10_000)), labels)
+    dataset = _build((rgb_to_grey(data[i : i + 10_000]) for i in range(0, len(data), 10_000)), labels, offset)
+    require_examples(dataset, ", ".join(str(cifar_dir(root) / name) for name in files), "image")
+    return dataset
 
 
-def load_cifar10_hf(split: str, name: str = HF_NAME, data_dir: str | Path = "data") -> TokenSequenceDataset:
+def load_cifar10_hf(
+    split: str, name: str = HF_NAME, data_dir: str | Path = "data", zero_pixels: str = "token"
+) -> TokenSequenceDataset:
     """The same images from the Hugging Face cache; nothing is downloaded.
 
     ``data_dir`` only serves the error message (where cifar-10-batches-py was expected).
     """
     _check_split(split)
+    offset = pixel_offset(zero_pixels)
     dataset = load_hf_cached(name, "test" if split == "test" else "train", cifar_dir(data_dir), HOW_TO_OBTAIN)
     columns = getattr(dataset, "column_names", None)
     if columns is not None and not {"img", "label"} <= set(columns):
@@ -200,7 +219,10 @@ def load_cifar10_hf(split: str, name: str = HF_NAME, data_dir: str | Path = "dat
             )
         planes[out] = pixels.reshape(SEQ_LEN, 3).T.reshape(-1)  # to the batch files' channel-major layout
         labels[out] = int(row["label"])
-    return _build((rgb_to_grey(planes[i : i + 10_000]) for i in range(0, len(planes), 10_000)), labels)
+    blocks = (rgb_to_grey(planes[i : i + 10_000]) for i in range(0, len(planes), 10_000))
+    dataset = _build(blocks, labels, offset)
+    require_examples(dataset, f"huggingface:{name}", "image")
+    return dataset
 
 
 def find_cifar10(data_dir: str | Path) -> Path | None:
@@ -218,12 +240,14 @@ def ensure_image(data_dir: str | Path, name: str = HF_NAME) -> str:
     return f"huggingface:{name}"
 
 
-def load_image(data_dir: str | Path, split: str, name: str = HF_NAME) -> tuple[TokenSequenceDataset, str]:
+def load_image(
+    data_dir: str | Path, split: str, name: str = HF_NAME, zero_pixels: str = "token"
+) -> tuple[TokenSequenceDataset, str]:
     """One split from the preferred source, and the ``data_source`` string saying which was read."""
     source = ensure_image(data_dir, name)
     if source.startswith("huggingface:"):
-        return load_cifar10_hf(split, name=name, data_dir=data_dir), source
-    return load_cifar10_grey(data_dir, split), source
+        return load_cifar10_hf(split, name=name, data_dir=data_dir, zero_pixels=zero_pixels), source
+    return load_cifar10_grey(data_dir, split, zero_pixels), source
 
 
 def describe(data_dir: str | Path, count: bool = True) -> dict:

@@ -31,7 +31,14 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from attnlab.data.common import PAD_ID, DataError, MissingDataError, TokenSequenceDataset
+from attnlab.data.common import (
+    PAD_ID,
+    BadRows,
+    DataError,
+    MissingDataError,
+    TokenSequenceDataset,
+    require_examples,
+)
 
 log = logging.getLogger(__name__)
 
@@ -395,66 +402,97 @@ def ensure_listops(
     return write_splits(out_dir, sizes, seed, min_length, max_length, max_depth, max_args, progress)
 
 
-def _iter_rows(path: str | Path) -> Iterator[tuple[int, str, int]]:
+def _iter_rows(path: str | Path, bad_rows: BadRows | None = None) -> Iterator[tuple[int, str, int]]:
     """``(line number, source, label)`` of each row; line 1 is the header. Tolerates CRLF and trailing
-    blank lines (LRA wrote its files with ``csv.writer``, whose rows end in ``\\r\\n``)."""
-    with open(path, encoding="utf-8") as handle:  # universal newlines: "\r\n" reads as "\n"
-        header = handle.readline().rstrip("\n")
+    blank lines (LRA wrote its files with ``csv.writer``, whose rows end in ``\\r\\n``).
+
+    A malformed row (not UTF-8, wrong columns, bad label, blank line amid rows) goes to ``bad_rows``
+    (default: raise); the header must be right and the file must hold at least one row.
+    """
+    bad_rows = bad_rows or BadRows()
+    with open(path, "rb") as handle:
+        raw_header = handle.readline()
+        header = raw_header.decode("utf-8", errors="replace").rstrip("\r\n")
         if header != HEADER:
             raise DataError(path, f"expected the header {HEADER!r}, found {header!r}", line=1)
-        first_blank = None
-        for number, line in enumerate(handle, start=2):
-            line = line.rstrip("\n")
+        first_blank, rows = None, 0
+        for number, raw in enumerate(handle, start=2):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as err:
+                bad_rows.add(DataError(path, f"not valid UTF-8 (byte {err.start} of the line)", number))
+                continue
             if not line.strip():
                 first_blank = first_blank or number
                 continue
             if first_blank is not None:
-                raise DataError(path, "empty line in the middle of the file", line=first_blank)
+                bad_rows.add(DataError(path, "empty line in the middle of the file", line=first_blank))
+                first_blank = None
             columns = line.split("\t")
             if len(columns) != 2:
-                raise DataError(
-                    path, f"expected 2 tab-separated columns (Source, Target), found {len(columns)}", number
+                bad_rows.add(
+                    DataError(
+                        path,
+                        f"expected 2 tab-separated columns (Source, Target), found {len(columns)}",
+                        number,
+                    )
                 )
+                continue
             source, label_text = columns
             if not source.strip():
-                raise DataError(path, "empty Source expression", number)
+                bad_rows.add(DataError(path, "empty Source expression", number))
+                continue
             try:
                 label = int(label_text)
             except ValueError:
-                raise DataError(path, f"label {label_text!r} is not an integer", number) from None
+                bad_rows.add(DataError(path, f"label {label_text!r} is not an integer", number))
+                continue
             if not 0 <= label <= 9:
-                raise DataError(path, f"label {label} is outside 0-9", number)
+                bad_rows.add(DataError(path, f"label {label} is outside 0-9", number))
+                continue
+            rows += 1
             yield number, source, label
+    if not rows:
+        raise DataError(path, "no example to read: this split would be empty")
 
 
-def read_tsv(path: str | Path) -> tuple[list[str], list[int]]:
+def read_tsv(path: str | Path, on_bad_rows: str = "error") -> tuple[list[str], list[int]]:
     """Expressions and labels of an official-format ListOps TSV (header ``Source\\tTarget``)."""
     sources, labels = [], []
-    for _, source, label in _iter_rows(path):
+    bad_rows = BadRows(on_bad_rows)
+    for _, source, label in _iter_rows(path, bad_rows):
         sources.append(source)
         labels.append(label)
+    bad_rows.report(str(path))
     return sources, labels
 
 
-def load_split(path: str | Path, max_length: int | None = None) -> TokenSequenceDataset:
+def load_split(
+    path: str | Path, max_length: int | None = None, on_bad_rows: str = "error"
+) -> TokenSequenceDataset:
     """Tokenised split; sequences longer than ``max_length`` tokens keep their first ``max_length``.
 
     Truncation cuts off the end of the expression (its last ``]`` at least), as LRA's ``[:max_length]``
-    does; the count of truncated examples is attached as ``dataset.num_truncated`` for logging.
+    does; the count of truncated examples is attached as ``dataset.num_truncated`` for logging, and
+    the count of rows skipped under ``on_bad_rows="skip"`` as ``dataset.num_skipped``.
     """
     if max_length is not None and max_length < 1:
         raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
+    bad_rows = BadRows(on_bad_rows)
     sequences, labels, num_truncated = [], [], 0
-    for number, source, label in _iter_rows(path):
+    for number, source, label in _iter_rows(path, bad_rows):
         try:
             ids = tokenize(source)
         except ValueError as error:
-            raise DataError(path, str(error), number) from None
+            bad_rows.add(DataError(path, str(error), number))
+            continue
         if max_length is not None and len(ids) > max_length:
             ids = ids[:max_length].copy()  # a copy frees the long array
             num_truncated += 1
         sequences.append(ids)
         labels.append(label)
+    bad_rows.report(str(path))
     dataset = TokenSequenceDataset(sequences, labels)
-    dataset.num_truncated = num_truncated
+    require_examples(dataset, path)
+    dataset.num_truncated, dataset.num_skipped = num_truncated, bad_rows.count
     return dataset

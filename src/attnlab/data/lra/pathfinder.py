@@ -10,9 +10,11 @@ Files (the ``lra_release`` tarball, or `generate_pathfinder`)::
 Only columns 0 (folder), 1 (file) and 3 (label) are used. LRA's Pathfinder is 32 px ``hard``
 (``curv_contour_length_14``) and Path-X is 128 px ``hard``.
 
-Tokens: LRA feeds the pixel values 0-255 as tokens; attnlab keeps id 0 for padding, so pixel ``p``
-becomes token ``p + 1`` and the vocabulary has 257 ids. Every sequence has ``res²`` tokens, so no
-padding ever happens, but the convention is the same as for every other dataset.
+Tokens, by the ``zero_pixels`` rule. LRA feeds the pixel values 0-255 as tokens and its encoder
+masks ``inputs > 0``, so black pixels (most of a Pathfinder image) never take part in attention:
+that is ``zero_pixels="padding"`` (token = pixel, id 0 masked by the batches). ``"token"``
+(attnlab's default) makes every pixel a real token, ``p + 1``, attended like any other. The
+vocabulary has 257 ids either way; every sequence has ``res²`` positions.
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from attnlab.data.common import DataError, MissingDataError, TokenSequenceDataset
+from attnlab.data.common import (
+    BadRows,
+    DataError,
+    MissingDataError,
+    TokenSequenceDataset,
+    pixel_offset,
+    require_examples,
+)
 from attnlab.data.lra.pathfinder_generator import (
     GENERATOR_FILE,
     batch_is_complete,
@@ -40,8 +49,8 @@ from attnlab.data.lra.pathfinder_generator import (
 
 log = logging.getLogger(__name__)
 
-VOCAB_SIZE = 257  # pixel values 0-255 shifted by one; 0 is padding
-TOKEN_OFFSET = 1
+VOCAB_SIZE = 257  # 0 is padding; pixel + 1 (zero_pixels=token) or the pixel (padding, 256 unused)
+TOKEN_OFFSET = 1  # under zero_pixels=token
 SPLITS = ("train", "val", "test")
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 HOW_TO_OBTAIN = (
@@ -52,32 +61,35 @@ HOW_TO_OBTAIN = (
 
 
 class _TokenRows(Sequence):
-    """Read-only view of a uint8 pixel matrix as token-id rows (pixel + 1), built per access."""
+    """Read-only view of a uint8 pixel matrix as token-id rows (pixel + offset), built per access."""
 
-    def __init__(self, pixels: np.ndarray):
-        self._pixels = pixels
+    def __init__(self, pixels: np.ndarray, offset: int):
+        self._pixels, self._offset = pixels, offset
 
     def __len__(self) -> int:
         return len(self._pixels)
 
     def __getitem__(self, index):
-        return self._pixels[index].astype(np.int64) + TOKEN_OFFSET
+        return self._pixels[index].astype(np.int64) + self._offset
 
 
 class PathfinderDataset(TokenSequenceDataset):
     """Flattened images in one ``(N, res²)`` uint8 array; example ``i`` has ``input_ids =
-    pixels[i] + 1`` (int64) and its label. ``pixels`` keeps the raw 0-255 values."""
+    pixels[i] + offset`` (int64; offset 1 under zero_pixels=token, 0 under padding) and its label.
+    ``pixels`` keeps the raw 0-255 values."""
 
-    def __init__(self, pixels: np.ndarray, labels: Sequence[int], resolution: int):
+    def __init__(
+        self, pixels: np.ndarray, labels: Sequence[int], resolution: int, offset: int = TOKEN_OFFSET
+    ):
         # no super().__init__: it would copy the rows into a list; the base class only needs these
         pixels = np.asarray(pixels, dtype=np.uint8)
         if pixels.ndim != 2 or pixels.shape[1] != resolution * resolution:
             raise ValueError(f"pixels must be (N, {resolution * resolution}), got {pixels.shape}")
         if len(labels) != len(pixels):
             raise ValueError(f"{len(pixels)} images but {len(labels)} labels")
-        self.pixels, self.resolution = pixels, resolution
+        self.pixels, self.resolution, self.offset = pixels, resolution, offset
         self.labels = np.asarray(labels, dtype=np.int64)
-        self.sequences, self.sequences2 = _TokenRows(pixels), None
+        self.sequences, self.sequences2 = _TokenRows(pixels, offset), None
 
     def __len__(self) -> int:
         return len(self.pixels)
@@ -86,7 +98,7 @@ class PathfinderDataset(TokenSequenceDataset):
         return np.full(len(self), self.pixels.shape[1], dtype=np.int64)
 
     def __getitem__(self, index: int) -> dict:
-        ids = torch.from_numpy(self.pixels[index].astype(np.int64)) + TOKEN_OFFSET
+        ids = torch.from_numpy(self.pixels[index].astype(np.int64)) + self.offset
         return {"input_ids": ids, "label": int(self.labels[index])}
 
 
@@ -99,30 +111,38 @@ class _Row:
     folder: str
     file: str
     label: int
+    meta: Path | None = None  # the metadata file and line that list this image, for error messages
+    line: int = 0
 
 
-def read_metadata(path: str | Path) -> list[_Row]:
-    """Rows of one ``metadata/<k>.npy`` text file; a malformed row raises DataError (file:line)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(path, f"not a text metadata file ({err.reason})") from None
+def read_metadata(path: str | Path, bad_rows: BadRows | None = None) -> list[_Row]:
+    """Rows of one ``metadata/<k>.npy`` text file; a malformed row (not UTF-8, too few columns, a
+    label other than 0/1) goes to ``bad_rows`` (default: raise DataError naming file:line)."""
+    path, bad_rows = Path(path), bad_rows or BadRows()
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            bad_rows.add(DataError(path, f"not valid UTF-8 (byte {err.start} of the line)", number))
+            continue
         if not line.strip():
             continue
         columns = line.split()
         if len(columns) < 4:
-            raise DataError(
-                path,
-                f"expected at least 4 space-separated columns (folder, file, index, label), "
-                f"got {len(columns)}: {line.strip()!r}",
-                number,
+            bad_rows.add(
+                DataError(
+                    path,
+                    f"expected at least 4 space-separated columns (folder, file, index, label), "
+                    f"got {len(columns)}: {line.strip()!r}",
+                    number,
+                )
             )
+            continue
         if columns[3] not in ("0", "1"):
-            raise DataError(path, f"label (column 4) must be 0 or 1, got {columns[3]!r}", number)
-        rows.append(_Row(columns[0], columns[1], int(columns[3])))
+            bad_rows.add(DataError(path, f"label (column 4) must be 0 or 1, got {columns[3]!r}", number))
+            continue
+        rows.append(_Row(columns[0], columns[1], int(columns[3]), path, number))
     return rows
 
 
@@ -200,10 +220,12 @@ def _split_of_rows(count: int, split_seed: int) -> np.ndarray:
     return split
 
 
-def _collect_rows(layout: _Layout, max_images: int | None) -> list[tuple[Path, _Row]]:
+def _collect_rows(
+    layout: _Layout, max_images: int | None, bad_rows: BadRows | None = None
+) -> list[tuple[Path, _Row]]:
     rows = []
     for meta in layout.metadata:
-        for row in read_metadata(meta):
+        for row in read_metadata(meta, bad_rows):
             rows.append((layout.directory / row.folder / row.file, row))
             if max_images is not None and len(rows) >= max_images:
                 return rows
@@ -214,12 +236,15 @@ def _collect_rows(layout: _Layout, max_images: int | None) -> list[tuple[Path, _
 # images
 
 
+EMPTY_FILE = "empty file"
+
+
 def read_image(path: Path, resolution: int) -> np.ndarray | str:
     """Flattened uint8 pixels, or why the image is unusable (missing, empty, corrupt, wrong size,
     blank: a constant image cannot be a Pathfinder sample, which always shows its markers)."""
     try:
         if path.stat().st_size == 0:
-            return "empty file"
+            return EMPTY_FILE
         with Image.open(path) as image:
             pixels = np.asarray(image.convert("L"), dtype=np.uint8)
     except FileNotFoundError:
@@ -252,21 +277,27 @@ def load_pathfinder(
     max_images: int | None = None,
     split_seed: int = 0,
     workers: int | None = None,
+    on_bad_rows: str = "error",
+    zero_pixels: str = "token",
 ) -> dict[str, PathfinderDataset]:
     """``train`` / ``val`` / ``test`` datasets from ``<root>/pathfinder<res>/<difficulty folder>``.
 
     Split: the metadata rows, in batch order (``max_images`` keeps the first ones), are permuted
     with ``numpy.random.default_rng(split_seed)`` and cut 80 / 10 / 10 %, as LRA cut its TFDS
     set; the assignment depends only on the row count, so it is the same on every machine.
-    Images that cannot be used (missing, empty, corrupt, wrong size, blank; the release has one,
-    ``pathfinder32/curv_baseline/imgs/0/sample_172.png``) are skipped with one warning that
-    counts them. A missing or partial set raises MissingDataError; a malformed metadata row,
-    DataError naming file and line.
+
+    Empty (0-byte) image files are dropped, as LRA's pipeline drops them (``tf.strings.length > 0``;
+    the release has one, ``pathfinder32/curv_baseline/imgs/0/sample_172.png``), and counted in the
+    log. Any other unusable image (missing, corrupt, wrong size, blank) or malformed metadata row is
+    a bad row: DataError naming the metadata file:line and the image, or, with
+    ``on_bad_rows="skip"``, skipped and counted in one warning. A split left empty is a DataError;
+    a missing or partial set raises MissingDataError. ``zero_pixels`` sets the tokens (module docstring).
     """
+    bad_rows, offset = BadRows(on_bad_rows), pixel_offset(zero_pixels)
     directory = dataset_dir(root, resolution, difficulty)
     layout = _inspect(directory)
     _require_complete(layout)
-    rows = _collect_rows(layout, max_images)
+    rows = _collect_rows(layout, max_images, bad_rows)
     split = _split_of_rows(len(rows), split_seed)
     # rows are stored grouped by split, so each split is a contiguous block of one array
     order = np.argsort(split, kind="stable")
@@ -274,36 +305,40 @@ def load_pathfinder(
     slot[order] = np.arange(len(rows))
     pixels = np.empty((len(rows), resolution * resolution), dtype=np.uint8)
     ok = np.zeros(len(rows), dtype=bool)
-    problems: list[tuple[Path, str]] = []
+    problems: list[tuple[int, str]] = []  # (row index, why the image is unusable)
 
     def read_chunk(start: int) -> None:
         for i in range(start, min(start + 512, len(rows))):
             result = read_image(rows[i][0], resolution)
             if isinstance(result, str):
-                problems.append((rows[i][0], result))
+                problems.append((i, result))
             else:
                 pixels[slot[i]] = result
                 ok[slot[i]] = True
 
     with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
         list(pool.map(read_chunk, range(0, len(rows), 512)))
-    if problems:
-        path, reason = sorted(problems)[0]
-        log.warning(
-            "Pathfinder: skipped %d of %d images that could not be used (missing, empty, corrupt, "
-            "wrong size or blank), e.g. %s (%s)",
-            len(problems),
-            len(rows),
-            path,
-            reason,
+    empty = [rows[i][0] for i, reason in sorted(problems) if reason == EMPTY_FILE]
+    for i, reason in sorted(problems):  # in row order, so the error names the first bad image
+        if reason != EMPTY_FILE:
+            path, row = rows[i]
+            bad_rows.add(DataError(row.meta or directory, f"image {path}: {reason}", row.line or None))
+    if empty:
+        log.info(
+            "Pathfinder: dropped %d empty image files, as LRA's pipeline drops them, e.g. %s",
+            len(empty),
+            empty[0],
         )
+    bad_rows.report(f"Pathfinder {directory}", len(rows))
     labels = np.array([row.label for _, row in rows], dtype=np.int64)[order]
     datasets, start = {}, 0
     for index, name in enumerate(SPLITS):
         stop = start + int(np.count_nonzero(split == index))
         keep = ok[start:stop]
         block = _compact(pixels[start:stop], keep)
-        datasets[name] = PathfinderDataset(block, labels[start:stop][keep], resolution)
+        datasets[name] = PathfinderDataset(block, labels[start:stop][keep], resolution, offset)
+        require_examples(datasets[name], f"{directory} ({name} split)", "usable image")
+        datasets[name].num_skipped = int(np.count_nonzero(~keep))
         start = stop
     return datasets
 

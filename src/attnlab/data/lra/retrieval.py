@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from attnlab.data.common import DataError, MissingDataError, TokenSequenceDataset
+from attnlab.data.common import BadRows, DataError, MissingDataError, TokenSequenceDataset, require_examples
+from attnlab.data.lra.release import pick_release_dir
 from attnlab.data.lra.text import VOCAB_SIZE, bytes_to_tokens, check_max_length
 
 __all__ = ["VOCAB_SIZE", "NUM_CLASSES", "aan_path", "load_aan", "load_retrieval", "describe"]
@@ -39,11 +40,22 @@ HOW_TO_OBTAIN = (
 )
 
 
-def aan_path(data_dir: str | Path, split: str) -> Path:
-    """``<data_dir>/lra_release/tsv_data/new_aan_pairs.<train|eval|test>.tsv`` for split train/val/test."""
+def _file_name(split: str) -> str:
     if split not in SPLIT_FILES:
         raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-    return Path(data_dir) / "lra_release" / "tsv_data" / f"new_aan_pairs.{SPLIT_FILES[split]}.tsv"
+    return f"new_aan_pairs.{SPLIT_FILES[split]}.tsv"
+
+
+def aan_dir(data_dir: str | Path) -> Path:
+    """The ``tsv_data`` folder read: ``<data_dir>/lra_release/tsv_data``, or the same one level
+    deeper (``lra_release/lra_release/tsv_data``, how the tarball is often unpacked) when the files
+    are there instead."""
+    return pick_release_dir(data_dir, "tsv_data", [_file_name(s) for s in SPLITS])
+
+
+def aan_path(data_dir: str | Path, split: str) -> Path:
+    """``<tsv_data>/new_aan_pairs.<train|eval|test>.tsv`` for split train/val/test (see `aan_dir`)."""
+    return aan_dir(data_dir) / _file_name(split)
 
 
 def _parse_label(field: bytes, path: Path, line: int) -> int:
@@ -57,17 +69,23 @@ def _parse_label(field: bytes, path: Path, line: int) -> int:
 
 
 def load_aan(
-    root: str | Path, split: str, max_length: int | None = DEFAULT_MAX_LENGTH
+    root: str | Path,
+    split: str,
+    max_length: int | None = DEFAULT_MAX_LENGTH,
+    on_bad_rows: str = "error",
 ) -> TokenSequenceDataset:
     """Pairs of ``split`` from the official TSV under ``root`` (the data_dir).
 
-    Raises MissingDataError when the file is absent, DataError naming the file and 1-based line for a
-    row that does not have five fields or whose label is not 0/1. Empty lines are skipped.
+    Raises MissingDataError when the file is absent, and DataError naming the file and 1-based line
+    for a row that is not UTF-8, does not have five fields or whose label is not 0/1 (under
+    ``on_bad_rows="skip"`` such rows are skipped and counted in ``dataset.num_skipped``), or when no
+    pair is left. Empty lines are skipped.
     """
     path = aan_path(root, split)
     check_max_length(max_length)
     if not path.is_file():
         raise MissingDataError(path, HOW_TO_OBTAIN)
+    bad_rows = BadRows(on_bad_rows)
     first, second, labels = [], [], []
     truncated = empty = 0
     with path.open("rb") as handle:
@@ -75,33 +93,51 @@ def load_aan(
             line = raw.rstrip(b"\r\n")
             if not line:
                 continue
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                bad_rows.add(DataError(path, f"not valid UTF-8 (byte {err.start} of the line)", line_no))
+                continue
             fields = line.split(b"\t")
             if len(fields) != len(FIELDS):
-                raise DataError(
-                    path,
-                    f"expected {len(FIELDS)} tab-separated fields ({', '.join(FIELDS)}), found {len(fields)}",
-                    line=line_no,
+                bad_rows.add(
+                    DataError(
+                        path,
+                        f"expected {len(FIELDS)} tab-separated fields ({', '.join(FIELDS)}), "
+                        f"found {len(fields)}",
+                        line=line_no,
+                    )
                 )
-            labels.append(_parse_label(fields[0], path, line_no))
+                continue
+            try:
+                label = _parse_label(fields[0], path, line_no)
+            except DataError as err:
+                bad_rows.add(err)
+                continue
+            labels.append(label)
             for text, out in ((fields[3], first), (fields[4], second)):
                 truncated += max_length is not None and len(text) > max_length
                 empty += not text
                 out.append(bytes_to_tokens(text, max_length))
-    if not labels:
-        raise DataError(path, "the file holds no pair")
+    bad_rows.report(str(path))
+    dataset = TokenSequenceDataset(first, labels, sequences2=second)
+    require_examples(dataset, path, "pair")
     if empty:
         # an empty document has no real token for the model to pool over
         log.warning("%s: %d empty documents", path, empty)
-    dataset = TokenSequenceDataset(first, labels, sequences2=second)
     dataset.num_truncated = int(truncated)  # documents, not pairs
+    dataset.num_skipped = bad_rows.count
     return dataset
 
 
 def load_retrieval(
-    data_dir: str | Path, split: str, max_length: int | None = DEFAULT_MAX_LENGTH
+    data_dir: str | Path,
+    split: str,
+    max_length: int | None = DEFAULT_MAX_LENGTH,
+    on_bad_rows: str = "error",
 ) -> tuple[TokenSequenceDataset, str]:
     """One split and the ``data_source`` string (the TSV path)."""
-    dataset = load_aan(data_dir, split, max_length)
+    dataset = load_aan(data_dir, split, max_length, on_bad_rows)
     if dataset.num_truncated:
         log.info("AAN %s: %d documents truncated to %s bytes", split, dataset.num_truncated, max_length)
     return dataset, str(aan_path(data_dir, split))

@@ -3,18 +3,26 @@
 Each source binds one task's loader to a place under ``data_dir`` (the official ``lra_release``
 layout), says what it read in ``description``, and in ``prepare()`` generates what is generated
 by nature (ListOps, Pathfinder) or fails with the expected path and how to obtain the files.
+
+The ``lra_release`` tarball is found at ``<data_dir>/lra_release/`` or, as it often ends up
+unpacked in shared setups, one level deeper at ``<data_dir>/lra_release/lra_release/``
+(`release_roots`); each source logs, and says in ``description``, which path it read.
 """
 
 from __future__ import annotations
 
 import abc
 import json
+import logging
 from pathlib import Path
 
-from attnlab.data.common import MissingDataError, TokenSequenceDataset
+from attnlab.data.common import MissingDataError, TokenSequenceDataset, describe_zero_pixels
 from attnlab.data.lra import image, listops, pathfinder, retrieval, text
+from attnlab.data.lra.release import layout_of, pick_release_dir, release_parts, release_roots
 
-LRA_DIR = "lra_release"
+log = logging.getLogger("attnlab.data")
+
+GENERATE_CHOICES = ("auto", True, False)
 
 
 class ListOpsSource:
@@ -40,7 +48,7 @@ class ListOpsSource:
         max_depth: int = 10,
         max_tokens: int | None = None,
     ):
-        self.root = Path(data_dir) / LRA_DIR / subdir
+        self.data_dir, self.subdir = Path(data_dir), subdir
         self.generate = generate
         self.generator_args = dict(
             sizes=dict(sizes or {"train": 96_000, "val": 2_000, "test": 2_000}),
@@ -50,7 +58,13 @@ class ListOpsSource:
             max_depth=max_depth,
         )
         self.max_tokens = max_tokens
-        self.num_truncated = 0
+        self.num_truncated = self.num_skipped = 0
+
+    @property
+    def root(self) -> Path:
+        """The folder read: the release's in either layout, else the flat one (generated there)."""
+        names = [path.name for path in listops.split_paths(".").values()]
+        return pick_release_dir(self.data_dir, self.subdir, names)
 
     @property
     def provenance_file(self) -> Path:
@@ -58,18 +72,24 @@ class ListOpsSource:
 
     def prepare(self) -> None:
         existed = all(path.is_file() for path in listops.split_paths(self.root).values())
+        if existed:
+            log.info("ListOps: reading %s (%s)", self.root, layout_of(self.root, self.data_dir))
         listops.ensure_listops(self.root, generate=self.generate, **self.generator_args)
         if not existed:  # record what made these files, so later runs can say so
             self.provenance_file.write_text(
                 json.dumps({"generator": "attnlab.data.lra.listops", **self.generator_args}, indent=2)
             )
 
-    def load(self) -> dict[str, TokenSequenceDataset]:
+    def load(self, on_bad_rows: str = "error") -> dict[str, TokenSequenceDataset]:
         self.prepare()
         datasets = {}
+        self.num_truncated = self.num_skipped = 0
         for split in ("train", "val", "test"):
-            datasets[split] = listops.load_split(self.root / f"basic_{split}.tsv", max_length=self.max_tokens)
-            self.num_truncated += getattr(datasets[split], "num_truncated", 0)
+            datasets[split] = listops.load_split(
+                self.root / f"basic_{split}.tsv", max_length=self.max_tokens, on_bad_rows=on_bad_rows
+            )
+            self.num_truncated += datasets[split].num_truncated
+            self.num_skipped += datasets[split].num_skipped
         return datasets
 
     def status(self) -> dict:
@@ -77,7 +97,7 @@ class ListOpsSource:
         splits = {}
         for split, path in listops.split_paths(self.root).items():
             present = path.is_file()
-            count = sum(1 for _ in path.open()) - 1 if present else None
+            count = sum(1 for _ in path.open("rb")) - 1 if present else None
             splits[split] = {
                 "path": str(path),
                 "present": present,
@@ -101,7 +121,12 @@ class ListOpsSource:
             if self.num_truncated
             else ""
         )
-        return f"ListOps TSV files in {self.root}, {origin}{truncated}"
+        where = f"{self.root} ({layout_of(self.root, self.data_dir)})"
+        return f"ListOps TSV files in {where}, {origin}{truncated}{_skipped(self.num_skipped)}"
+
+
+def _skipped(count: int) -> str:
+    return f"; {count} bad rows skipped (on_bad_rows=skip)" if count else ""
 
 
 class _FileSource(abc.ABC):
@@ -113,10 +138,10 @@ class _FileSource(abc.ABC):
     def __init__(self, data_dir: str | Path):
         self.data_dir = Path(data_dir)
         self._origin = ""
-        self.num_truncated = 0
+        self.num_truncated = self.num_skipped = 0
 
     @abc.abstractmethod
-    def _load_split(self, split: str) -> tuple[TokenSequenceDataset, str]:
+    def _load_split(self, split: str, on_bad_rows: str) -> tuple[TokenSequenceDataset, str]:
         """One split and the ``data_source`` string saying what was read."""
 
     def status(self) -> dict:
@@ -127,17 +152,19 @@ class _FileSource(abc.ABC):
     def prepare(self) -> None:
         """Check the files are there; raise MissingDataError with the expected path otherwise."""
 
-    def load(self) -> dict[str, TokenSequenceDataset]:
+    def load(self, on_bad_rows: str = "error") -> dict[str, TokenSequenceDataset]:
         datasets = {}
+        self.num_truncated = self.num_skipped = 0
         for split in ("train", "val", "test"):
-            datasets[split], self._origin = self._load_split(split)
+            datasets[split], self._origin = self._load_split(split, on_bad_rows)
             self.num_truncated += getattr(datasets[split], "num_truncated", 0)
+            self.num_skipped += getattr(datasets[split], "num_skipped", 0)
         return datasets
 
     @property
     def description(self) -> str:
         truncated = f"; {self.num_truncated} sequences truncated" if self.num_truncated else ""
-        return f"{self.name}: {self._origin}{truncated}"
+        return f"{self.name}: {self._origin}{truncated}{_skipped(self.num_skipped)}"
 
 
 class TextSource(_FileSource):
@@ -153,8 +180,8 @@ class TextSource(_FileSource):
     def prepare(self) -> None:
         self._origin = text.ensure_text(self.data_dir)
 
-    def _load_split(self, split):
-        return text.load_text(self.data_dir, split, self.max_length)
+    def _load_split(self, split, on_bad_rows):
+        return text.load_text(self.data_dir, split, self.max_length, on_bad_rows=on_bad_rows)
 
 
 class RetrievalSource(_FileSource):
@@ -175,63 +202,130 @@ class RetrievalSource(_FileSource):
         ]
         if missing:
             raise MissingDataError(", ".join(missing), retrieval.HOW_TO_OBTAIN)
+        folder = retrieval.aan_dir(self.data_dir)
+        log.info("Retrieval: reading %s (%s)", folder, layout_of(folder, self.data_dir))
 
-    def _load_split(self, split):
-        dataset, _ = retrieval.load_retrieval(self.data_dir, split, self.max_length)
-        return (
-            dataset,
-            f"AAN pairs in {retrieval.aan_path(self.data_dir, split).parent} (train/eval/test TSV)",
-        )
+    def _load_split(self, split, on_bad_rows):
+        dataset, _ = retrieval.load_retrieval(self.data_dir, split, self.max_length, on_bad_rows)
+        folder = retrieval.aan_dir(self.data_dir)
+        return dataset, f"AAN pairs in {folder} ({layout_of(folder, self.data_dir)}; train/eval/test TSV)"
 
 
 class ImageSource(_FileSource):
     """CIFAR-10 in grey levels (LRA Image): ``<data_dir>/cifar-10-batches-py`` or cached HF ``cifar10``."""
 
     name = "image"
+    reads_pixels = True
     _module = image
+
+    def __init__(self, data_dir: str | Path):
+        super().__init__(data_dir)
+        self.zero_pixels = "token"
 
     def prepare(self) -> None:
         self._origin = image.ensure_image(self.data_dir)
 
-    def _load_split(self, split):
-        return image.load_image(self.data_dir, split)
+    def load(self, on_bad_rows: str = "error", zero_pixels: str = "token") -> dict[str, TokenSequenceDataset]:
+        self.zero_pixels = zero_pixels
+        return super().load(on_bad_rows)
+
+    def _load_split(self, split, on_bad_rows):
+        # pickled arrays: no row can be skipped
+        return image.load_image(self.data_dir, split, zero_pixels=self.zero_pixels)
+
+    @property
+    def description(self) -> str:
+        return f"{super().description}; {describe_zero_pixels(self.zero_pixels)}"
 
 
 class PathfinderSource:
-    """Pathfinder / Path-X from ``<data_dir>/lra_release/pathfinder<res>/<difficulty folder>``.
+    """Pathfinder / Path-X from ``pathfinder<res>/<difficulty folder>`` of the LRA release (either
+    layout), or from a set attnlab's generator makes under ``<data_dir>/lra_release``.
 
-    The official release is used as found; otherwise attnlab's generator makes (or resumes)
-    ``num_images`` images there. ``max_images`` reads only the first ones (quick runs).
+    ``generate``: ``auto`` generates (or resumes) ``num_images`` images only when no part of the
+    LRA release is present under ``data_dir`` at all; ``true`` when asked, whatever else is there;
+    ``false`` never. A complete release set is always preferred, and a release set that is present
+    but partial or unreadable is an error, never replaced by a generated one. ``max_images`` reads
+    only the first images (quick runs).
     """
 
     vocab_size = pathfinder.VOCAB_SIZE
+    reads_pixels = True
 
     def __init__(
         self,
         data_dir: str | Path,
         resolution: int = 32,
         difficulty: str = "hard",
-        generate: bool = True,
+        generate: bool | str = "auto",
         num_images: int = 20_000,
         seed: int = 0,
         max_images: int | None = None,
         workers: int | None = None,
     ):
-        self.root = Path(data_dir) / LRA_DIR
+        if not (generate == "auto" or isinstance(generate, bool)):
+            raise ValueError(
+                f"generate={generate!r} is not allowed; choose one of {', '.join(map(str, GENERATE_CHOICES))}"
+            )
+        self.data_dir = Path(data_dir)
         self.name = "pathx" if resolution == 128 else f"pathfinder{resolution}"
         self.resolution, self.difficulty = resolution, difficulty
         self.generate, self.num_images, self.seed = generate, num_images, seed
         self.max_images, self.workers = max_images, workers
+        self._why_generated = ""
         self._description: str | None = None  # set by load(), from what it read
 
+    def _release(self) -> tuple[Path, str] | None:
+        """(root, status) of the release's set for this resolution and difficulty, if any is there:
+        the first complete one, else the first partial one."""
+        found = []
+        for root in release_roots(self.data_dir):
+            layout = pathfinder._inspect(pathfinder.dataset_dir(root, self.resolution, self.difficulty))
+            if layout.generator is None and layout.status != "missing":
+                found.append((root, layout.status))
+        complete = [item for item in found if item[1] == "complete"]
+        return (complete or found or [None])[0]
+
+    @property
+    def root(self) -> Path:
+        """The ``lra_release`` folder read: the release's (either layout), else the flat one."""
+        release = self._release()
+        return release[0] if release else release_roots(self.data_dir)[0]
+
     def prepare(self) -> None:
+        release = self._release()
+        if release is not None:
+            root, status = release
+            directory = pathfinder.dataset_dir(root, self.resolution, self.difficulty)
+            if status != "complete":  # a damaged release: never generate beside or into it
+                pathfinder._require_complete(pathfinder._inspect(directory))
+            log.info(
+                "Pathfinder: reading the LRA release at %s (%s)", directory, layout_of(root, self.data_dir)
+            )
+            return
+        root = release_roots(self.data_dir)[0]
+        generate = self.generate
+        if generate == "auto":
+            parts = release_parts(self.data_dir)
+            if parts:
+                shown = ", ".join(map(str, parts[:3])) + (" ..." if len(parts) > 3 else "")
+                raise MissingDataError(
+                    pathfinder.dataset_dir(root, self.resolution, self.difficulty),
+                    f"The LRA release is present ({shown}) but holds no pathfinder{self.resolution} "
+                    f"{pathfinder.difficulty_folder(self.difficulty)} set, and generate=auto generates "
+                    "only when no release is present. Extract that folder from lra_release.gz, or set "
+                    "task.data.source.generate=true to generate a set instead.",
+                )
+            self._why_generated = f"no LRA release under {self.data_dir}"
+        elif generate:
+            self._why_generated = "asked (generate=true)"
         pathfinder.ensure_pathfinder(
-            self.root,
+            root,
             self.resolution,
             self.difficulty,
             num_images=self.num_images,
             seed=self.seed,
-            generate=self.generate,
+            generate=bool(generate),
             workers=self.workers,
         )
 
@@ -239,23 +333,40 @@ class PathfinderSource:
     def directory(self) -> Path:
         return pathfinder.dataset_dir(self.root, self.resolution, self.difficulty)
 
-    def load(self) -> dict[str, TokenSequenceDataset]:
+    def load(self, on_bad_rows: str = "error", zero_pixels: str = "token") -> dict[str, TokenSequenceDataset]:
         """The release as found; a generated set only up to ``num_images`` (a larger set made for
         another config stays usable, but this run reads what its config asked for)."""
         self.prepare()
-        generator_file = self.directory / pathfinder.GENERATOR_FILE
+        root, directory = self.root, self.directory
+        generator_file = directory / pathfinder.GENERATOR_FILE
         generated = json.loads(generator_file.read_text()) if generator_file.is_file() else None
         limit = self.max_images
         if generated is not None:
             limit = min(limit or self.num_images, self.num_images)
-        datasets = pathfinder.load_pathfinder(self.root, self.resolution, self.difficulty, max_images=limit)
-        used = sum(len(d) for d in datasets.values())
-        origin = (
-            f"generated by attnlab's Pathfinder generator (seed {generated.get('seed')})"
-            if generated is not None
-            else "as found (official LRA release layout)"
+        datasets = pathfinder.load_pathfinder(
+            root,
+            self.resolution,
+            self.difficulty,
+            max_images=limit,
+            on_bad_rows=on_bad_rows,
+            zero_pixels=zero_pixels,
         )
-        self._description = f"{self.name} {self.difficulty} in {self.directory}: {used} images {origin}"
+        used = sum(len(d) for d in datasets.values())
+        if generated is None:
+            origin = f"the LRA release ({layout_of(root, self.data_dir)})"
+        else:
+            params = ", ".join(f"{k}={v}" for k, v in generated.get("params", {}).items())
+            why = f" because {self._why_generated}" if self._why_generated else ""
+            origin = (
+                f"generated by attnlab's Pathfinder generator{why} (seed {generated.get('seed')}, "
+                f"{generated.get('num_images')} images made; {params})"
+            )
+        skipped = sum(d.num_skipped for d in datasets.values())
+        self._description = (
+            f"{self.name} {self.difficulty} in {directory}: {used} images, {origin}"
+            f"{_skipped(skipped)}; {describe_zero_pixels(zero_pixels)}"
+        )
+        log.info("Pathfinder: %s", self._description)
         return datasets
 
     def status(self) -> dict:
@@ -281,6 +392,4 @@ class PathfinderSource:
 
     @property
     def description(self) -> str:
-        return getattr(
-            self, "_description", f"{self.name} {self.difficulty} in {self.directory} (not loaded)"
-        )
+        return self._description or f"{self.name} {self.difficulty} in {self.directory} (not loaded)"

@@ -14,10 +14,15 @@ What we read, in this order of preference:
    0 = neg, 1 = pos), only when the ``datasets`` library is installed *and* the dataset is already in
    its local cache: nothing is downloaded.
 
+Text: as TFDS built ``imdb_reviews`` (``f.read().strip()``), each review is stripped of surrounding
+ASCII whitespace (inner whitespace is kept); a review must be UTF-8 (a file that is not, or a review
+that is empty once stripped, is a bad row: an error naming the file and line, or skipped under
+``on_bad_rows="skip"``).
+
 Tokens: ``token = byte + 1`` over the UTF-8 bytes of the review, so ids are 1..256 and 0 stays the
-padding id (vocabulary 257). LRA's byte encoder reserved two ids (pad, EOS) and so used ``byte + 2``;
-the offset is immaterial to a model that learns its embeddings. No special token is added: the models
-pool over real tokens with the padding mask.
+padding id (vocabulary 257). This is exactly LRA's encoding: ``tfds.deprecated.text.ByteTextEncoder()``
+without additional tokens maps byte ``b`` to ``b + 1`` and keeps 0 for padding. No special token is
+added: the models pool over real tokens with the padding mask.
 
 Order: ``neg`` reviews then ``pos`` reviews, each sorted by file name, so a run is reproducible; the
 training loader shuffles anyway.
@@ -33,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data.common import DataError, MissingDataError, TokenSequenceDataset
+from attnlab.data.common import BadRows, DataError, MissingDataError, TokenSequenceDataset, require_examples
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +79,9 @@ def bytes_to_tokens(data: bytes, max_length: int | None = None) -> np.ndarray:
     return raw.astype(np.int16) + 1
 
 
-def _build(pairs: Iterable[tuple[bytes, int]], max_length: int | None) -> TokenSequenceDataset:
+def _build(
+    pairs: Iterable[tuple[bytes, int]], max_length: int | None, num_skipped: int = 0
+) -> TokenSequenceDataset:
     """Tokenise (bytes, label) pairs; the dataset gets ``num_truncated`` for the run's description."""
     sequences, labels, truncated = [], [], 0
     for data, label in pairs:
@@ -82,8 +89,23 @@ def _build(pairs: Iterable[tuple[bytes, int]], max_length: int | None) -> TokenS
         sequences.append(bytes_to_tokens(data, max_length))
         labels.append(label)
     dataset = TokenSequenceDataset(sequences, labels)
-    dataset.num_truncated = int(truncated)
+    dataset.num_truncated, dataset.num_skipped = int(truncated), num_skipped
     return dataset
+
+
+def clean_review(data: bytes, where: str | Path, bad_rows: BadRows) -> bytes | None:
+    """The review as LRA saw it (surrounding whitespace stripped), or None for a bad one."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        bad_rows.add(DataError(where, f"not valid UTF-8 (byte {err.start})", line))
+        return None
+    data = data.strip()
+    if not data:
+        bad_rows.add(DataError(where, "empty review"))
+        return None
+    return data
 
 
 # ----------------------------------------------------------------------------- aclImdb folder
@@ -106,11 +128,15 @@ def _review_files(folder: Path) -> list[Path]:
 
 
 def load_imdb(
-    root: str | Path, split: str, max_length: int | None = DEFAULT_MAX_LENGTH
+    root: str | Path,
+    split: str,
+    max_length: int | None = DEFAULT_MAX_LENGTH,
+    on_bad_rows: str = "error",
 ) -> TokenSequenceDataset:
     """Reviews of ``split`` from ``<root>/aclImdb`` (``val`` reads the test reviews, as LRA did)."""
     folder_split = _check_split(split)
     check_max_length(max_length)
+    bad_rows = BadRows(on_bad_rows)
     base = imdb_dir(root) / folder_split
     pairs_from: list[tuple[Path, int]] = []
     for name, label in LABELS.items():
@@ -121,7 +147,15 @@ def load_imdb(
         if not files:
             raise MissingDataError(folder / "*.txt", f"The folder holds no review file. {HOW_TO_OBTAIN}")
         pairs_from += [(path, label) for path in files]
-    return _build(((path.read_bytes(), label) for path, label in pairs_from), max_length)
+    pairs = []
+    for path, label in pairs_from:
+        review = clean_review(path.read_bytes(), path, bad_rows)
+        if review is not None:
+            pairs.append((review, label))
+    bad_rows.report(f"IMDB {split} in {base}", len(pairs_from))
+    dataset = _build(pairs, max_length, bad_rows.count)
+    require_examples(dataset, base, "usable review")
+    return dataset
 
 
 # ----------------------------------------------------------------------------- Hugging Face cache
@@ -184,6 +218,7 @@ def load_imdb_hf(
     max_length: int | None = DEFAULT_MAX_LENGTH,
     name: str = HF_NAME,
     data_dir: str | Path = "data",
+    on_bad_rows: str = "error",
 ) -> TokenSequenceDataset:
     """The same reviews from the Hugging Face cache (``val`` is ``test``); nothing is downloaded.
 
@@ -191,10 +226,20 @@ def load_imdb_hf(
     """
     hf_split = _check_split(split)
     check_max_length(max_length)
+    bad_rows = BadRows(on_bad_rows)
     dataset = load_hf_cached(name, hf_split, imdb_dir(data_dir), HOW_TO_OBTAIN)
     for column in ("text", "label"):
         _hf_column(dataset, column, name)
-    return _build(((row["text"].encode("utf-8"), int(row["label"])) for row in dataset), max_length)
+    where = f"huggingface:{name}[{hf_split}]"
+    pairs = []
+    for index, row in enumerate(dataset):
+        review = clean_review(row["text"].encode("utf-8"), f"{where} row {index}", bad_rows)
+        if review is not None:
+            pairs.append((review, int(row["label"])))
+    bad_rows.report(where, len(dataset))
+    built = _build(pairs, max_length, bad_rows.count)
+    require_examples(built, where, "usable review")
+    return built
 
 
 # ----------------------------------------------------------------------------- choosing a source
@@ -213,14 +258,18 @@ def ensure_text(data_dir: str | Path, name: str = HF_NAME) -> str:
 
 
 def load_text(
-    data_dir: str | Path, split: str, max_length: int | None = DEFAULT_MAX_LENGTH, name: str = HF_NAME
+    data_dir: str | Path,
+    split: str,
+    max_length: int | None = DEFAULT_MAX_LENGTH,
+    name: str = HF_NAME,
+    on_bad_rows: str = "error",
 ) -> tuple[TokenSequenceDataset, str]:
     """One split from the preferred source, and the ``data_source`` string saying which was read."""
     source = ensure_text(data_dir, name)
     if source.startswith("huggingface:"):
-        dataset = load_imdb_hf(split, max_length, name=name, data_dir=data_dir)
+        dataset = load_imdb_hf(split, max_length, name=name, data_dir=data_dir, on_bad_rows=on_bad_rows)
     else:
-        dataset = load_imdb(data_dir, split, max_length)
+        dataset = load_imdb(data_dir, split, max_length, on_bad_rows)
     if dataset.num_truncated:
         log.info(
             "IMDB %s: %d of %d reviews truncated to %s bytes",

@@ -1,0 +1,356 @@
+"""The Triton kernels. Loaded through ``runtime.kernels()`` (never imported directly): see there.
+
+Two families:
+
+- ``stream_kernel`` / ``stream_totals_kernel``: one *merged stream* per row, the core of the sliced
+  ops. A row's ``order`` (length L = 2T) lists entries in ascending score order: ``e >= T`` is a
+  *source* (row ``e - T`` of X, weighted), ``e < T`` a *sink* (position ``e``). Walking the stream
+  with running sums of the source rows ``P = Σ w (x - shift)`` and ``Px = Σ u w (x - shift)`` gives,
+  at each sink, the prefix sums over exactly the sources sorted before it: what the torch op gets
+  by building (T+1)×D prefix tables and gathering them at ``searchsorted`` ranks, here without any
+  table in memory. At a sink the kernel writes ``c1 P + c2 Px + c3 vec`` (stored or added) and/or
+  the dots of a row of Y with P, Px (and vec). Rows are split into chunks scanned in parallel:
+  ``stream_totals_kernel`` sums each chunk's sources, and each chunk starts from the carried total.
+- ``linear_causal_fwd_kernel`` / ``linear_causal_bwd_q_kernel`` / ``linear_causal_bwd_kv_kernel``:
+  chunked causal linear attention, quadratic inside a chunk, a float32 (D, Dv) state across chunks.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Only triton's builtins are used, plus the jit functions of this file: triton.language's own jit
+# helpers (tl.sum, tl.cumsum, tl.cdiv, tl.zeros) are decorated when triton is first imported, for
+# the mode then in force, and would break the interpreter if triton was imported without it.
+# Sums go through tl.reduce / tl.associative_scan with triton's own sum combiner, which the
+# interpreter recognises by identity and runs as one numpy call (any other combiner is called
+# element by element in Python: minutes instead of seconds).
+
+
+@triton.jit
+def _plus(a, b):
+    return a + b
+
+
+_add = getattr(tl.standard, "_sum_combine", _plus)
+
+
+@triton.jit
+def _weighted_rows(
+    x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype,
+    HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr,
+):  # fmt: skip
+    """Source rows ``w_j (x_j - shift)`` and ``u_j w_j (x_j - shift)``; zero rows off the sources."""
+    rows = tl.load(
+        x_ptr + (row * T + j)[:, None] * D + d[None, :],
+        mask=is_src[:, None] & dmask[None, :],
+        other=0.0,
+    ).to(acc_dtype)
+    if HAS_XSHIFT:
+        rows = rows - xshift[None, :]
+    if HAS_W:
+        weight = tl.load(w_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
+    else:
+        weight = tl.full(j.shape, 1.0, acc_dtype)
+    weight = tl.where(is_src, weight, 0.0)
+    rows = rows * weight[:, None]
+    score = tl.load(u_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
+    return rows, rows * score[:, None]
+
+
+@triton.jit
+def stream_totals_kernel(
+    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr, totals_ptr,
+    T, D, L, CHUNK, NCHUNK,
+    HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """``totals[row, chunk, 0/1, :]``: the chunk's sums of the source rows and score-weighted rows."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    dblk = tl.program_id(2)
+    acc_dtype = u_ptr.dtype.element_ty
+    d = dblk * BD + tl.arange(0, BD)
+    dmask = d < D
+    xshift = tl.full([BD], 0.0, acc_dtype)
+    if HAS_XSHIFT:
+        xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    sum_w = tl.full([BD], 0.0, acc_dtype)
+    sum_x = tl.full([BD], 0.0, acc_dtype)
+    start = chunk * CHUNK
+    stop = tl.minimum(start + CHUNK, L)
+    for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
+        p = start + it * BLOCK + tl.arange(0, BLOCK)
+        pmask = p < stop
+        e = tl.load(order_ptr + row * L + p, mask=pmask, other=0)
+        is_src = pmask & (e >= T)
+        j = tl.where(is_src, e - T, 0)
+        rows, scored = _weighted_rows(
+            x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
+        )
+        sum_w += tl.reduce(rows, 0, _add)
+        sum_x += tl.reduce(scored, 0, _add)
+    base = totals_ptr + ((row * NCHUNK + chunk) * 2) * D + d
+    tl.store(base, sum_w, mask=dmask)
+    tl.store(base + D, sum_x, mask=dmask)
+
+
+@triton.jit
+def stream_kernel(
+    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr,
+    c1_ptr, c2_ptr, c3_ptr, vec_ptr, out_ptr,
+    y_ptr, yshift_ptr, dots_ptr, c4_ptr, ysum_ptr, carry_ptr,
+    N, T, D, L, CHUNK, NCHUNK,
+    HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, WRITE: tl.constexpr, HAS_C3: tl.constexpr,
+    DOTS: tl.constexpr, DOT_VEC: tl.constexpr, HAS_YSHIFT: tl.constexpr, YSUM: tl.constexpr,
+    HAS_CARRY: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """One chunk of one row's stream, one block of D columns (grid: rows, chunks, D blocks).
+
+    At every sink i (with P, Px the sums over the sources before it):
+    ``WRITE`` 1: ``out[i] = c1 P + c2 Px (+ c3 vec)``; 2: the same added to ``out[i]``;
+    ``DOTS``: ``dots[dblk, 0/1/2, row, i] = y_i' · P, y_i' · Px, y_i' · vec`` with
+    ``y' = y - yshift`` (partial over this D block; the caller sums the blocks); ``YSUM``:
+    ``ysum[row, chunk] = Σ_i c4_i y_i'`` over the chunk's sinks.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    dblk = tl.program_id(2)
+    acc_dtype = u_ptr.dtype.element_ty
+    d = dblk * BD + tl.arange(0, BD)
+    dmask = d < D
+    run_w = tl.full([BD], 0.0, acc_dtype)
+    run_x = tl.full([BD], 0.0, acc_dtype)
+    if HAS_CARRY:
+        base = carry_ptr + ((row * NCHUNK + chunk) * 2) * D + d
+        run_w += tl.load(base, mask=dmask, other=0.0).to(acc_dtype)
+        run_x += tl.load(base + D, mask=dmask, other=0.0).to(acc_dtype)
+    xshift = tl.full([BD], 0.0, acc_dtype)
+    if HAS_XSHIFT:
+        xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    vec = tl.full([BD], 0.0, acc_dtype)
+    if HAS_C3 or DOT_VEC:
+        vec = tl.load(vec_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    yshift = tl.full([BD], 0.0, acc_dtype)
+    if HAS_YSHIFT:
+        yshift = tl.load(yshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+
+    ysum = tl.full([BD], 0.0, acc_dtype)
+
+    start = chunk * CHUNK
+    stop = tl.minimum(start + CHUNK, L)
+    for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
+        p = start + it * BLOCK + tl.arange(0, BLOCK)
+        pmask = p < stop
+        e = tl.load(order_ptr + row * L + p, mask=pmask, other=0)
+        is_src = pmask & (e >= T)
+        is_sink = pmask & (e < T)
+        j = tl.where(is_src, e - T, 0)
+        i = tl.where(is_sink, e, 0)
+        rows, scored = _weighted_rows(
+            x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
+        )
+        # inclusive sums; a sink's own row is zero, so at a sink they are the sums strictly before it
+        pre_w = tl.associative_scan(rows, 0, _add) + run_w[None, :]
+        pre_x = tl.associative_scan(scored, 0, _add) + run_x[None, :]
+        run_w += tl.reduce(rows, 0, _add)
+        run_x += tl.reduce(scored, 0, _add)
+        sink2 = is_sink[:, None] & dmask[None, :]
+        if WRITE > 0:
+            c1 = tl.load(c1_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
+            c2 = tl.load(c2_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
+            value = c1[:, None] * pre_w + c2[:, None] * pre_x
+            if HAS_C3:
+                c3 = tl.load(c3_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
+                value += c3[:, None] * vec[None, :]
+            target = out_ptr + (row * T + i)[:, None] * D + d[None, :]
+            if WRITE == 2:
+                value += tl.load(target, mask=sink2, other=0.0).to(acc_dtype)
+            tl.store(target, value.to(out_ptr.dtype.element_ty), mask=sink2)
+        if DOTS:
+            y = tl.load(y_ptr + (row * T + i)[:, None] * D + d[None, :], mask=sink2, other=0.0)
+            y = y.to(acc_dtype)
+            if HAS_YSHIFT:
+                y = tl.where(sink2, y - yshift[None, :], 0.0)
+            at = dots_ptr + ((dblk * 3) * N + row) * T + i
+            tl.store(at, tl.reduce(y * pre_w, 1, _add), mask=is_sink)
+            tl.store(at + N * T, tl.reduce(y * pre_x, 1, _add), mask=is_sink)
+            if DOT_VEC:
+                tl.store(at + 2 * N * T, tl.reduce(y * vec[None, :], 1, _add), mask=is_sink)
+            if YSUM:
+                c4 = tl.load(c4_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
+                ysum += tl.reduce(y * c4[:, None], 0, _add)
+    if YSUM:
+        tl.store(ysum_ptr + (row * NCHUNK + chunk) * D + d, ysum, mask=dmask)
+
+
+# --------------------------------------------------------------------------------------------
+# Causal linear attention, φ = elu + 1, chunked: grid (rows,), one program walks a row's chunks.
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _phi(x):
+    return tl.where(x > 0, x + 1.0, tl.exp(x))
+
+
+@triton.jit
+def _dphi(x):
+    return tl.where(x > 0, 1.0, tl.exp(x))
+
+
+@triton.jit
+def _load_chunk(ptr, row, pos, pmask, cols, cmask, T, W):
+    return tl.load(
+        ptr + (row * T + pos)[:, None] * W + cols[None, :], mask=pmask[:, None] & cmask[None, :], other=0.0
+    ).to(tl.float32)
+
+
+@triton.jit
+def linear_causal_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, den_ptr,
+    T, D, DV, HEADS, eps,
+    HAS_MASK: tl.constexpr, C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """``out_i = φ(q_i)ᵀ S_i / (φ(q_i)ᵀ z_i + eps)`` with ``S_i, z_i`` over keys ``j <= i``; saves the
+    denominators ``φ(q_i)ᵀ z_i`` (without eps) for the backward pass."""
+    row = tl.program_id(0).to(tl.int64)
+    cd = tl.arange(0, BD)
+    cv = tl.arange(0, BDV)
+    dmask, vmask = cd < D, cv < DV
+    state = tl.full([BD, BDV], 0.0, tl.float32)
+    norm = tl.full([BD], 0.0, tl.float32)
+    ci = tl.arange(0, C)
+    causal = ci[:, None] >= ci[None, :]
+    for c0 in range(0, T, C):
+        pos = c0 + ci
+        pmask = pos < T
+        q = _load_chunk(q_ptr, row, pos, pmask, cd, dmask, T, D)
+        k = _load_chunk(k_ptr, row, pos, pmask, cd, dmask, T, D)
+        v = _load_chunk(v_ptr, row, pos, pmask, cv, vmask, T, DV)
+        keep = pmask
+        if HAS_MASK:
+            keep = keep & (tl.load(mask_ptr + (row // HEADS) * T + pos, mask=pmask, other=0) != 0)
+        fq = tl.where(pmask[:, None] & dmask[None, :], _phi(q), 0.0)
+        fk = tl.where(keep[:, None] & dmask[None, :], _phi(k), 0.0)
+        scores = tl.dot(fq, tl.trans(fk), input_precision=PRECISION)
+        scores = tl.where(causal, scores, 0.0)
+        num = tl.dot(scores, v, input_precision=PRECISION) + tl.dot(fq, state, input_precision=PRECISION)
+        den = tl.reduce(scores, 1, _add) + tl.reduce(fq * norm[None, :], 1, _add)
+        out = num / (den + eps)[:, None]
+        if HAS_MASK:
+            out = tl.where(keep[:, None], out, 0.0)
+        tl.store(
+            out_ptr + (row * T + pos)[:, None] * DV + cv[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=pmask[:, None] & vmask[None, :],
+        )
+        tl.store(den_ptr + row * T + pos, den, mask=pmask)
+        state += tl.dot(tl.trans(fk), v, input_precision=PRECISION)
+        norm += tl.reduce(fk, 0, _add)
+
+
+@triton.jit
+def linear_causal_bwd_q_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, g_ptr, den_ptr, dq_ptr, gnum_ptr, gden_ptr,
+    T, D, DV, HEADS, eps,
+    HAS_MASK: tl.constexpr, C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Gradient w.r.t. q (forward scan over the chunks, the forward's state), and the per-query
+    ``dnum_i = g_i / (den_i + eps)`` (stored, float32) and ``dden_i = -g_i·o_i / (den_i + eps)``."""
+    row = tl.program_id(0).to(tl.int64)
+    cd = tl.arange(0, BD)
+    cv = tl.arange(0, BDV)
+    dmask, vmask = cd < D, cv < DV
+    state = tl.full([BD, BDV], 0.0, tl.float32)
+    norm = tl.full([BD], 0.0, tl.float32)
+    ci = tl.arange(0, C)
+    causal = ci[:, None] >= ci[None, :]
+    for c0 in range(0, T, C):
+        pos = c0 + ci
+        pmask = pos < T
+        q = _load_chunk(q_ptr, row, pos, pmask, cd, dmask, T, D)
+        k = _load_chunk(k_ptr, row, pos, pmask, cd, dmask, T, D)
+        v = _load_chunk(v_ptr, row, pos, pmask, cv, vmask, T, DV)
+        g = _load_chunk(g_ptr, row, pos, pmask, cv, vmask, T, DV)
+        keep = pmask
+        if HAS_MASK:
+            keep = keep & (tl.load(mask_ptr + (row // HEADS) * T + pos, mask=pmask, other=0) != 0)
+        g = tl.where(keep[:, None], g, 0.0)  # padded outputs are zeroed: no gradient flows there
+        fq = tl.where(pmask[:, None] & dmask[None, :], _phi(q), 0.0)
+        fk = tl.where(keep[:, None] & dmask[None, :], _phi(k), 0.0)
+        scores = tl.where(causal, tl.dot(fq, tl.trans(fk), input_precision=PRECISION), 0.0)
+        num = tl.dot(scores, v, input_precision=PRECISION) + tl.dot(fq, state, input_precision=PRECISION)
+        den = tl.load(den_ptr + row * T + pos, mask=pmask, other=1.0)
+        inv = 1.0 / (den + eps)
+        gnum = g * inv[:, None]
+        gden = -tl.reduce(gnum * num, 1, _add) * inv  # -(g · o) / (den + eps)
+        gscores = tl.dot(gnum, tl.trans(v), input_precision=PRECISION) + gden[:, None]
+        gscores = tl.where(causal, gscores, 0.0)
+        gfq = tl.dot(gscores, fk, input_precision=PRECISION)
+        gfq += tl.dot(gnum, tl.trans(state), input_precision=PRECISION) + gden[:, None] * norm[None, :]
+        gq = gfq * _dphi(q)
+        tl.store(
+            dq_ptr + (row * T + pos)[:, None] * D + cd[None, :],
+            gq.to(dq_ptr.dtype.element_ty),
+            mask=pmask[:, None] & dmask[None, :],
+        )
+        tl.store(
+            gnum_ptr + (row * T + pos)[:, None] * DV + cv[None, :], gnum, mask=pmask[:, None] & vmask[None, :]
+        )
+        tl.store(gden_ptr + row * T + pos, gden, mask=pmask)
+        state += tl.dot(tl.trans(fk), v, input_precision=PRECISION)
+        norm += tl.reduce(fk, 0, _add)
+
+
+@triton.jit
+def linear_causal_bwd_kv_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, gnum_ptr, gden_ptr, dk_ptr, dv_ptr,
+    T, D, DV, HEADS, NCHUNKS,
+    HAS_MASK: tl.constexpr, C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Gradients w.r.t. k and v: the chunks walked from the last, carrying
+    ``U = Σ_{later i} φ(q_i) dnum_iᵀ`` and ``u = Σ_{later i} φ(q_i) dden_i``."""
+    row = tl.program_id(0).to(tl.int64)
+    cd = tl.arange(0, BD)
+    cv = tl.arange(0, BDV)
+    dmask, vmask = cd < D, cv < DV
+    back = tl.full([BD, BDV], 0.0, tl.float32)
+    back_norm = tl.full([BD], 0.0, tl.float32)
+    ci = tl.arange(0, C)
+    causal = ci[:, None] >= ci[None, :]  # [i, j]: query i sees key j
+    for step in range(0, NCHUNKS):
+        c0 = (NCHUNKS - 1 - step) * C
+        pos = c0 + ci
+        pmask = pos < T
+        q = _load_chunk(q_ptr, row, pos, pmask, cd, dmask, T, D)
+        k = _load_chunk(k_ptr, row, pos, pmask, cd, dmask, T, D)
+        v = _load_chunk(v_ptr, row, pos, pmask, cv, vmask, T, DV)
+        gnum = _load_chunk(gnum_ptr, row, pos, pmask, cv, vmask, T, DV)
+        gden = tl.load(gden_ptr + row * T + pos, mask=pmask, other=0.0)
+        keep = pmask
+        if HAS_MASK:
+            keep = keep & (tl.load(mask_ptr + (row // HEADS) * T + pos, mask=pmask, other=0) != 0)
+        fq = tl.where(pmask[:, None] & dmask[None, :], _phi(q), 0.0)
+        fk = tl.where(keep[:, None] & dmask[None, :], _phi(k), 0.0)
+        scores = tl.where(causal, tl.dot(fq, tl.trans(fk), input_precision=PRECISION), 0.0)
+        gscores = tl.dot(gnum, tl.trans(v), input_precision=PRECISION) + gden[:, None]
+        gscores = tl.where(causal, gscores, 0.0)
+        # dφk_j = Σ_{i>=j} φq_i (dnum_i·v_j + dden_i);  dv_j = Σ_{i>=j} (φq_i·φk_j) dnum_i
+        gfk = tl.dot(tl.trans(gscores), fq, input_precision=PRECISION)
+        gfk += tl.dot(v, tl.trans(back), input_precision=PRECISION) + back_norm[None, :]
+        gv = tl.dot(tl.trans(scores), gnum, input_precision=PRECISION)
+        gv += tl.dot(fk, back, input_precision=PRECISION)
+        gk = tl.where(keep[:, None], gfk * _dphi(k), 0.0)
+        tl.store(
+            dk_ptr + (row * T + pos)[:, None] * D + cd[None, :],
+            gk.to(dk_ptr.dtype.element_ty),
+            mask=pmask[:, None] & dmask[None, :],
+        )
+        tl.store(
+            dv_ptr + (row * T + pos)[:, None] * DV + cv[None, :],
+            gv.to(dv_ptr.dtype.element_ty),
+            mask=pmask[:, None] & vmask[None, :],
+        )
+        back += tl.dot(tl.trans(fq), gnum, input_precision=PRECISION)
+        back_norm += tl.reduce(fq * gden[:, None], 0, _add)

@@ -1,0 +1,372 @@
+"""Sliced ReLU and ReLU-bump attention on Triton: the same math and exactness rules as
+``attnlab.attention.sliced_relu`` (its docstring has the derivation), without prefix tables.
+
+The torch op sorts the keys, builds (T+1)×D prefix tables of the centred values (and of score ·
+value) in memory, and gathers them at each query's ``searchsorted`` rank. Here the scalar work stays
+in torch (sorts, ranks, counts, normalisers: (B·H, T) tensors, 1/D of the data) and the D-wide work
+is one *merged stream* per row and per rank rule: keys and queries in one ascending order, walked by
+``kernels.stream_kernel`` with running sums, so that each query reads the sums over exactly the keys
+before it. The merged order comes from the two sorted lists and two ``searchsorted`` calls (a merge,
+not a sort), and ties go to the side the torch op's ``searchsorted`` puts them. Each stream reads
+the value rows once and writes the output rows once.
+
+Backward: the key-side sums over ``{i : s_i > t_j}`` are the same merged stream walked from the top
+with queries as sources; the mean subtraction of dL/dw is analytic (``Σ_j dL/dw_j = Σ_i a_i R_i g_i``
+with ``R_i = Σ_{t_j<s_i} (s_i - t_j)``), folded into that stream's output.
+
+Values, outputs and gradients keep the input dtype in memory; every sum runs in the accumulation
+dtype (float32, float64 for float64 inputs), loaded and converted inside the kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.attention.precision import no_autocast
+from attnlab.attention.sliced_relu import (
+    _centre_scores,
+    _counts,
+    _exclusive_cumsum,
+    _first_order_only,
+    _hat_terms,
+    _key_windows,
+    _sort_real_first,
+)
+from attnlab.attention.triton.runtime import kernels
+
+
+@dataclass
+class StreamTuning:
+    """Launch shape of the stream kernels. ``chunk``: entries per program (None: enough chunks to
+    give every SM several programs, at least ``min_chunk`` entries each)."""
+
+    block: int = 32  # 32 × 64 tiles at 8 warps: no register spills on sm_90 (64 spills)
+    block_d: int = 64
+    min_chunk: int = 2048
+    chunk: int | None = None
+    num_warps: int = 8
+
+
+TUNING = StreamTuning()
+
+
+def _chunk_len(rows: int, length: int, d_blocks: int, device: torch.device) -> int:
+    if TUNING.chunk is not None:
+        return max(TUNING.block, -(-TUNING.chunk // TUNING.block) * TUNING.block)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    programs = 4 * sms
+    chunks = max(1, -(-programs // (rows * d_blocks)))
+    chunk = max(TUNING.min_chunk, -(-length // chunks))
+    return -(-chunk // TUNING.block) * TUNING.block
+
+
+def stream(
+    order: torch.Tensor,
+    x: torch.Tensor,
+    score: torch.Tensor,
+    *,
+    xshift: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    c1: torch.Tensor | None = None,
+    c2: torch.Tensor | None = None,
+    c3: torch.Tensor | None = None,
+    vec: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    y: torch.Tensor | None = None,
+    yshift: torch.Tensor | None = None,
+    dot_vec: bool = False,
+    c4: torch.Tensor | None = None,
+):
+    """Walk the merged stream ``order (N, 2T)`` (see ``kernels.stream_kernel``).
+
+    Sources: rows of ``x (N, T, D)``, minus ``xshift (N, D)``, times ``weight (N, T)``; ``score
+    (N, T)`` (accumulation dtype) scales the second running sum. Sinks: with ``out``, write (or with
+    ``accumulate`` add) ``c1 P + c2 Px (+ c3 vec)``; with ``y``, return the dots ``(3, N, T)`` of
+    ``y - yshift`` with P, Px (and ``vec``), and with ``c4`` also ``Σ_i c4_i (y_i - yshift)``
+    ``(N, D)``. Returns ``(dots or None, ysum or None)``.
+    """
+    k = kernels()
+    order, x, score, xshift, weight, c1, c2, c3, vec, y, yshift, c4 = (
+        None if a is None else a.contiguous()
+        for a in (order, x, score, xshift, weight, c1, c2, c3, vec, y, yshift, c4)
+    )
+    rows, length, dim = x.shape
+    total = order.shape[1]
+    acc = score.dtype
+    block_d = min(TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
+    d_blocks = -(-dim // block_d)
+    chunk = _chunk_len(rows, total, d_blocks, x.device)
+    n_chunks = -(-total // chunk)
+    dummy = score
+    carry = None
+    if n_chunks > 1:
+        totals = torch.empty(rows, n_chunks, 2, dim, dtype=acc, device=x.device)
+        k.stream_totals_kernel[(rows, n_chunks, d_blocks)](
+            order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy,
+            score, totals, length, dim, total, chunk, n_chunks,
+            HAS_XSHIFT=xshift is not None, HAS_W=weight is not None,
+            BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
+        )  # fmt: skip
+        carry = torch.zeros_like(totals)
+        torch.cumsum(totals[:, :-1], dim=1, out=carry[:, 1:])
+    dots = torch.empty(d_blocks, 3, rows, length, dtype=acc, device=x.device) if y is not None else None
+    ysum = torch.empty(rows, n_chunks, dim, dtype=acc, device=x.device) if c4 is not None else None
+    write = 0 if out is None else (2 if accumulate else 1)
+    k.stream_kernel[(rows, n_chunks, d_blocks)](
+        order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy, score,
+        c1 if c1 is not None else dummy, c2 if c2 is not None else dummy, c3 if c3 is not None else dummy,
+        vec if vec is not None else dummy, out if out is not None else dummy,
+        y if y is not None else dummy, yshift if yshift is not None else dummy,
+        dots if dots is not None else dummy, c4 if c4 is not None else dummy,
+        ysum if ysum is not None else dummy, carry if carry is not None else dummy,
+        rows, length, dim, total, chunk, n_chunks,
+        HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, WRITE=write, HAS_C3=c3 is not None,
+        DOTS=y is not None, DOT_VEC=dot_vec, HAS_YSHIFT=yshift is not None, YSUM=c4 is not None,
+        HAS_CARRY=carry is not None, BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
+    )  # fmt: skip
+    if dots is not None:
+        dots = dots.sum(dim=0) if d_blocks > 1 else dots[0]
+    if ysum is not None:
+        ysum = ysum.sum(dim=1)
+    return dots, ysum
+
+
+def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool):
+    """The merged ascending order of sinks and sources of one row, and each sink's source count.
+
+    ``*_sorted`` are ascending ``(N, T)`` values, ``*_order`` their original indices. On ties,
+    ``sinks_first`` puts a sink before equal sources (it counts ``#{src < x}``, ``searchsorted``
+    side left), else after them (``#{src <= x}``, side right). Returns ``order (N, 2T)`` int32
+    (sink ``i`` as ``i``, source ``j`` as ``T + j``) and the counts ``(N, T)`` by original sink index.
+    """
+    rows, length = sink_sorted.shape
+    before_sink = torch.searchsorted(src_sorted, sink_sorted, side="left" if sinks_first else "right")
+    before_src = torch.searchsorted(sink_sorted, src_sorted, side="right" if sinks_first else "left")
+    arange = torch.arange(length, device=sink_sorted.device)
+    order = torch.empty(rows, 2 * length, dtype=torch.int32, device=sink_sorted.device)
+    order.scatter_(1, arange + before_sink, sink_order.to(torch.int32))
+    order.scatter_(1, arange + before_src, (src_order + length).to(torch.int32))
+    counts = torch.empty_like(before_sink).scatter_(1, sink_order, before_sink)
+    return order, counts
+
+
+def reverse(order: torch.Tensor, length: int) -> torch.Tensor:
+    """The merged stream walked from the top with the roles exchanged (sources become sinks)."""
+    return torch.remainder(order.flip(1) + length, 2 * length).to(torch.int32)
+
+
+def _mean_rows(values, valid, count, acc):
+    """Mean over real tokens of ``values (N, T, D)`` in the accumulation dtype, no float32 copy."""
+    if valid is not None:
+        values = values.masked_fill(~valid[..., None], 0)
+    return values.sum(dim=1, dtype=acc) / count[:, None]
+
+
+def _mask(x, valid):
+    return x if valid is None else x.masked_fill(~valid, 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Sliced ReLU
+# --------------------------------------------------------------------------------------------
+
+
+class SlicedReLUTriton(torch.autograd.Function):
+    """Rows ``s, t (N, T)`` in the accumulation dtype, ``v (N, T, D)`` in its own; ``valid`` or None."""
+
+    @staticmethod
+    def forward(ctx, s, t, v, valid, eps):
+        with no_autocast(v.device):
+            rows, length, _ = v.shape
+            acc = s.dtype
+            count = _counts(valid, rows, length, acc, v.device)
+            s, t = _mask(s, valid), _mask(t, valid)
+            s, t = _centre_scores(s, t, valid, count)
+            t_search, t_sorted, k_order = _sort_real_first(t, valid)
+            s_sorted, q_order = torch.sort(s, dim=1)
+            order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True)  # #{t < s}
+            p_t = _exclusive_cumsum(t_sorted)
+            below_t = torch.gather(p_t, 1, rank)
+            rank_f = rank.to(acc)
+            den = s * (2 * rank_f - count[:, None]) + p_t[:, -1:] - 2 * below_t
+            scale = _mask(2.0 / den.clamp_min(eps), valid)
+            vbar = _mean_rows(v, valid, count, acc)
+            weight = None if valid is None else valid.to(acc)
+            out = torch.empty_like(v)
+            stream(order, v, t, xshift=vbar, weight=weight, c1=scale * s, c2=-scale, out=out)
+
+            # for the backward pass: #{t < s} - #{t > s}, R_i = Σ_{t_j<s_i} (s_i - t_j), and for
+            # each key #{s < t_j}, #{s <= t_j} among the sorted queries
+            rank_le = torch.searchsorted(t_search, s, side="right")
+            balance = (rank + rank_le).to(acc) - count[:, None]
+            relu_mass = s * rank_f - below_t
+            q_lt = torch.searchsorted(s_sorted, t, side="left")
+            q_le = torch.searchsorted(s_sorted, t, side="right")
+        ctx.save_for_backward(s, t, v, vbar, den, count, order, balance, relu_mass, q_order, q_lt, q_le)
+        ctx.valid, ctx.eps = valid, eps
+        return out
+
+    @staticmethod
+    @_first_order_only("sliced_relu_attention")
+    def backward(ctx, grad_out):
+        with no_autocast(grad_out.device):
+            return SlicedReLUTriton._backward(ctx, grad_out.contiguous())
+
+    @staticmethod
+    def _backward(ctx, g):
+        s, t, v, vbar, den, count, order, balance, relu_mass, q_order, q_lt, q_le = ctx.saved_tensors
+        valid, eps = ctx.valid, ctx.eps
+        length = s.shape[1]
+        acc = s.dtype
+        inv_d = 1.0 / den.clamp_min(eps)
+        a_scale = _mask(2.0 * inv_d, valid)
+        weight = None if valid is None else valid.to(acc)
+
+        # Queries (keys as sources): g·P_w and g·P_tw at each query, hence g·o and dL/ds.
+        # The same walk sums Σ_i a_i R_i g_i: the mean of dL/dw over the real keys times n (below).
+        dots, mean_sum = stream(order, v, t, xshift=vbar, weight=weight, y=g, c4=a_scale * relu_mass)
+        g_below, g_scored = dots[0], dots[1]
+        grad_den = -(a_scale * (s * g_below - g_scored)) * inv_d * (den >= eps)
+        grad_den = _mask(grad_den, valid)
+        grad_s = _mask(a_scale * g_below + grad_den * balance, valid)
+
+        # Keys (queries above them as sources): dL/dw_j = Σ_{s_i>t_j} (s_i - t_j) a_i g_i, minus its
+        # mean over the real keys, Σ_i a_i R_i g_i / n; and (v_j - vbar) · Σ_{s_i>t_j} a_i g_i.
+        mean = mean_sum / count[:, None]
+        key_w = torch.ones_like(t) if valid is None else valid.to(acc)
+        grad_v = torch.empty_like(v)
+        dots, _ = stream(
+            reverse(order, length), g, s, weight=a_scale,
+            c1=-t * key_w, c2=key_w, c3=-key_w, vec=mean, out=grad_v, y=v, yshift=vbar,
+        )  # fmt: skip
+        w_dot_a = dots[0]
+        # dL/dt_j = Σ_{s_i<t_j} dden_i - Σ_{s_i>t_j} dden_i - w_j · Σ_{s_i>t_j} a_i g_i
+        q_den = _exclusive_cumsum(torch.gather(grad_den, 1, q_order))
+        den_below = torch.gather(q_den, 1, q_lt)
+        den_above = q_den[:, -1:] - torch.gather(q_den, 1, q_le)
+        grad_t = _mask(den_below - den_above - w_dot_a, valid)
+        return grad_s, grad_t, grad_v, None, None
+
+
+# --------------------------------------------------------------------------------------------
+# Sliced ReLU-bump
+# --------------------------------------------------------------------------------------------
+
+
+def _windows(centres_sorted, centre_order, search, search_order, width):
+    """Merged streams and ranks of the windows (c - b, c] and (c, c + b) of sorted centres among
+    sorted scores: ``#{x <= c - b}``, ``#{x <= c}``, ``#{x < c + b}`` (as ``_hat_windows``)."""
+    lo = merge(centres_sorted - width, centre_order, search, search_order, sinks_first=False)
+    mid = merge(centres_sorted, centre_order, search, search_order, sinks_first=False)
+    hi = merge(centres_sorted + width, centre_order, search, search_order, sinks_first=True)
+    return lo, mid, hi
+
+
+class SlicedReLUBumpTriton(torch.autograd.Function):
+    """Rows ``s, t (N, T)``, ``v (N, T, D)``, per-row bandwidth ``b (N, 1)``; ``valid`` or None."""
+
+    @staticmethod
+    def forward(ctx, s, t, v, b, valid):
+        with no_autocast(v.device):
+            rows, length, _ = v.shape
+            acc = s.dtype
+            count = _counts(valid, rows, length, acc, v.device)
+            s, t = _mask(s, valid), _mask(t, valid)
+            s, t = _centre_scores(s, t, valid, count)
+            t_search, t_sorted, k_order = _sort_real_first(t, valid)
+            s_sorted, q_order = torch.sort(s, dim=1)
+            (o_lo, lo), (o_mid, mid), (o_hi, hi) = _windows(s_sorted, q_order, t_search, k_order, b)
+            vbar = _mean_rows(v, valid, count, acc)
+            p_t = _exclusive_cumsum(t_sorted.to(torch.float64))
+            coef = _mask((1.0 / (count[:, None] * b)).expand(-1, length), valid)
+            rows_terms, scored_terms = _hat_terms(lo, mid, hi, s, b, coef)
+            left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, acc)
+            mass = coef * ((b - s) * left_n + left_t + (b + s) * right_n - right_t)
+            weight = None if valid is None else valid.to(acc)
+            out = torch.empty(v.shape, dtype=acc, device=v.device)
+            for n, (order, (_, c1), (_, c2)) in enumerate(
+                zip((o_lo, o_mid, o_hi), rows_terms, scored_terms, strict=True)
+            ):
+                stream(
+                    order, v, t, xshift=vbar, weight=weight, c1=c1, c2=c2, out=out, accumulate=n > 0,
+                    c3=mass if n == 0 else None, vec=vbar if n == 0 else None,
+                )  # fmt: skip
+        ctx.save_for_backward(s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order)
+        ctx.valid = valid
+        return out.to(v.dtype)
+
+    @staticmethod
+    @_first_order_only("sliced_relu_bump_attention")
+    def backward(ctx, grad_out):
+        with no_autocast(grad_out.device):
+            return SlicedReLUBumpTriton._backward(ctx, grad_out.contiguous())
+
+    @staticmethod
+    def _backward(ctx, g):
+        s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order = ctx.saved_tensors
+        valid = ctx.valid
+        acc = s.dtype
+        weight = None if valid is None else valid.to(acc)
+
+        # Queries (as in the torch op): window sums of the centred values dotted with g.
+        s_sorted, q_order = torch.sort(s, dim=1)
+        o_below, below = merge(s_sorted, q_order, t_search, k_order, sinks_first=True)  # #{t < s}
+        kw = {"xshift": vbar, "weight": weight, "y": g}
+        d_lo, _ = stream(o_lo, v, t, **kw)
+        d_mid, _ = stream(o_mid, v, t, **kw, vec=vbar, dot_vec=True)
+        d_hi, _ = stream(o_hi, v, t, **kw)
+        d_below, _ = stream(o_below, v, t, **kw)
+        (g_lo, gx_lo), (g_mid, gx_mid), (g_hi, gx_hi) = d_lo[:2], d_mid[:2], d_hi[:2]
+        g_below, g_vbar = d_below[0], d_mid[2]
+        left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, acc)
+        tied = (mid - below).to(acc)
+        grad_s = coef * (g_hi - g_mid + g_lo - g_below + g_vbar * (right_n - left_n + tied))
+        left, right = g_mid - g_lo + g_vbar * left_n, g_hi - g_mid + g_vbar * right_n
+        left_x, right_x = gx_mid - gx_lo + g_vbar * left_t, gx_hi - gx_mid + g_vbar * right_t
+        grad_b = (coef / b * (s * (left - right) + right_x - left_x)).sum(dim=1, keepdim=True)
+
+        # Keys: the windows with queries and keys exchanged, sources c_i g_i over the sorted queries.
+        s_search, _, q_real_order = _sort_real_first(s, valid)
+        (o_klo, k_lo), (o_kmid, k_mid), (o_khi, k_hi) = _windows(t_search, k_order, s_search, q_real_order, b)
+        o_kbelow, _ = merge(t_search, k_order, s_search, q_real_order, sinks_first=True)
+        key_w = torch.ones_like(t) if valid is None else valid.to(acc)
+        rows_terms, scored_terms = _hat_terms(k_lo, k_mid, k_hi, t, b, key_w)
+        grad_v = torch.empty(v.shape, dtype=acc, device=v.device)
+        v_dots = []
+        for n, (order, (_, c1), (_, c2)) in enumerate(
+            zip((o_klo, o_kmid, o_khi), rows_terms, scored_terms, strict=True)
+        ):
+            dots, _ = stream(order, g, s, weight=coef, c1=c1, c2=c2, out=grad_v, accumulate=n > 0, y=v)
+            v_dots.append(dots[0])
+        dots, _ = stream(o_kbelow, g, s, weight=coef, y=v)
+        v_lo, v_mid, v_hi = v_dots
+        grad_t = _mask(v_hi - v_mid + v_lo - dots[0], valid)
+        return _mask(grad_s, valid), grad_t, grad_v.to(v.dtype), grad_b, None
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points (inputs already checked by the public ops)
+# --------------------------------------------------------------------------------------------
+
+
+def _rows(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    x = x.reshape(-1, *x.shape[2:])
+    return (x if dtype is None else x.to(dtype)).contiguous()
+
+
+def sliced_relu(s, t, v, valid, eps, acc):
+    batch, heads, length, dim = v.shape
+    out = SlicedReLUTriton.apply(_rows(s, acc), _rows(t, acc), _rows(v), valid, float(eps))
+    return out.view(batch, heads, length, dim)
+
+
+def sliced_relu_bump(s, t, v, width, valid, acc):
+    batch, heads, length, dim = v.shape
+    out = SlicedReLUBumpTriton.apply(_rows(s, acc), _rows(t, acc), _rows(v), width, valid)
+    return out.view(batch, heads, length, dim)
+
+
+__all__ = ["StreamTuning", "TUNING", "merge", "reverse", "sliced_relu", "sliced_relu_bump", "stream"]

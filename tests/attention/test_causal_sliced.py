@@ -1,0 +1,450 @@
+"""Causal sliced ReLU / ReLU-bump: the O(T log² T) ops against the float64 O(T²) references
+(outputs and every gradient, padding, ties, T = 1, odd shapes), float32 precision, decoding steps
+against the parallel op at every step, and the no-future-leak property of every causal layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab.attention import available_backends, backend_capabilities, build_attention
+from attnlab.attention import reference as ref
+from attnlab.attention.causal_sliced import (
+    SlicedDecodeState,
+    causal_sliced_relu_attention,
+    causal_sliced_relu_bump_attention,
+    sliced_relu_attention_state,
+    sliced_relu_attention_step,
+    sliced_relu_bump_attention_state,
+    sliced_relu_bump_attention_step,
+)
+from attnlab.attention.layers import SlicedReLUAttention, standardise_scores_prefix
+from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bump_attention
+
+F64 = torch.float64
+OUT_TOL = 1e-9
+GRAD_TOL = 1e-7
+KINDS = ["relu", "bump"]
+
+
+def random_inputs(batch, heads, length, dim, seed=0, dtype=F64):
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randn(batch, heads, length, generator=gen, dtype=F64)
+    t = torch.randn(batch, heads, length, generator=gen, dtype=F64)
+    v = torch.randn(batch, heads, length, dim, generator=gen, dtype=F64)
+    bandwidth = torch.rand(heads, generator=gen, dtype=F64) + 0.3
+    return s.to(dtype), t.to(dtype), v.to(dtype), bandwidth.to(dtype)
+
+
+def fast_op(kind, chunk=None):
+    """The causal op through the public entry point (default chunk) or with a given chunk."""
+    if chunk is None:
+        if kind == "relu":
+            return lambda s, t, v, b, mask: sliced_relu_attention(s, t, v, mask, causal=True)
+        return lambda s, t, v, b, mask: sliced_relu_bump_attention(s, t, v, b, mask, causal=True)
+    if kind == "relu":
+        return lambda s, t, v, b, mask: causal_sliced_relu_attention(s, t, v, mask, chunk=chunk)
+    return lambda s, t, v, b, mask: causal_sliced_relu_bump_attention(s, t, v, b, mask, chunk=chunk)
+
+
+def ref_op(kind):
+    if kind == "relu":
+        return lambda s, t, v, b, mask: ref.causal_sliced_relu_attention(s, t, v, mask)
+    return lambda s, t, v, b, mask: ref.causal_sliced_relu_bump_attention(s, t, v, b, mask)
+
+
+def outputs_and_grads(op, kind, s, t, v, bandwidth, mask, grad_seed=1):
+    inputs = [
+        x.detach().clone().requires_grad_() for x in ((s, t, v) if kind == "relu" else (s, t, v, bandwidth))
+    ]
+    extra = inputs[3] if kind == "bump" else bandwidth
+    out = op(*inputs[:3], extra, mask)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=out.dtype)
+    return out, torch.autograd.grad(out, inputs, grad_out)
+
+
+def assert_matches_reference(kind, s, t, v, bandwidth, mask=None, chunk=None):
+    out, grads = outputs_and_grads(fast_op(kind, chunk), kind, s, t, v, bandwidth, mask)
+    ref_out, ref_grads = outputs_and_grads(ref_op(kind), kind, s, t, v, bandwidth, mask)
+    assert torch.isfinite(out).all()
+    assert (out - ref_out).abs().max().item() <= OUT_TOL
+    for name, got, expected in zip(["s", "t", "v", "bandwidth"], grads, ref_grads, strict=False):
+        err = (got - expected).abs().max().item()
+        assert err <= GRAD_TOL, f"{kind}: gradient of {name} off by {err:.3g}"
+
+
+# ---- against the reference ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 1, 1, 1), (1, 1, 2, 3), (2, 3, 7, 1), (3, 2, 33, 5), (1, 4, 64, 16), (2, 1, 129, 2), (1, 2, 300, 3)],
+    ids=lambda shape: "x".join(map(str, shape)),
+)
+def test_matches_reference(kind, shape):
+    assert_matches_reference(kind, *random_inputs(*shape, seed=sum(shape)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("chunk", [1, 2, 5, 64])
+def test_every_chunk_size_is_the_same_function(kind, chunk):
+    # chunk 1: every pair but the diagonal goes through the sorted levels; 64 > T: all dense
+    assert_matches_reference(kind, *random_inputs(2, 2, 45, 3, seed=chunk), chunk=chunk)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wide_scores_narrow_bandwidth_and_offset_scores(kind):
+    s, t, v, bandwidth = random_inputs(2, 2, 50, 3, seed=5)
+    assert_matches_reference(kind, 10 * s, 10 * t, v, bandwidth / 10)
+    assert_matches_reference(kind, s + 1e3, t + 1e3, v + 50, bandwidth)
+
+
+# ---- padding ----------------------------------------------------------------------------------
+
+
+def padded_batch(lengths, heads=2, length=13, dim=3, seed=0):
+    """A right-padded batch whose padded slots hold huge (finite) garbage, with its mask."""
+    s, t, v, bandwidth = random_inputs(len(lengths), heads, length, dim, seed=seed)
+    mask = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]
+    return (*with_garbage(s, t, v, mask, seed), bandwidth, mask)
+
+
+def with_garbage(s, t, v, mask, seed):
+    gen = torch.Generator().manual_seed(seed + 100)
+    garbage = ~mask[:, None, :]
+    s = torch.where(garbage, 1e6 * torch.randn(s.shape, generator=gen, dtype=F64), s)
+    t = torch.where(garbage, -1e6 * torch.randn(t.shape, generator=gen, dtype=F64), t)
+    v = torch.where(garbage[..., None], 1e8 * torch.randn(v.shape, generator=gen, dtype=F64), v)
+    return s, t, v
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padding_matches_reference(kind):
+    assert_matches_reference(kind, *padded_batch([13, 9, 1, 0]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padding_anywhere_matches_reference(kind):
+    # holes in the middle and at the start: the prefix statistics skip them
+    s, t, v, bandwidth = random_inputs(3, 2, 40, 3, seed=6)
+    mask = torch.rand(3, 40, generator=torch.Generator().manual_seed(6)) > 0.4
+    mask[1, :5] = False
+    s, t, v = with_garbage(s, t, v, mask, 6)
+    assert_matches_reference(kind, s, t, v, bandwidth, mask, chunk=4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padded_batch_equals_each_sequence_alone(kind):
+    lengths = [13, 8, 1]
+    s, t, v, bandwidth, mask = padded_batch(lengths)
+    op = fast_op(kind)
+    inputs = [x.clone().requires_grad_() for x in (s, t, v)]
+    out = op(*inputs, bandwidth, mask)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    grads = torch.autograd.grad(out, inputs, grad_out)
+    assert torch.isfinite(out).all()
+    for b, n in enumerate(lengths):
+        alone = [x[b : b + 1, :, :n].clone().requires_grad_() for x in (s, t, v)]
+        out_alone = op(*alone, bandwidth, None)
+        grads_alone = torch.autograd.grad(out_alone, alone, grad_out[b : b + 1, :, :n])
+        torch.testing.assert_close(out[b : b + 1, :, :n], out_alone, atol=1e-12, rtol=0)
+        assert torch.all(out[b, :, n:] == 0), "padded query positions output zeros"
+        for got, expected in zip(grads, grads_alone, strict=True):
+            torch.testing.assert_close(got[b : b + 1, :, :n], expected, atol=1e-10, rtol=0)
+            assert torch.all(got[b, :, n:] == 0), "padded inputs receive no gradient"
+
+
+# ---- ties -------------------------------------------------------------------------------------
+
+
+def tied_inputs(seed, batch=2, heads=2, length=40, dim=3):
+    """Scores from {-2, ..., 2}: ties between keys, between queries, and between the two."""
+    gen = torch.Generator().manual_seed(seed)
+    s = torch.randint(-2, 3, (batch, heads, length), generator=gen).to(F64)
+    t = torch.randint(-2, 3, (batch, heads, length), generator=gen).to(F64)
+    v = torch.randn(batch, heads, length, dim, generator=gen, dtype=F64)
+    bandwidth = torch.tensor([1.0, 2.0], dtype=F64)  # |s - t| = b happens: the hat's outer kinks
+    return s, t, v, bandwidth
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_tied_scores(kind, chunk):
+    assert_matches_reference(kind, *tied_inputs(seed=0), chunk=chunk)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_queries_equal_keys_and_all_scores_equal(kind):
+    s, _, v, bandwidth = random_inputs(2, 2, 17, 3, seed=7)
+    assert_matches_reference(kind, s, s.clone(), v, bandwidth, chunk=4)
+    flat = torch.full((2, 2, 17), 0.25, dtype=F64)  # sliced ReLU: the normaliser sits on eps
+    assert_matches_reference(kind, flat, flat.clone(), v, bandwidth, chunk=4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tied_scores_with_padding(kind):
+    s, t, v, bandwidth = tied_inputs(seed=1, batch=3)
+    mask = torch.arange(40)[None, :] < torch.tensor([[40], [10], [3]])
+    assert_matches_reference(kind, s, t, v, bandwidth, mask, chunk=4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    kind=st.sampled_from(KINDS),
+    batch=st.integers(1, 3),
+    heads=st.integers(1, 3),
+    length=st.integers(1, 70),
+    dim=st.integers(1, 5),
+    chunk=st.sampled_from([1, 3, 8, 32]),
+    seed=st.integers(0, 2**16),
+    ties=st.booleans(),
+    padded=st.booleans(),
+)
+def test_random_shapes(kind, batch, heads, length, dim, chunk, seed, ties, padded):
+    s, t, v, _ = random_inputs(batch, heads, length, dim, seed=seed)
+    bandwidth = torch.rand(heads, generator=torch.Generator().manual_seed(seed), dtype=F64) + 0.2
+    if ties:
+        s, t = s.round(), t.round()
+        bandwidth = bandwidth.round().clamp_min(1.0)
+    mask = None
+    if padded:
+        mask = torch.rand(batch, length, generator=torch.Generator().manual_seed(seed + 1)) > 0.3
+    assert_matches_reference(kind, s, t, v, bandwidth, mask, chunk=chunk)
+
+
+def test_gradcheck():
+    s, t, v, bandwidth = random_inputs(2, 2, 9, 2, seed=12)
+    mask = torch.tensor([[True] * 9, [False] + [True] * 6 + [False] * 2])
+    inputs = [x.requires_grad_() for x in (s, t, v, 2 * bandwidth)]
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: causal_sliced_relu_attention(a, b, c, mask, chunk=2), inputs[:3]
+    )
+    assert torch.autograd.gradcheck(
+        lambda a, b, c, d: causal_sliced_relu_bump_attention(a, b, c, d, mask, chunk=2), inputs
+    )
+
+
+# ---- causality and precision ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_outputs_and_gradients_ignore_the_future(kind):
+    s, t, v, bandwidth = random_inputs(1, 2, 100, 4, seed=3, dtype=torch.float32)
+    s2, t2, v2, _ = random_inputs(1, 2, 100, 4, seed=4, dtype=torch.float32)
+    cut = 61
+    changed = [torch.cat([a[:, :, :cut], b[:, :, cut:]], dim=2) for a, b in ((s, s2), (t, t2), (v, v2))]
+    op = fast_op(kind)
+    out, out_changed = op(s, t, v, bandwidth, None), op(*changed, bandwidth, None)
+    assert torch.equal(out[:, :, :cut], out_changed[:, :, :cut])  # bit for bit: no shift from the future
+    assert not torch.equal(out[:, :, cut:], out_changed[:, :, cut:])
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("offset", [0.0, 1e3])
+def test_float32_against_float64(kind, offset, record_property):
+    length, dim = 8192, 16
+    s, t, v, bandwidth = random_inputs(1, 2, length, dim, seed=2)
+    # a constant offset, which the op shifts away; both dtypes see the same (float32-rounded) inputs
+    s, t, v = ((x + offset).float().double() for x in (s, t, v - offset))
+    grad_out = torch.randn(v.shape, generator=torch.Generator().manual_seed(9), dtype=F64)
+    results = {}
+    for dtype in (torch.float32, F64):
+        inputs = [x.to(dtype).requires_grad_() for x in (s, t, v)]
+        out = fast_op(kind)(*inputs, bandwidth.to(dtype), None)
+        results[dtype] = (out.detach(), torch.autograd.grad(out, inputs, grad_out.to(dtype)))
+    errors = {"output": relative_error(results[torch.float32][0], results[F64][0])}
+    for name, a, b in zip("stv", results[torch.float32][1], results[F64][1], strict=True):
+        errors[f"grad {name}"] = relative_error(a, b)
+    for name, value in errors.items():
+        record_property(f"{kind} T={length} offset={offset} {name}", f"{value:.3g}")
+        print(f"{kind} T={length} offset={offset}: float32 {name} vs float64 relative error {value:.3g}")
+    assert errors["output"] < 1e-5 and errors["grad v"] < 1e-5
+    # the hat's derivative jumps at |s - t| = b: a float32 rounding of s ± b that moves a key across
+    # a window edge changes the bump's score gradients by a whole jump (measured ~1e-4)
+    assert max(errors["grad s"], errors["grad t"]) < (1e-5 if kind == "relu" else 1e-3)
+
+
+def test_half_inputs_and_autocast_keep_float32_sums():
+    s, t, v, bandwidth = random_inputs(2, 2, 200, 8, seed=9, dtype=torch.float32)
+    expected = sliced_relu_attention(s, t, v, causal=True)
+    half = sliced_relu_attention(s.bfloat16(), t.bfloat16(), v.bfloat16(), causal=True)
+    assert half.dtype == torch.bfloat16 and torch.isfinite(half).all()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = sliced_relu_bump_attention(s, t, v, bandwidth, causal=True)
+    assert out.dtype == torch.float32
+    assert relative_error(out, sliced_relu_bump_attention(s, t, v, bandwidth, causal=True)) < 1e-6
+    assert relative_error(half.float(), expected) < 5e-2
+
+
+def test_bad_chunk_named():
+    s, t, v, _ = random_inputs(1, 1, 4, 2)
+    with pytest.raises(ValueError, match="chunk must be a positive integer, got 0"):
+        causal_sliced_relu_attention(s, t, v, chunk=0)
+
+
+# ---- decoding ---------------------------------------------------------------------------------
+
+
+def decode(kind, s, t, v, bandwidth, state=None, start=0):
+    outs = []
+    for i in range(start, s.shape[-1]):
+        if kind == "relu":
+            out, state = sliced_relu_attention_step(s[..., i], t[..., i], v[..., i, :], state)
+        else:
+            out, state = sliced_relu_bump_attention_step(s[..., i], t[..., i], v[..., i, :], bandwidth, state)
+        outs.append(out)
+    return torch.stack(outs, dim=2), state
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype,atol", [(F64, 1e-11), (torch.float32, 2e-5)])
+def test_steps_equal_the_causal_parallel_op(kind, dtype, atol):
+    s, t, v, bandwidth = random_inputs(2, 3, 70, 4, seed=1, dtype=dtype)
+    v = v + 2.0  # values with a mean: the running vbar matters
+    parallel = fast_op(kind)(s, t, v, bandwidth, None)
+    steps, state = decode(kind, s, t, v, bandwidth)
+    assert steps.dtype == dtype
+    torch.testing.assert_close(steps, parallel, atol=atol, rtol=0)
+    assert state.count == 70 and [k.shape[-1] for k in state.keys] == [64, 4, 2]  # 70 = 64 + 4 + 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_steps_with_ties_equal_the_parallel_op(kind):
+    s, t, v, bandwidth = tied_inputs(seed=2, length=33)
+    steps, _ = decode(kind, s, t, v, bandwidth)
+    torch.testing.assert_close(steps, fast_op(kind)(s, t, v, bandwidth, None), atol=1e-11, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefill_then_steps_equal_the_parallel_op(kind):
+    s, t, v, bandwidth = random_inputs(1, 2, 50, 3, seed=4)
+    prefill = sliced_relu_attention_state if kind == "relu" else sliced_relu_bump_attention_state
+    state = prefill(t[..., :23], v[..., :23, :])
+    assert [k.shape[-1] for k in state.keys] == [16, 4, 2, 1]
+    steps, _ = decode(kind, s, t, v, bandwidth, state=state, start=23)
+    torch.testing.assert_close(steps, fast_op(kind)(s, t, v, bandwidth, None)[:, :, 23:], atol=1e-11, rtol=0)
+
+
+def test_state_holds_d_plus_two_numbers_per_token():
+    dim, n = 16, 1024
+    _, t, v, _ = random_inputs(1, 2, n, dim, dtype=torch.float32)
+    state = sliced_relu_attention_state(t, v)
+    per_token = 2 * (dim + 2) * 4  # two heads, float32
+    extra = state.nbytes() - n * per_token
+    assert 0 <= extra <= 2 * 4 * (3 * dim + 3)  # shifts, running sums and one run total: O(D)
+    kv_cache = n * 2 * 2 * dim * 4
+    assert state.nbytes() < 0.6 * kv_cache
+
+
+def test_step_input_errors():
+    s, t, v, bandwidth = random_inputs(2, 3, 2, 4)
+    out, state = sliced_relu_attention_step(s[..., 0], t[..., 0], v[..., 0, :])
+    with pytest.raises(ValueError, match=r"expected s_t, t_t \(B, H\) and v_t \(B, H, D\)"):
+        sliced_relu_attention_step(s, t[..., 0], v[..., 0, :])
+    with pytest.raises(ValueError, match=r"state holds \(B, H, D\) = \(2, 3, 4\)"):
+        sliced_relu_attention_step(s[:1, :, 0], t[:1, :, 0], v[:1, :, 0, :], state)
+    with pytest.raises(ValueError, match="state of sliced_relu decoding"):
+        sliced_relu_bump_attention_step(s[..., 1], t[..., 1], v[..., 1, :], bandwidth, state)
+    with pytest.raises(TypeError, match="SlicedDecodeState or None"):
+        sliced_relu_attention_step(s[..., 1], t[..., 1], v[..., 1, :], (state.keys,))
+    with pytest.raises(ValueError, match=r"bandwidth must have shape \(H,\) = \(3,\)"):
+        sliced_relu_bump_attention_step(s[..., 0], t[..., 0], v[..., 0, :], bandwidth[:2])
+    assert isinstance(state, SlicedDecodeState)
+
+
+# ---- layers -----------------------------------------------------------------------------------
+
+DIM, HEADS = 12, 3
+CAUSAL_BACKENDS = [name for name in available_backends() if backend_capabilities(name).causal]
+
+
+def causal_layer(name, **options):
+    torch.manual_seed(0)
+    if name == "performer":
+        options.setdefault("redraw_interval", None)  # a fixed projection: the property must hold exactly
+    return build_attention(name, DIM, HEADS, causal=True, **options).double().eval()
+
+
+def test_every_backend_has_a_causal_form():
+    assert available_backends() == CAUSAL_BACKENDS
+    assert {"softmax", "linear", "performer", "sliced_relu", "sliced_relu_bump"} <= set(CAUSAL_BACKENDS)
+
+
+@pytest.mark.parametrize("name", CAUSAL_BACKENDS)
+@pytest.mark.parametrize("rope", [False, True])
+def test_causal_layers_never_see_the_future(name, rope):
+    layer = causal_layer(name, rope=rope)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 40, DIM, generator=gen, dtype=F64)
+    out = layer(x)
+    for cut in (0, 1, 17, 39):
+        y = x.clone()
+        y[:, cut + 1 :] = 10 * torch.randn(2, 39 - cut, DIM, generator=gen, dtype=F64)
+        torch.testing.assert_close(layer(y)[:, : cut + 1], out[:, : cut + 1], rtol=0, atol=1e-12)
+    assert not torch.allclose(layer(y)[:, -1], out[:, -1]) or cut == 39
+
+
+@pytest.mark.parametrize("name", ["sliced_relu", "sliced_relu_bump"])
+def test_causal_layer_padding_is_invisible(name):
+    layer = causal_layer(name)
+    x = torch.randn(3, 9, DIM, dtype=F64)
+    mask = torch.arange(9)[None, :] < torch.tensor([[9], [5], [1]])
+    out = layer(x.masked_fill(~mask[..., None], 100.0), key_padding_mask=mask)
+    for i, n in enumerate([9, 5, 1]):
+        torch.testing.assert_close(out[i : i + 1, :n], layer(x[i : i + 1, :n]), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("sliced_relu", {}),
+        ("sliced_relu", {"standardise": "none", "projection": "linear"}),
+        ("sliced_relu", {"rope": True}),
+        ("sliced_relu_bump", {}),
+        ("sliced_relu_bump", {"rope": True}),
+    ],
+)
+def test_layer_step_matches_causal_forward(name, options):
+    layer = causal_layer(name, **options)
+    x = torch.randn(2, 37, DIM, dtype=F64)
+    full = layer(x)
+    state, outs = None, []
+    for i in range(x.shape[1]):
+        y, state = layer.step(x[:, i], state)
+        outs.append(y)
+    torch.testing.assert_close(torch.stack(outs, dim=1), full, rtol=0, atol=1e-10)
+    assert state.position == 37 and state.op.count == 37
+    with pytest.raises(ValueError, match="causal=True"):
+        build_attention(name, DIM, HEADS).step(x[:, 0].float())
+    with pytest.raises(ValueError, match=r"\(B, dim=12\)"):
+        layer.step(x[:, :2])
+
+
+def test_prefix_standardisation_uses_running_statistics_only():
+    s = torch.randn(2, 3, 9, dtype=F64) * 4 + 7
+    t = torch.randn(2, 3, 9, dtype=F64) * 2 - 1
+    mask = torch.arange(9)[None, :] < torch.tensor([[9], [6]])
+    s2, t2 = standardise_scores_prefix(s, t, mask)
+    for b, n in enumerate([9, 6]):
+        for i in range(n):
+            pooled = torch.cat([s[b, :, : i + 1], t[b, :, : i + 1]], dim=-1)
+            mean, var = pooled.mean(-1), pooled.var(-1, unbiased=False)
+            std = torch.sqrt(var + 1e-6)
+            torch.testing.assert_close(s2[b, :, i], (s[b, :, i] - mean) / std, rtol=0, atol=1e-9)
+            torch.testing.assert_close(t2[b, :, i], (t[b, :, i] - mean) / std, rtol=0, atol=1e-9)
+
+
+def test_standardise_option_is_checked():
+    assert SlicedReLUAttention(DIM, HEADS).standardise == "sequence"
+    assert SlicedReLUAttention(DIM, HEADS, causal=True).standardise == "prefix"
+    with pytest.raises(ValueError, match='standardise="sequence" reads .* future tokens'):
+        build_attention("sliced_relu", DIM, HEADS, causal=True, standardise="sequence")
+    with pytest.raises(ValueError, match="standardise must be one of auto, sequence, prefix, none; got 'z'"):
+        build_attention("sliced_relu", DIM, HEADS, standardise="z")
