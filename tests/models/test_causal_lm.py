@@ -5,22 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.attention import available_backends
-from attnlab.attention.layers import UnsupportedAttentionError
+from attnlab.attention import available_backends, registry
+from attnlab.attention.layers import AttentionLayer, Capabilities, UnsupportedAttentionError
+from attnlab.attention.registry import register_backend
 from attnlab.errors import UserError
 from attnlab.models.causal_lm import CausalLM, NoCausalAttentionError, causal_backends
 
 VOCAB = 24
-# Performer's causal form shifts the key features by a max over *all* keys of the sequence (future and
-# padded ones too) and adds stabilizer_eps after the shift, so later tokens move earlier outputs by up to
-# ~1e-3 (attnlab/attention/performer.py, favor_features): a real leak, owned by the causal-layers work.
-PERFORMER_LEAK = pytest.mark.xfail(
-    reason="performer's key stabiliser is a max over the whole sequence: the future leaks", strict=True
-)
-
-
-def _marked(backends: list[str]) -> list:
-    return [pytest.param(b, marks=PERFORMER_LEAK) if b == "performer" else b for b in backends]
 
 
 def _model(attn: str, **kwargs) -> CausalLM:
@@ -30,10 +21,11 @@ def _model(attn: str, **kwargs) -> CausalLM:
 
 
 def test_the_causal_backends_are_the_registered_ones_that_accept_causal():
-    assert {"softmax", "linear", "performer"} <= set(causal_backends()) <= set(available_backends())
+    builtin = {"softmax", "sliced_relu", "sliced_relu_bump", "linear", "performer"}
+    assert builtin <= set(causal_backends()) <= set(available_backends())
 
 
-@pytest.mark.parametrize("attn", _marked(causal_backends()))
+@pytest.mark.parametrize("attn", causal_backends())
 @pytest.mark.parametrize("positions", ["rope", "learned"])
 def test_changing_later_tokens_never_changes_earlier_outputs(attn, positions):
     model = _model(attn, positions=positions)
@@ -49,7 +41,7 @@ def test_changing_later_tokens_never_changes_earlier_outputs(attn, positions):
     assert before.shape == (3, 33, VOCAB)
 
 
-@pytest.mark.parametrize("attn", _marked(causal_backends()))
+@pytest.mark.parametrize("attn", causal_backends())
 def test_a_right_padded_batch_gives_each_sequence_its_own_outputs(attn):
     model = _model(attn)
     long, short = torch.randint(1, VOCAB, (1, 20)), torch.randint(1, VOCAB, (1, 12))
@@ -68,12 +60,32 @@ def test_left_padding_is_refused():
         _model("softmax")(torch.ones(2, 3, dtype=torch.long), mask)
 
 
-@pytest.mark.parametrize("attn", [b for b in available_backends() if b not in causal_backends()])
-def test_a_backend_without_causal_form_is_named_with_those_that_have_one(attn):
+@pytest.fixture
+def bidirectional_only():
+    """A registered backend without a causal form (every built-in has one now), removed afterwards."""
+    saved = dict(registry._BACKENDS)
+
+    class Bidirectional(AttentionLayer):
+        capabilities = Capabilities(causal=False, reasons={"causal": "every query sees every key"})
+
+        def attend(self, q, k, v, key_padding_mask):
+            return v.mean(dim=2, keepdim=True).expand_as(v)
+
+    register_backend("bidirectional_only")(Bidirectional)
+    yield "bidirectional_only"
+    registry._BACKENDS.clear()
+    registry._BACKENDS.update(saved)
+
+
+def test_a_backend_without_causal_form_is_named_with_those_that_have_one(bidirectional_only):
+    assert bidirectional_only in available_backends() and bidirectional_only not in causal_backends()
     with pytest.raises(NoCausalAttentionError) as caught:
-        _model(attn)
+        _model(bidirectional_only)
     message = str(caught.value)
-    assert f"backend {attn!r}" in message and "causal" in message
+    assert (
+        "backend 'bidirectional_only' cannot serve this request: causal: every query sees every key"
+        in message
+    )
     assert "backends with a causal form: " + ", ".join(causal_backends()) in message
     assert isinstance(caught.value, UnsupportedAttentionError) and isinstance(caught.value, UserError)
 

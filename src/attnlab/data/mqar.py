@@ -198,7 +198,8 @@ class MQARSource:
     def prepare(self) -> None:
         """Nothing to fetch: the splits are generated in `load`, in about a second."""
 
-    def load(self) -> dict[str, MQARDataset]:
+    def load(self, on_bad_rows: str = "error") -> dict[str, MQARDataset]:
+        """``on_bad_rows`` is accepted for the datamodule's sake: generated rows are never malformed."""
         return {
             split: MQARDataset(*generate_mqar(self.spec, self.sizes[split], self.seed, stream=i))
             for i, split in enumerate(SPLITS)
