@@ -20,7 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description=(
             "Collect every summary.json under the given run or sweep directories and write "
             "accuracy.{md,csv}, throughput.{md,csv}, runs.csv, acc_vs_throughput.png and "
-            "throughput_vs_seqlen.png into --out-dir; the two markdown tables are also printed."
+            "throughput_vs_seqlen.png into --out-dir (with MQAR runs, also mqar_vs_width.png and "
+            "mqar_vs_seqlen.png: recall accuracy against model width and sequence length); the two "
+            "markdown tables are also printed."
         ),
     )
     parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run or sweep directories")

@@ -1,0 +1,106 @@
+"""A small causal language model: embeddings and positions, the pre-LN encoder (causal), a vocab head.
+
+It is the encoder every attnlab model stacks (`attnlab.models.encoder.Encoder`), with ``causal=True``
+added to the attention factory, so any backend with a causal form slots in (MQAR recall, decoding);
+a backend without one is refused by name, with the list of those that have one.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from attnlab.attention.layers import UnsupportedAttentionError
+from attnlab.attention.registry import available_backends, check_support
+from attnlab.errors import UserError
+from attnlab.models.classifier import POSITIONS, _check_choice, resolve_attention, sinusoidal_positions
+from attnlab.models.encoder import AttentionFactory, Encoder
+
+
+class NoCausalAttentionError(UnsupportedAttentionError, UserError):
+    """The chosen attention backend has no causal form; a user's choice, so `train.py` prints it plainly."""
+
+
+def causal_backends() -> list[str]:
+    """Registered backends that accept ``causal=True``."""
+    return [name for name in available_backends() if not check_support(name, causal=True)]
+
+
+class CausalLM(nn.Module):
+    """Token ids ``(B, T)`` → next-token logits ``(B, T, vocab_size)``; position i sees tokens ≤ i only.
+
+    positions: learned table, fixed sinusoidal table, RoPE inside attention, or none.
+    mlp_dim: hidden width of each block's MLP; null: ``mlp_ratio × dim``, so a width sweep
+    (``task.model.dim=32,64,128``) scales the whole block and not the attention alone.
+    Padding must be on the right (attnlab's collates pad there): then no real token ever has a pad
+    before it, so causal attention alone keeps pads out and the mask is not passed to attention, which
+    keeps softmax on its fused causal kernel. Outputs at padded positions are meaningless.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        attention: AttentionFactory | str,
+        dim: int = 64,
+        depth: int = 2,
+        num_heads: int = 2,
+        mlp_dim: int | None = None,
+        mlp_ratio: float = 2.0,
+        max_len: int = 2048,
+        positions: str = "rope",
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        qkv_dim: int | None = None,
+    ):
+        super().__init__()
+        _check_choice("positions", positions, POSITIONS)
+        if not mlp_ratio > 0:
+            raise ValueError(f"mlp_ratio must be > 0 (MLP width = mlp_ratio × dim), got {mlp_ratio}")
+        if mlp_dim is None:
+            mlp_dim = max(1, round(mlp_ratio * dim))
+        self.vocab_size, self.max_len, self.positions = vocab_size, max_len, positions
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.pos_embed = nn.Parameter(torch.zeros(1, max_len, dim)) if positions == "learned" else None
+        if self.pos_embed is not None:
+            nn.init.normal_(self.pos_embed, std=0.02)
+        if positions == "sinusoidal":  # fixed, not saved: rebuilt from max_len and dim
+            self.register_buffer("pos_table", sinusoidal_positions(max_len, dim)[None], persistent=False)
+        else:
+            self.pos_table = None
+        self.drop = nn.Dropout(dropout)
+        causal_attention = functools.partial(resolve_attention(attention), causal=True)
+        try:
+            self.encoder = Encoder(
+                depth=depth,
+                dim=dim,
+                num_heads=num_heads,
+                mlp_dim=mlp_dim,
+                attention=causal_attention,
+                dropout=dropout,
+                attn_dropout=attn_dropout,
+                rope=positions == "rope",
+                qkv_dim=qkv_dim,
+            )
+        except UnsupportedAttentionError as err:
+            raise NoCausalAttentionError(
+                f"{err}. A causal language model needs causal attention; backends with a causal form: "
+                f"{', '.join(causal_backends())} (e.g. attn=softmax)"
+            ) from err
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
+        length = input_ids.shape[1]
+        if length > self.max_len:
+            raise ValueError(f"sequence length {length} exceeds the model's max_len={self.max_len}")
+        if mask is not None and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+            raise ValueError("CausalLM needs right padding: a real token follows a padded one in `mask`")
+        x = self.embed(input_ids)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed[:, :length]
+        if self.pos_table is not None:
+            x = x + self.pos_table[:, :length].to(x.dtype)
+        return self.head(self.encoder(self.drop(x)))
