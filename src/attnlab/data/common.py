@@ -292,6 +292,44 @@ class LengthBucketSampler(Sampler[list[int]]):
         self.pass_start = self._position = min(next_batch, len(self))
 
 
+def train_batch_sampler(
+    lengths: Sequence[int],
+    batch_size: int,
+    *,
+    seed: int,
+    replicas: int = 1,
+    rank: int = 0,
+    epoch: int = 0,
+    pool_batches: int = 1,
+    what: str = "examples",
+) -> LengthBucketSampler:
+    """The training batches of every datamodule: shuffled, sharded over ``replicas``, resumable,
+    incomplete batches dropped (``pool_batches`` > 1 buckets by length; 1 for fixed-size inputs).
+
+    A split smaller than one batch per rank would surface as a scheduler error about ``total_steps``
+    naming neither: it raises `ConfigError` naming the split size and ``task.data.batch_size``.
+    """
+    sampler = LengthBucketSampler(
+        lengths,
+        batch_size,
+        shuffle=True,
+        seed=seed,
+        pool_batches=pool_batches,
+        drop_last=True,
+        num_replicas=replicas,
+        rank=rank,
+    )
+    if len(sampler) == 0:
+        per_rank = f" ({len(lengths) // replicas:,} per rank over {replicas} ranks)" if replicas > 1 else ""
+        raise ConfigError(
+            f"the train split has {len(lengths):,} {what}{per_rank}: fewer than one batch of "
+            f"task.data.batch_size={batch_size} (incomplete batches are dropped); lower the batch size "
+            "or use more training data"
+        )
+    sampler.set_epoch(epoch)
+    return sampler
+
+
 class ResumableDataLoader(DataLoader):
     """A DataLoader over a `LengthBucketSampler` whose position survives a checkpoint.
 

@@ -29,8 +29,8 @@ from attnlab.data.common import (
     TokenSequenceDataset,
     check_choice,
     pad_collate,
+    train_batch_sampler,
 )
-from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
@@ -139,25 +139,16 @@ class SequenceDataModule(L.LightningDataModule):
         """Length-bucketed, sharded across ranks, and resumable mid-epoch (see `ResumableDataLoader`)."""
         replicas, rank = self._replicas()
         dataset = self.datasets["train"]
-        sampler = LengthBucketSampler(
+        sampler = train_batch_sampler(
             dataset.lengths(),
             self.batch_size,
-            shuffle=True,
             seed=self.seed,
-            pool_batches=50 if self.bucket_by_length else 1,
-            drop_last=True,
-            num_replicas=replicas,
+            replicas=replicas,
             rank=rank,
+            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
+            pool_batches=50 if self.bucket_by_length else 1,
+            what=f"{self.source.name} examples",
         )
-        if len(sampler) == 0:  # would surface as a scheduler error about total_steps, naming neither
-            raise ConfigError(
-                f"the train split of {self.source.name!r} has {len(dataset):,} examples"
-                + (f" ({len(dataset) // replicas:,} per rank over {replicas} ranks)" if replicas > 1 else "")
-                + f": fewer than one batch of task.data.batch_size={self.batch_size} (incomplete batches are "
-                f"dropped); lower the batch size or use more training data"
-            )
-        if self.trainer is not None:
-            sampler.set_epoch(self.trainer.current_epoch)
         return self._loader("train", sampler)
 
     def _eval_loader(self, split: str) -> DataLoader:

@@ -29,10 +29,10 @@ from attnlab.data.common import (
     ON_BAD_ROWS,
     BadRows,
     DataError,
-    LengthBucketSampler,
     MissingDataError,
     ResumableDataLoader,
     check_choice,
+    train_batch_sampler,
 )
 from attnlab.data.tokenizer import BPETokenizer
 from attnlab.errors import ConfigError
@@ -411,17 +411,16 @@ class GlueDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         replicas, rank = self._replicas()
         dataset = self.datasets["train"]
-        sampler = LengthBucketSampler(
-            dataset.lengths(), self.batch_size, shuffle=True, seed=self.seed, pool_batches=50,
-            drop_last=True, num_replicas=replicas, rank=rank,
-        )  # fmt: skip
-        if len(sampler) == 0:
-            raise ConfigError(
-                f"the train split of {self.source.name} has {len(dataset):,} examples: fewer than one batch "
-                f"of task.data.batch_size={self.batch_size} per rank; lower the batch size"
-            )
-        if self.trainer is not None:
-            sampler.set_epoch(self.trainer.current_epoch)
+        sampler = train_batch_sampler(
+            dataset.lengths(),
+            self.batch_size,
+            seed=self.seed,
+            replicas=replicas,
+            rank=rank,
+            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
+            pool_batches=50,
+            what=f"{self.source.name} examples",
+        )
         return ResumableDataLoader(
             dataset, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=self._collate,
             persistent_workers=self.num_workers > 0, generator=self._generator("train"),

@@ -37,10 +37,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from attnlab.data.common import (
     DataError,
-    LengthBucketSampler,
     MissingDataError,
     ResumableDataLoader,
     check_choice,
+    train_batch_sampler,
 )
 from attnlab.data.tokenizer import MERGES_FILE, VOCAB_FILE, BPETokenizer, load_bpe, train_bpe
 from attnlab.errors import ConfigError
@@ -603,24 +603,15 @@ class MLMDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         replicas, rank = self._replicas()
         dataset = self.datasets["train"]
-        sampler = LengthBucketSampler(
+        sampler = train_batch_sampler(
             np.full(len(dataset), self.seq_len),
             self.batch_size,
-            shuffle=True,
             seed=self.seed,
-            pool_batches=1,
-            drop_last=True,
-            num_replicas=replicas,
+            replicas=replicas,
             rank=rank,
+            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
+            what=f"blocks of {self.seq_len} tokens",
         )
-        if len(sampler) == 0:
-            raise ConfigError(
-                f"the train split has {len(dataset):,} blocks of {self.seq_len} tokens over {replicas} "
-                f"rank(s): fewer than one batch of task.data.batch_size={self.batch_size}; lower it or "
-                "use more text"
-            )
-        if self.trainer is not None:
-            sampler.set_epoch(self.trainer.current_epoch)
         return ResumableDataLoader(
             dataset,
             batch_sampler=sampler,

@@ -39,7 +39,7 @@ from timm.data.auto_augment import rand_augment_transform
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from attnlab.data.common import DataError, LengthBucketSampler, ResumableDataLoader
+from attnlab.data.common import DataError, ResumableDataLoader, train_batch_sampler
 from attnlab.data.lra import image as lra_image
 from attnlab.data.lra.text import load_hf_cached
 from attnlab.errors import ConfigError
@@ -537,23 +537,15 @@ class ImageDataModule(L.LightningDataModule):
     def train_dataloader(self) -> ResumableDataLoader:
         replicas, rank = self._replicas()
         dataset = self.datasets["train"]
-        sampler = LengthBucketSampler(
+        sampler = train_batch_sampler(
             np.ones(len(dataset), dtype=np.int64),
             self.batch_size,
-            shuffle=True,
             seed=self.seed,
-            pool_batches=1,
-            drop_last=True,
-            num_replicas=replicas,
+            replicas=replicas,
             rank=rank,
+            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
+            what=f"{self.source.name} images",
         )
-        if len(sampler) == 0:
-            raise ConfigError(
-                f"the train split of {self.source.name!r} has {len(dataset):,} images: fewer than one batch "
-                f"of task.data.batch_size={self.batch_size} per rank ({replicas} rank(s)); lower it"
-            )
-        if self.trainer is not None:
-            sampler.set_epoch(self.trainer.current_epoch)
         return ResumableDataLoader(
             dataset,
             batch_sampler=sampler,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from attnlab.data.common import DataError, LengthBucketSampler, ResumableDataLoader
+from attnlab.data.common import DataError, ResumableDataLoader, train_batch_sampler
 from attnlab.data.pointcloud.modelnet import PointClouds
 from attnlab.data.pointcloud.transforms import AnisotropicScale, augmentation
 from attnlab.errors import ConfigError
@@ -216,25 +216,15 @@ class PointCloudDataModule(L.LightningDataModule):
         with equal lengths is exactly that)."""
         replicas, rank = self._replicas()
         dataset = self.datasets["train"]
-        sampler = LengthBucketSampler(
+        sampler = train_batch_sampler(
             np.full(len(dataset), self.num_points),
             self.batch_size,
-            shuffle=True,
             seed=self.seed,
-            pool_batches=1,
-            drop_last=True,
-            num_replicas=replicas,
+            replicas=replicas,
             rank=rank,
+            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
+            what="clouds",
         )
-        if len(sampler) == 0:
-            raise ConfigError(
-                f"the train split has {len(dataset):,} clouds"
-                + (f" ({len(dataset) // replicas:,} per rank over {replicas} ranks)" if replicas > 1 else "")
-                + f": fewer than one batch of task.data.batch_size={self.batch_size} (incomplete batches are "
-                f"dropped); lower the batch size or use more training data"
-            )
-        if self.trainer is not None:
-            sampler.set_epoch(self.trainer.current_epoch)
         return ResumableDataLoader(
             dataset,
             batch_sampler=sampler,
