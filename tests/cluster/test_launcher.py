@@ -71,7 +71,6 @@ def test_documented_slurm_sweeps_reach_sbatch_without_a_sweep_dir(tmp_path, fake
     assert f"#SBATCH --signal=USR1@{signal_delay}" in script, script
 
 
-@pytest.mark.slow
 def test_documented_local_sweep_runs_without_a_sweep_dir(tmp_path):
     """README's Sweeps line (the basic launcher, runs one after the other) failed the same way."""
     command = ["task=listops", "attn=softmax,sliced_relu", "seed=0,1,2"]
