@@ -330,6 +330,14 @@ def train_batch_sampler(
     return sampler
 
 
+def eval_batches(order: Sequence[int], batch_size: int, replicas: int = 1, rank: int = 0) -> list[list[int]]:
+    """The evaluation batches of one rank: every ``replicas``-th example of ``order`` from ``rank`` on
+    (disjoint shares; every rank gets some even when the split is smaller than one batch per rank; the
+    metrics are reduced across ranks), cut into batches of ``batch_size``; the last may be short."""
+    share = np.asarray(order)[rank::replicas]
+    return [share[i : i + batch_size].tolist() for i in range(0, len(share), batch_size)]
+
+
 class ResumableDataLoader(DataLoader):
     """A DataLoader over a `LengthBucketSampler` whose position survives a checkpoint.
 

@@ -28,6 +28,7 @@ from attnlab.data.common import (
     ResumableDataLoader,
     TokenSequenceDataset,
     check_choice,
+    eval_batches,
     pad_collate,
     train_batch_sampler,
 )
@@ -154,11 +155,8 @@ class SequenceDataModule(L.LightningDataModule):
     def _eval_loader(self, split: str) -> DataLoader:
         replicas, rank = self._replicas()
         dataset = self.datasets[split]
-        # each rank evaluates a disjoint share of the examples (every rank gets some even when the split
-        # is smaller than one batch per rank); torchmetrics reduces the counts across ranks
-        order = np.argsort(dataset.lengths(), kind="stable")[rank::replicas]
-        size = self.eval_batch_size
-        batches = [order[i : i + size].tolist() for i in range(0, len(order), size)]
+        order = np.argsort(dataset.lengths(), kind="stable")  # length-sorted: little padding
+        batches = eval_batches(order, self.eval_batch_size, replicas, rank)
         return self._loader(split, batches)
 
     def val_dataloader(self) -> DataLoader:

@@ -32,6 +32,7 @@ from attnlab.data.common import (
     MissingDataError,
     ResumableDataLoader,
     check_choice,
+    eval_batches,
     train_batch_sampler,
 )
 from attnlab.data.tokenizer import BPETokenizer
@@ -429,9 +430,8 @@ class GlueDataModule(L.LightningDataModule):
     def _eval_loader(self, split: str) -> DataLoader:
         replicas, rank = self._replicas()
         dataset = self.datasets[split]
-        order = np.argsort(dataset.lengths(), kind="stable")[rank::replicas]
-        size = self.eval_batch_size
-        batches = [order[i : i + size].tolist() for i in range(0, len(order), size)]
+        order = np.argsort(dataset.lengths(), kind="stable")
+        batches = eval_batches(order, self.eval_batch_size, replicas, rank)
         return DataLoader(
             dataset, batch_sampler=batches, num_workers=self.num_workers, collate_fn=self._collate,
             persistent_workers=self.num_workers > 0, generator=self._generator(split),

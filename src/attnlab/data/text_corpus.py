@@ -40,6 +40,7 @@ from attnlab.data.common import (
     MissingDataError,
     ResumableDataLoader,
     check_choice,
+    eval_batches,
     train_batch_sampler,
 )
 from attnlab.data.tokenizer import MERGES_FILE, VOCAB_FILE, BPETokenizer, load_bpe, train_bpe
@@ -623,9 +624,7 @@ class MLMDataModule(L.LightningDataModule):
 
     def _eval_loader(self, split: str) -> DataLoader:
         replicas, rank = self._replicas()
-        order = np.arange(len(self.datasets[split]))[rank::replicas]
-        size = self.eval_batch_size
-        batches = [order[i : i + size].tolist() for i in range(0, len(order), size)]
+        batches = eval_batches(range(len(self.datasets[split])), self.eval_batch_size, replicas, rank)
         return DataLoader(
             self.datasets[split],
             batch_sampler=batches,

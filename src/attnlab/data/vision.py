@@ -39,7 +39,7 @@ from timm.data.auto_augment import rand_augment_transform
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from attnlab.data.common import DataError, ResumableDataLoader, train_batch_sampler
+from attnlab.data.common import DataError, ResumableDataLoader, eval_batches, train_batch_sampler
 from attnlab.data.lra import image as lra_image
 from attnlab.data.lra.text import load_hf_cached
 from attnlab.errors import ConfigError
@@ -557,10 +557,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def _eval_loader(self, split: str) -> torch.utils.data.DataLoader:
         replicas, rank = self._replicas()
-        order = np.arange(len(self.datasets[split]))[rank::replicas]
-        batches = [
-            order[i : i + self.eval_batch_size].tolist() for i in range(0, len(order), self.eval_batch_size)
-        ]
+        batches = eval_batches(range(len(self.datasets[split])), self.eval_batch_size, replicas, rank)
         return torch.utils.data.DataLoader(
             self.datasets[split],
             batch_sampler=batches,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from attnlab.data.common import DataError, ResumableDataLoader, train_batch_sampler
+from attnlab.data.common import DataError, ResumableDataLoader, eval_batches, train_batch_sampler
 from attnlab.data.pointcloud.modelnet import PointClouds
 from attnlab.data.pointcloud.transforms import AnisotropicScale, augmentation
 from attnlab.errors import ConfigError
@@ -236,9 +236,7 @@ class PointCloudDataModule(L.LightningDataModule):
 
     def _eval_loader(self, split: str) -> DataLoader:
         replicas, rank = self._replicas()
-        order = np.arange(len(self.datasets[split]))[rank::replicas]
-        size = self.eval_batch_size
-        batches = [order[i : i + size].tolist() for i in range(0, len(order), size)]
+        batches = eval_batches(range(len(self.datasets[split])), self.eval_batch_size, replicas, rank)
         return DataLoader(
             self.datasets[split],
             batch_sampler=batches,
