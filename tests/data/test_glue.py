@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from attnlab.data.common import BadRows, DataError, MissingDataError
-from attnlab.data.glue import TASKS, GlueSource, encode_pairs, read_glue_tsv
+from attnlab.data.glue import HF_NAMES, TASKS, GlueSource, encode_pairs, read_glue_tsv
+from hf_hub_cache import write_hub_cache
 
 MNLI_TRAIN = (
     "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
@@ -195,9 +196,50 @@ def test_hf_glue_saved_to_disk_reads_like_the_tsv(tmp_path):
     assert [d.first for d in devs] == [d.first for d in tsv_devs]
 
 
-def test_hf_without_cache_or_folder_is_a_missing_data_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "empty-cache"))
-    with pytest.raises(MissingDataError, match=r"glue_data/RTE.*not available offline"):
+def _hf_rows(task: str) -> dict[str, list]:
+    """LAYOUTS' two examples as the Hub dataset's columns (its label ids are GLUE's own)."""
+    spec = TASKS[task]
+    _, first, second, labels = LAYOUTS[task]
+    rows = {spec.hf_text[0]: first, "label": labels, "idx": [0, 1]}
+    if second is not None:
+        rows[spec.hf_text[1]] = second
+    return rows
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """An empty `datasets` cache for this test alone (the env var for subprocesses, the config here)."""
+    import datasets
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    return cache
+
+
+@pytest.mark.parametrize("repo_id", ["nyu-mll/glue", "glue"])  # the Hub id today; the old short name
+def test_hf_cache_of_the_hub_dataset_reads_like_the_tsv(tmp_path, hf_cache, repo_id):
+    write_task(tmp_path, "mnli")
+    tsv_train, tsv_devs = GlueSource("mnli", tmp_path, format="tsv").read()
+    splits = ("train", "validation_matched", "validation_mismatched")
+    write_hub_cache(hf_cache, repo_id, "mnli", {s: _hf_rows("mnli") for s in splits})
+    source = GlueSource("mnli", tmp_path / "nowhere")  # auto: no glue_data folder, so the cache
+    train, devs = source.read()
+    assert (train.first, train.second) == (tsv_train.first, tsv_train.second)
+    np.testing.assert_array_equal(train.labels, tsv_train.labels)
+    assert [d.first for d in devs] == [d.first for d in tsv_devs]
+    assert f"huggingface:{repo_id}/mnli (local cache)" in source.description
+
+
+def test_hf_cache_without_the_asked_task_is_a_missing_data_error(tmp_path, hf_cache):
+    rows = _hf_rows("sst2")
+    write_hub_cache(hf_cache, HF_NAMES[0], "sst2", {"train": rows, "validation": rows})
+    with pytest.raises(MissingDataError, match=r"glue_data/RTE.*nyu-mll/glue or glue \(rte, train\)"):
+        GlueSource("rte", tmp_path).read()
+
+
+def test_hf_without_cache_or_folder_is_a_missing_data_error(tmp_path, hf_cache):
+    with pytest.raises(MissingDataError, match=r"glue_data/RTE.*not in the local cache.*format=hf"):
         GlueSource("rte", tmp_path).read()  # auto: no folder, so the HF cache, which is empty
 
 

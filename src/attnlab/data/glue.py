@@ -101,6 +101,7 @@ class Examples:
     first: list[str]
     second: list[str] | None
     labels: np.ndarray
+    origin: str = ""  # what was read: a file, a save_to_disk folder or the cached Hub dataset
 
     def __len__(self) -> int:
         return len(self.first)
@@ -155,7 +156,7 @@ def read_glue_tsv(path: str | Path, spec: GlueSpec, bad_rows: BadRows) -> Exampl
     if not first:
         raise DataError(path, "no example to read: this split would be empty")
     dtype = np.float32 if spec.labels is None else np.int64
-    return Examples(first, second, np.asarray(labels, dtype=dtype))
+    return Examples(first, second, np.asarray(labels, dtype=dtype), origin=str(path))
 
 
 def _parse_label(raw: str, spec: GlueSpec) -> float | int | None:
@@ -171,38 +172,52 @@ def _parse_label(raw: str, spec: GlueSpec) -> float | int | None:
 def _how_to_obtain(spec: GlueSpec) -> str:
     return (
         f"Put the official GLUE download's {spec.folder} folder under <data_dir>/glue_data/ "
-        f"(task.data.source.data_dir), or cache the Hugging Face dataset `glue` ({spec.name}) and set "
-        "task.data.source.format=hf."
+        f"(task.data.source.data_dir), or cache the Hugging Face dataset `{HF_NAMES[0]}` ({spec.name}) "
+        "and set task.data.source.format=hf."
     )
+
+
+# The Hub's GLUE: `nyu-mll/glue` since the canonical datasets moved under organisations; a cache made with
+# the old short name sits under `glue/` instead of `nyu-mll___glue/`, so both are looked up.
+HF_NAMES = ("nyu-mll/glue", "glue")
 
 
 def read_glue_hf(
     spec: GlueSpec, split: str, hf_path: str | Path | None = None, expected: str | Path | None = None
 ) -> Examples:
-    """The same examples from the Hugging Face ``glue`` dataset: the local cache (offline, nothing is
-    downloaded) or a ``save_to_disk`` folder of it (``hf_path``)."""
+    """The same examples from the Hugging Face GLUE dataset: the local cache (offline, nothing is
+    downloaded; `HF_NAMES` in order) or a ``save_to_disk`` folder of it (``hf_path``)."""
     import datasets
 
     from attnlab.data.lra.text import _hf_offline
 
-    where = str(hf_path) if hf_path is not None else f"huggingface:glue/{spec.name}"
-    try:
+    where = str(hf_path) if hf_path is not None else f"huggingface:{HF_NAMES[0]}/{spec.name}"
+    if hf_path is not None:
         with _hf_offline(datasets):
-            if hf_path is not None:
+            try:
                 loaded = datasets.load_from_disk(str(hf_path))
-                if split not in loaded:
-                    raise DataError(where, f"no split {split!r}; it has {list(loaded)}")
-                dataset = loaded[split]
-            else:
-                dataset = datasets.load_dataset("glue", spec.name, split=split)
-    except DataError:
-        raise
-    except Exception as err:  # offline and uncached: `datasets` raises one of several types
-        raise MissingDataError(
-            expected or where,
-            f"The Hugging Face dataset glue/{spec.name} ({split}) is not available offline "
-            f"({type(err).__name__}: {err}). {_how_to_obtain(spec)}",
-        ) from err
+            except Exception as err:
+                reason = f"not a save_to_disk folder ({type(err).__name__}: {err})"
+                raise MissingDataError(hf_path, reason) from err
+        if split not in loaded:
+            raise DataError(where, f"no split {split!r}; it has {list(loaded)}")
+        dataset = loaded[split]
+    else:
+        failures = []
+        for name in HF_NAMES:
+            try:
+                with _hf_offline(datasets):
+                    dataset = datasets.load_dataset(name, spec.name, split=split)
+                where = f"huggingface:{name}/{spec.name}"
+                break
+            except Exception as err:  # offline and uncached: `datasets` raises one of several types
+                failures.append(f"{name}: {type(err).__name__}: {err}")
+        else:
+            raise MissingDataError(
+                expected or where,
+                f"The Hugging Face dataset {' or '.join(HF_NAMES)} ({spec.name}, {split}) is not in the "
+                f"local cache ({'; '.join(failures)}). {_how_to_obtain(spec)}",
+            )
     absent = [c for c in (*spec.hf_text, "label") if c not in dataset.column_names]
     if absent:
         raise DataError(where, f"no column {', '.join(absent)}; the columns are {dataset.column_names}")
@@ -210,7 +225,7 @@ def read_glue_hf(
     if spec.labels is not None and ((labels < 0) | (labels >= len(spec.labels))).any():
         raise DataError(where, f"labels outside 0..{len(spec.labels) - 1} (unlabelled test split?)")
     second = list(dataset[spec.hf_text[1]]) if len(spec.hf_text) == 2 else None
-    return Examples(list(dataset[spec.hf_text[0]]), second, labels)
+    return Examples(list(dataset[spec.hf_text[0]]), second, labels, origin=where)
 
 
 class GlueSource:
@@ -253,9 +268,9 @@ class GlueSource:
                 for d in self.spec.dev
             ]
             return train, dev
-        self._used = self.hf_path or f"huggingface:glue/{self.spec.name} (local cache)"
         expected = self.folder if self.format == "auto" else None  # neither the folder nor the cache
         train = read_glue_hf(self.spec, "train", self.hf_path, expected)
+        self._used = self.hf_path or f"{train.origin} (local cache)"
         return train, [read_glue_hf(self.spec, d, self.hf_path, expected) for d in self.spec.hf_dev]
 
     @property
