@@ -4,7 +4,10 @@ fine-tune from its checkpoint is in tests/test_glue_tasks.py)."""
 from __future__ import annotations
 
 import csv
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +16,7 @@ from attnlab.data.text_corpus import MLMDataModule
 from attnlab.pipeline import train
 from attnlab.resume import read_checkpoint
 from attnlab.tasks.mlm import CHECKPOINT_KEY
-from conftest import compose_train_config
+from conftest import REPO_ROOT, compose_train_config
 
 VOCAB = 512
 # data-size overrides only: a small tokenizer, short blocks, a small model, a short budget
@@ -70,6 +73,23 @@ def test_mlm_learns_on_the_embedded_corpus(tmp_path, data_dir, attn):
     saved = checkpoint[CHECKPOINT_KEY]
     assert saved["model"]["vocab_size"] == VOCAB and saved["model"]["dim"] == 32
     assert '"<mask>"' in saved["tokenizer"]["vocab"] and saved["tokenizer"]["merges"]
+
+
+@pytest.mark.slow
+def test_the_readme_mlm_command_ends_well_below_the_unigram(tmp_path):
+    """Exactly `python train.py task=mlm attn=sliced_relu_bump` (the README's CPU figure), data and run in
+    tmp dirs: about 4 minutes on 2 quiet cores."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "train.py", "task=mlm", "attn=sliced_relu_bump",
+         f"paths.data_dir={tmp_path / 'data'}", f"hydra.run.dir={run_dir}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=3600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 1000, summary  # the whole budget, not cut by the time limit
+    assert summary["test_loss"] < summary["baseline_loss"] - 0.7, summary
+    assert summary["test_acc"] > 3 * summary["baseline_acc"], summary
 
 
 def test_resumed_run_draws_the_same_masks(tmp_path, data_dir, monkeypatch):
