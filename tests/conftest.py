@@ -48,3 +48,14 @@ def compose_train_config(overrides: list[str], tmp_path: Path):
 @pytest.fixture
 def train_config(tmp_path):
     return lambda *overrides: compose_train_config(list(overrides), tmp_path)
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """An empty `datasets` cache for this test alone (the env var for subprocesses, the config here)."""
+    import datasets
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    return cache

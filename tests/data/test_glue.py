@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnlab.data.common import BadRows, DataError, MissingDataError
-from attnlab.data.glue import HF_NAMES, TASKS, GlueSource, encode_pairs, read_glue_tsv
+from attnlab.data.glue import HF_NAME, TASKS, GlueSource, encode_pairs, read_glue_tsv
 from hf_hub_cache import write_hub_cache
 
 MNLI_TRAIN = (
@@ -206,35 +206,28 @@ def _hf_rows(task: str) -> dict[str, list]:
     return rows
 
 
-@pytest.fixture
-def hf_cache(tmp_path, monkeypatch):
-    """An empty `datasets` cache for this test alone (the env var for subprocesses, the config here)."""
-    import datasets
-
-    cache = tmp_path / "hf-cache"
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    return cache
-
-
 @pytest.mark.parametrize("repo_id", ["nyu-mll/glue", "glue"])  # the Hub id today; the old short name
-def test_hf_cache_of_the_hub_dataset_reads_like_the_tsv(tmp_path, hf_cache, repo_id):
+def test_hf_cache_of_the_hub_dataset_reads_like_the_tsv(tmp_path, hf_cache, repo_id, caplog):
     write_task(tmp_path, "mnli")
     tsv_train, tsv_devs = GlueSource("mnli", tmp_path, format="tsv").read()
     splits = ("train", "validation_matched", "validation_mismatched")
     write_hub_cache(hf_cache, repo_id, "mnli", {s: _hf_rows("mnli") for s in splits})
     source = GlueSource("mnli", tmp_path / "nowhere")  # auto: no glue_data folder, so the cache
-    train, devs = source.read()
+    with caplog.at_level(logging.INFO):
+        train, devs = source.read()
     assert (train.first, train.second) == (tsv_train.first, tsv_train.second)
     np.testing.assert_array_equal(train.labels, tsv_train.labels)
     assert [d.first for d in devs] == [d.first for d in tsv_devs]
-    assert f"huggingface:{repo_id}/mnli (local cache)" in source.description
+    assert "huggingface:nyu-mll/glue/mnli (local cache)" in source.description
+    older = "read from the local cache of its older name 'glue'"
+    assert (older in caplog.text) == (repo_id == "glue")  # the log says which cache was read
 
 
 def test_hf_cache_without_the_asked_task_is_a_missing_data_error(tmp_path, hf_cache):
     rows = _hf_rows("sst2")
-    write_hub_cache(hf_cache, HF_NAMES[0], "sst2", {"train": rows, "validation": rows})
-    with pytest.raises(MissingDataError, match=r"glue_data/RTE.*nyu-mll/glue or glue \(rte, train\)"):
+    write_hub_cache(hf_cache, HF_NAME, "sst2", {"train": rows, "validation": rows})
+    missing = r"glue_data/RTE.*'nyu-mll/glue' or 'glue' \(rte\) \(split 'train'\)"
+    with pytest.raises(MissingDataError, match=missing):
         GlueSource("rte", tmp_path).read()
 
 

@@ -172,26 +172,24 @@ def _parse_label(raw: str, spec: GlueSpec) -> float | int | None:
 def _how_to_obtain(spec: GlueSpec) -> str:
     return (
         f"Put the official GLUE download's {spec.folder} folder under <data_dir>/glue_data/ "
-        f"(task.data.source.data_dir), or cache the Hugging Face dataset `{HF_NAMES[0]}` ({spec.name}) "
+        f"(task.data.source.data_dir), or cache the Hugging Face dataset `{HF_NAME}` ({spec.name}) "
         "and set task.data.source.format=hf."
     )
 
 
-# The Hub's GLUE: `nyu-mll/glue` since the canonical datasets moved under organisations; a cache made with
-# the old short name sits under `glue/` instead of `nyu-mll___glue/`, so both are looked up.
-HF_NAMES = ("nyu-mll/glue", "glue")
+HF_NAME = "nyu-mll/glue"  # the Hub's id; a cache under the older `glue` is found too
 
 
 def read_glue_hf(
     spec: GlueSpec, split: str, hf_path: str | Path | None = None, expected: str | Path | None = None
 ) -> Examples:
     """The same examples from the Hugging Face GLUE dataset: the local cache (offline, nothing is
-    downloaded; `HF_NAMES` in order) or a ``save_to_disk`` folder of it (``hf_path``)."""
+    downloaded; under `HF_NAME` or the older `glue`) or a ``save_to_disk`` folder of it (``hf_path``)."""
     import datasets
 
-    from attnlab.data.lra.text import _hf_offline
+    from attnlab.data.lra.text import _hf_offline, load_hf_cached
 
-    where = str(hf_path) if hf_path is not None else f"huggingface:{HF_NAMES[0]}/{spec.name}"
+    where = str(hf_path) if hf_path is not None else f"huggingface:{HF_NAME}/{spec.name}"
     if hf_path is not None:
         with _hf_offline(datasets):
             try:
@@ -203,21 +201,7 @@ def read_glue_hf(
             raise DataError(where, f"no split {split!r}; it has {list(loaded)}")
         dataset = loaded[split]
     else:
-        failures = []
-        for name in HF_NAMES:
-            try:
-                with _hf_offline(datasets):
-                    dataset = datasets.load_dataset(name, spec.name, split=split)
-                where = f"huggingface:{name}/{spec.name}"
-                break
-            except Exception as err:  # offline and uncached: `datasets` raises one of several types
-                failures.append(f"{name}: {type(err).__name__}: {err}")
-        else:
-            raise MissingDataError(
-                expected or where,
-                f"The Hugging Face dataset {' or '.join(HF_NAMES)} ({spec.name}, {split}) is not in the "
-                f"local cache ({'; '.join(failures)}). {_how_to_obtain(spec)}",
-            )
+        dataset = load_hf_cached(HF_NAME, split, expected or where, _how_to_obtain(spec), config=spec.name)
     absent = [c for c in (*spec.hf_text, "label") if c not in dataset.column_names]
     if absent:
         raise DataError(where, f"no column {', '.join(absent)}; the columns are {dataset.column_names}")

@@ -18,7 +18,7 @@ test split, so ``val`` is always a seeded, class-stratified hold-out of the trai
 - Digits (scikit-learn's bundled copy of the UCI 8x8 handwritten digits, 1,797 images, grey levels
   0-16 scaled to 0-255): ``test_per_class`` and ``val_per_class`` images per class held out.
 
-CIFAR-10 and Tiny ImageNet also come from the Hugging Face cache (``datasets``, ``pip install -e .[hf]``)
+CIFAR-10 and Tiny ImageNet also come from the Hugging Face cache (``datasets``)
 when the official folder is absent: ``uoft-cs/cifar10`` and ``zh-plus/tiny-imagenet`` (its ``valid``
 split as test), with the same hold-out rule.
 """

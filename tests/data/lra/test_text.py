@@ -10,6 +10,7 @@ import pytest
 
 from attnlab.data.common import DataError, MissingDataError, pad_collate
 from attnlab.data.lra import text
+from hf_hub_cache import write_hub_cache
 
 REVIEWS = {
     # (split folder, label folder, file name): review text
@@ -175,6 +176,20 @@ def test_hf_not_cached_is_missing_data(tmp_path, monkeypatch):
     with pytest.raises(MissingDataError) as info:
         text.ensure_text(tmp_path)
     assert "not in the local cache" in str(info.value) and str(tmp_path / "aclImdb") in str(info.value)
+
+
+@pytest.mark.parametrize("repo_id", ["stanfordnlp/imdb", "imdb"])  # the Hub id today; the old short name
+def test_hf_imdb_from_a_cache_in_the_hub_layout(tmp_path, hf_cache, repo_id):
+    """The cache `datasets` leaves after `load_dataset("stanfordnlp/imdb")` (or the older "imdb"), read
+    offline by the LRA Text task: same reviews, labels and byte tokens as the columns written."""
+    reviews = {"train": (["Great film.", "Dull <br />plot"], [1, 0]), "test": (["Fine.", "Bad"], [1, 0])}
+    splits = {s: {"text": t, "label": y} for s, (t, y) in reviews.items()}
+    write_hub_cache(hf_cache, repo_id, "plain_text", splits)
+    val, source = text.load_text(tmp_path, "val")  # no aclImdb folder: the cache; val is IMDB's test
+    assert source == "huggingface:stanfordnlp/imdb"
+    assert val.labels.tolist() == [1, 0] and val[0]["input_ids"].tolist() == tokens("Fine.")
+    train = text.load_imdb_hf("train", max_length=None)
+    assert train[1]["input_ids"].tolist() == tokens("Dull <br />plot")  # raw bytes, markup kept, as LRA
 
 
 def test_real_hf_imdb_when_installed_and_cached(tmp_path):

@@ -183,8 +183,16 @@ def _hf_offline(datasets_module) -> Iterator[None]:
             setattr(obj, name, value)
 
 
-def load_hf_cached(name: str, split: str, expected: str | Path, how_to_obtain: str):
-    """``datasets.load_dataset(name, split=split)`` from the local cache, or MissingDataError.
+# Canonical datasets moved under organisations on the Hub; a cache made under the older short name sits
+# in `<cache>/<old>/` rather than `<cache>/<org>___<name>/`, so each id is looked up under both.
+HUB_OLDER_NAMES = {"stanfordnlp/imdb": "imdb", "uoft-cs/cifar10": "cifar10", "nyu-mll/glue": "glue"}
+
+
+def load_hf_cached(
+    name: str, split: str, expected: str | Path, how_to_obtain: str, config: str | None = None
+):
+    """``datasets.load_dataset(name[, config], split=split)`` from the local cache (under ``name``, then
+    its older short name), or MissingDataError.
 
     ``expected`` and ``how_to_obtain`` describe the folder layout that would have been read instead,
     so the error tells the user both ways to get the data.
@@ -195,16 +203,26 @@ def load_hf_cached(name: str, split: str, expected: str | Path, how_to_obtain: s
         raise MissingDataError(
             expected, f"The Hugging Face `datasets` library is not installed either. {how_to_obtain}"
         ) from err
-    try:
-        with _hf_offline(datasets):
-            return datasets.load_dataset(name, split=split)
-    # offline and uncached, `datasets` raises one of several types depending on its version
-    except Exception as err:
-        raise MissingDataError(
-            expected,
-            f"The Hugging Face dataset {name!r} (split {split!r}) is not in the local cache "
-            f"({type(err).__name__}: {err}). {how_to_obtain}",
-        ) from err
+    names = [name] + ([HUB_OLDER_NAMES[name]] if name in HUB_OLDER_NAMES else [])
+    failures = []
+    for candidate in names:
+        try:
+            with _hf_offline(datasets):
+                args = (candidate,) if config is None else (candidate, config)
+                dataset = datasets.load_dataset(*args, split=split)
+        # offline and uncached, `datasets` raises one of several types depending on its version
+        except Exception as err:
+            failures.append(f"{candidate}: {type(err).__name__}: {err}")
+            continue
+        if candidate != name:
+            log.info("%s: read from the local cache of its older name %r", name, candidate)
+        return dataset
+    what = " or ".join(repr(n) for n in names) + (f" ({config})" if config else "")
+    raise MissingDataError(
+        expected,
+        f"The Hugging Face dataset {what} (split {split!r}) is not in the local cache "
+        f"({'; '.join(failures)}). {how_to_obtain}",
+    )
 
 
 def _hf_column(dataset, column: str, name: str) -> None:
