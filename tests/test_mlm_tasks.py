@@ -6,8 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +14,8 @@ from attnlab.data.text_corpus import MLMDataModule
 from attnlab.pipeline import train
 from attnlab.resume import read_checkpoint
 from attnlab.tasks.mlm import CHECKPOINT_KEY
-from conftest import REPO_ROOT, compose_train_config
+from conftest import compose_train_config
+from tiny_runs import run_train_py
 
 VOCAB = 512
 # data-size overrides only: a small tokenizer, short blocks, a small model, a short budget
@@ -80,10 +79,9 @@ def test_the_readme_mlm_command_ends_well_below_the_unigram(tmp_path):
     """Exactly `python train.py task=mlm attn=sliced_relu_bump` (the README's CPU figure), data and run in
     tmp dirs: about 4 minutes on 2 quiet cores."""
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "train.py", "task=mlm", "attn=sliced_relu_bump",
-         f"paths.data_dir={tmp_path / 'data'}", f"hydra.run.dir={run_dir}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=3600,
+    done = run_train_py(
+        "task=mlm", "attn=sliced_relu_bump",
+        f"paths.data_dir={tmp_path / 'data'}", f"hydra.run.dir={run_dir}", timeout=3600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -4,7 +4,6 @@ by name, and the commands docs/mqar.md shows run as typed (with tiny data sizes 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,8 +17,8 @@ from hydra.utils import instantiate
 from attnlab.attention import available_backends
 from attnlab.models.causal_lm import NoCausalAttentionError, causal_backends
 from attnlab.validation import check_config
+from tiny_runs import REPO_ROOT, run_train_py
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ["task=mqar", "experiment=mqar/sweep_width", "experiment=mqar/sweep_seqlen"]
 # data and step counts only: what makes a documented command take seconds
 TINY = [
@@ -60,16 +59,7 @@ def test_mqar_configs_build_for_causal_backends_and_refuse_others(train_config, 
 
 
 def _train_py(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_train_py(*args, cwd=cwd, timeout=timeout, single_thread=True)
 
 
 def test_docs_single_run_command(tmp_path):

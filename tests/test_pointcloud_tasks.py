@@ -4,8 +4,6 @@ on a CPU, and the pipeline pieces they need (model inputs, mean class accuracy, 
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,8 @@ import torch
 from attnlab.data.common import DataError, MissingDataError
 from attnlab.pipeline import train
 from pointcloud_fixtures import write_modelnet_h5, write_modelnet_off
+from tiny_runs import REPO_ROOT, run_train_py
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 QUICK = [
     "trainer.enable_progress_bar=false",
     "trainer.num_sanity_val_steps=0",
@@ -168,10 +166,9 @@ def test_shapes_short_run_beats_chance(train_config, tmp_path):
 @pytest.mark.slow
 def test_the_default_shapes_run_of_the_readme_learns(tmp_path):
     """Exactly `python train.py task=shapes attn=sliced_relu_bump`, data and runs in tmp dirs."""
-    run = subprocess.run(
-        [sys.executable, "train.py", "task=shapes", "attn=sliced_relu_bump",
-         f"paths.data_dir={tmp_path / 'data'}", f"paths.output_dir={tmp_path / 'outputs'}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=3600,
+    run = run_train_py(
+        "task=shapes", "attn=sliced_relu_bump",
+        f"paths.data_dir={tmp_path / 'data'}", f"paths.output_dir={tmp_path / 'outputs'}", timeout=3600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     line = next(

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +13,8 @@ from omegaconf import OmegaConf
 from attnlab.errors import CheckpointError
 from attnlab.pipeline import train
 from attnlab.summary import SUMMARY_FIELDS
+from tiny_runs import REPO_ROOT, run_train_py
 from tiny_runs import TINY_LISTOPS as TINY
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _model_target(task: str) -> str:
@@ -145,13 +142,7 @@ def test_train_py_runs_from_the_command_line(tmp_path):
         f"paths.data_dir={tmp_path / 'data'}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), *overrides],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_train_py(*overrides, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "test accuracy" in done.stdout and "majority baseline" in done.stdout
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["attn"] == "softmax"

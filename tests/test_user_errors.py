@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,19 +10,11 @@ import pytest
 from attnlab.errors import ConfigError
 from attnlab.pipeline import train
 from attnlab.validation import check_config
-from tiny_runs import TINY_LISTOPS
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tiny_runs import REPO_ROOT, TINY_LISTOPS, run_train_py
 
 
 def _train_py(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), *TINY_LISTOPS, "logger=none", *overrides],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_train_py(*TINY_LISTOPS, "logger=none", *overrides, cwd=tmp_path, timeout=300)
 
 
 @pytest.mark.parametrize(
@@ -95,13 +86,7 @@ def test_train_split_smaller_than_a_batch_is_named(train_config):
 def test_a_resolver_refusing_its_inputs_is_named_without_a_traceback(tmp_path):
     """The paper MLM preset derives gradient accumulation from the device count: 3 devices cannot
     share a global batch of 1024 sequences."""
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), "experiment=mlm/paper", "trainer.devices=3"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_train_py("experiment=mlm/paper", "trainer.devices=3", cwd=tmp_path, timeout=300)
     assert done.returncode == 1
     assert "error: trainer.accumulate_grad_batches:" in done.stderr
     assert "1024 sequences do not split evenly over 3 devices" in done.stderr

@@ -63,7 +63,7 @@ class LastCheckpoint(Checkpoint):
     def _save(self, trainer: L.Trainer) -> None:
         if trainer.sanity_checking or trainer.fast_dev_run:
             return
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path, weights_only=False)  # a full, resumable state (and no log line)
         self._saved_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -173,7 +173,7 @@ class SlurmRequeue(Checkpoint):
     def _preempt(self, trainer: L.Trainer) -> None:
         # rank 0 names the file: a rank that looked after rank 0 had written it would count one more
         path = trainer.strategy.broadcast(_CheckpointConnector.hpc_save_path(trainer.default_root_dir), src=0)
-        trainer.save_checkpoint(path)  # every rank takes part; rank 0 writes
+        trainer.save_checkpoint(path, weights_only=False)  # every rank takes part; rank 0 writes
         self.preempted, self.checkpoint_path = True, str(path)
         if trainer.is_global_zero:
             log.info("requeue signal: saved %s at step %d", path, trainer.global_step)
