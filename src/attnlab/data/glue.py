@@ -187,11 +187,11 @@ def read_glue_hf(
     downloaded; under `HF_NAME` or the older `glue`) or a ``save_to_disk`` folder of it (``hf_path``)."""
     import datasets
 
-    from attnlab.data.lra.text import _hf_offline, load_hf_cached
+    from attnlab.data.hf_cache import hf_offline, load_hf_cached
 
     where = str(hf_path) if hf_path is not None else f"huggingface:{HF_NAME}/{spec.name}"
     if hf_path is not None:
-        with _hf_offline(datasets):
+        with hf_offline(datasets):
             try:
                 loaded = datasets.load_from_disk(str(hf_path))
             except Exception as err:

@@ -199,7 +199,7 @@ class TextCorpus:
         """The raw documents as a `datasets` Dataset (or IterableDataset when streaming)."""
         import datasets
 
-        from attnlab.data.lra.text import _hf_offline
+        from attnlab.data.hf_cache import hf_offline
 
         if self.files is None:
             dataset = datasets.Dataset.from_dict({"text": embedded_documents()})
@@ -207,7 +207,7 @@ class TextCorpus:
         paths = self._resolved_files()
         kind = self._file_format(paths)
         cache = str(self.root / "hf_cache")
-        with _hf_offline(datasets):
+        with hf_offline(datasets):
             if kind == "disk":
                 loaded = datasets.load_from_disk(str(paths[0]))
                 if isinstance(loaded, datasets.DatasetDict):

@@ -40,8 +40,8 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from attnlab.data.common import DataError, ResumableDataLoader, eval_batches, train_batch_sampler
+from attnlab.data.hf_cache import load_hf_cached
 from attnlab.data.lra import image as lra_image
-from attnlab.data.lra.text import load_hf_cached
 from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)

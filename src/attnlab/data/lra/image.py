@@ -55,7 +55,7 @@ from attnlab.data.common import (
     pixel_offset,
     require_examples,
 )
-from attnlab.data.lra.text import load_hf_cached
+from attnlab.data.hf_cache import load_hf_cached
 
 VOCAB_SIZE = 257  # 0 = padding; grey level + 1 (zero_pixels=token) or grey level (padding, 256 unused)
 NUM_CLASSES = 10
