@@ -15,26 +15,19 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-import lightning as L
 import numpy as np
-import torch
-from torch.utils.data import DataLoader
 
 from attnlab.data.common import (
     ON_BAD_ROWS,
     ZERO_PIXELS,
     DataError,
-    LengthBucketSampler,
-    ResumableDataLoader,
     TokenSequenceDataset,
     check_choice,
-    eval_batches,
     pad_collate,
-    train_batch_sampler,
 )
+from attnlab.data.loaders import SPLITS, ShardedDataModule
 
 log = logging.getLogger(__name__)
-SPLITS = ("train", "val", "test")
 
 
 class DataSource(Protocol):
@@ -49,7 +42,7 @@ class DataSource(Protocol):
     def description(self) -> str: ...
 
 
-class SequenceDataModule(L.LightningDataModule):
+class SequenceDataModule(ShardedDataModule):
     def __init__(
         self,
         source: DataSource,
@@ -112,55 +105,19 @@ class SequenceDataModule(L.LightningDataModule):
         self.setup()
         return int(self.datasets[split].lengths().max())
 
-    def _loader(self, split: str, batch_sampler) -> DataLoader:
-        # Own generators (seeded per split): creating an iterator draws the workers' base seed from
-        # the loader's generator, never from torch's global one, so dropout's random stream does
-        # not depend on how many iterators were made (it must match between a run and its resume).
-        generator = torch.Generator().manual_seed(self.seed * len(SPLITS) + SPLITS.index(split))
-        loader_class = ResumableDataLoader if isinstance(batch_sampler, LengthBucketSampler) else DataLoader
-        return loader_class(
-            self.datasets[split],
-            batch_sampler=batch_sampler,
-            num_workers=self.num_workers,
-            collate_fn=self._collate,
-            persistent_workers=self.num_workers > 0,
-            generator=generator,
-        )
-
     def _collate(self, batch):
         return pad_collate(batch, self.pad_to_multiple_of)
 
-    def _replicas(self) -> tuple[int, int]:
-        trainer = self.trainer
-        if trainer is None:
-            return 1, 0
-        return trainer.world_size, trainer.global_rank
+    def train_lengths(self) -> np.ndarray:
+        return self.datasets["train"].lengths()
 
-    def train_dataloader(self) -> DataLoader:
-        """Length-bucketed, sharded across ranks, and resumable mid-epoch (see `ResumableDataLoader`)."""
-        replicas, rank = self._replicas()
-        dataset = self.datasets["train"]
-        sampler = train_batch_sampler(
-            dataset.lengths(),
-            self.batch_size,
-            seed=self.seed,
-            replicas=replicas,
-            rank=rank,
-            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
-            pool_batches=50 if self.bucket_by_length else 1,
-            what=f"{self.source.name} examples",
-        )
-        return self._loader("train", sampler)
+    @property
+    def pool_batches(self) -> int:
+        return 50 if self.bucket_by_length else 1
 
-    def _eval_loader(self, split: str) -> DataLoader:
-        replicas, rank = self._replicas()
-        dataset = self.datasets[split]
-        order = np.argsort(dataset.lengths(), kind="stable")  # length-sorted: little padding
-        batches = eval_batches(order, self.eval_batch_size, replicas, rank)
-        return self._loader(split, batches)
+    @property
+    def train_items(self) -> str:
+        return f"{self.source.name} examples"
 
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
+    def eval_order(self, split: str) -> np.ndarray:
+        return np.argsort(self.datasets[split].lengths(), kind="stable")  # length-sorted: little padding

@@ -20,26 +20,22 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from attnlab.data.common import (
     ON_BAD_ROWS,
     BadRows,
     DataError,
     MissingDataError,
-    ResumableDataLoader,
     check_choice,
-    eval_batches,
-    train_batch_sampler,
 )
+from attnlab.data.loaders import SPLITS, ShardedDataModule
 from attnlab.data.tokenizer import BPETokenizer
 from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
-SPLITS = ("train", "val", "test")
 FORMATS = ("auto", "tsv", "hf")
 NLI = ("entailment", "not_entailment")
 
@@ -300,8 +296,10 @@ class GlueDataset(Dataset):
         return {"ids": self.ids[index], "label": self.labels[index], "subset": int(self.subset[index])}
 
 
-class GlueDataModule(L.LightningDataModule):
+class GlueDataModule(ShardedDataModule):
     """One GLUE task, tokenized with the tokenizer saved in the pretrained checkpoint (``pretrained``)."""
+
+    pool_batches = 50  # sentence pairs vary in length: bucket the training batches
 
     def __init__(
         self,
@@ -401,43 +399,12 @@ class GlueDataModule(L.LightningDataModule):
         subset = torch.tensor([e["subset"] for e in examples])
         return {"input_ids": ids, "mask": mask, "labels": labels, "subset": subset}
 
-    def _replicas(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (1, 0) if trainer is None else (trainer.world_size, trainer.global_rank)
+    def train_lengths(self) -> np.ndarray:
+        return self.datasets["train"].lengths()
 
-    def _generator(self, split: str) -> torch.Generator:
-        return torch.Generator().manual_seed(self.seed * len(SPLITS) + SPLITS.index(split))
+    @property
+    def train_items(self) -> str:
+        return f"{self.source.name} examples"
 
-    def train_dataloader(self) -> DataLoader:
-        replicas, rank = self._replicas()
-        dataset = self.datasets["train"]
-        sampler = train_batch_sampler(
-            dataset.lengths(),
-            self.batch_size,
-            seed=self.seed,
-            replicas=replicas,
-            rank=rank,
-            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
-            pool_batches=50,
-            what=f"{self.source.name} examples",
-        )
-        return ResumableDataLoader(
-            dataset, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=self._collate,
-            persistent_workers=self.num_workers > 0, generator=self._generator("train"),
-        )  # fmt: skip
-
-    def _eval_loader(self, split: str) -> DataLoader:
-        replicas, rank = self._replicas()
-        dataset = self.datasets[split]
-        order = np.argsort(dataset.lengths(), kind="stable")
-        batches = eval_batches(order, self.eval_batch_size, replicas, rank)
-        return DataLoader(
-            dataset, batch_sampler=batches, num_workers=self.num_workers, collate_fn=self._collate,
-            persistent_workers=self.num_workers > 0, generator=self._generator(split),
-        )  # fmt: skip
-
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
+    def eval_order(self, split: str) -> np.ndarray:
+        return np.argsort(self.datasets[split].lengths(), kind="stable")

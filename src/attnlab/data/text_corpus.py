@@ -30,24 +30,20 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from attnlab.data.common import (
     DataError,
     MissingDataError,
-    ResumableDataLoader,
     check_choice,
-    eval_batches,
-    train_batch_sampler,
 )
+from attnlab.data.loaders import SPLITS, ShardedDataModule
 from attnlab.data.tokenizer import MERGES_FILE, VOCAB_FILE, BPETokenizer, load_bpe, train_bpe
 from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
-SPLITS = ("train", "val", "test")
 FORMATS = ("auto", "text", "json", "parquet", "disk")
 SAMPLE_BY = ("line", "paragraph", "document")
 EMBEDDED = "pydoc_data.topics"
@@ -470,7 +466,7 @@ class MaskedBlocks(Dataset):
 # ------------------------------------------------------------------------------------ datamodule
 
 
-class MLMDataModule(L.LightningDataModule):
+class MLMDataModule(ShardedDataModule):
     """Packed, masked blocks of a `TextCorpus` for masked-LM pretraining.
 
     Training batches leave the loader unmasked and are masked on their device (``on_after_batch_transfer``)
@@ -587,13 +583,6 @@ class MLMDataModule(L.LightningDataModule):
         }
 
     # ---- loaders ---------------------------------------------------------------------------------
-    def _replicas(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (1, 0) if trainer is None else (trainer.world_size, trainer.global_rank)
-
-    def _generator(self, split: str) -> torch.Generator:
-        return torch.Generator().manual_seed(self.seed * len(SPLITS) + SPLITS.index(split))
-
     def _collate(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         batch = {key: torch.stack([ex[key] for ex in examples]) for key in examples[0] if key != "raw"}
         batch["mask"] = (
@@ -601,41 +590,9 @@ class MLMDataModule(L.LightningDataModule):
         ) != self.tokenizer.pad_id
         return batch
 
-    def train_dataloader(self) -> DataLoader:
-        replicas, rank = self._replicas()
-        dataset = self.datasets["train"]
-        sampler = train_batch_sampler(
-            np.full(len(dataset), self.seq_len),
-            self.batch_size,
-            seed=self.seed,
-            replicas=replicas,
-            rank=rank,
-            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
-            what=f"blocks of {self.seq_len} tokens",
-        )
-        return ResumableDataLoader(
-            dataset,
-            batch_sampler=sampler,
-            num_workers=self.num_workers,
-            collate_fn=self._collate,
-            persistent_workers=self.num_workers > 0,
-            generator=self._generator("train"),
-        )
+    def train_lengths(self) -> np.ndarray:
+        return np.full(len(self.datasets["train"]), self.seq_len)
 
-    def _eval_loader(self, split: str) -> DataLoader:
-        replicas, rank = self._replicas()
-        batches = eval_batches(range(len(self.datasets[split])), self.eval_batch_size, replicas, rank)
-        return DataLoader(
-            self.datasets[split],
-            batch_sampler=batches,
-            num_workers=self.num_workers,
-            collate_fn=self._collate,
-            persistent_workers=self.num_workers > 0,
-            generator=self._generator(split),
-        )
-
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
+    @property
+    def train_items(self) -> str:
+        return f"blocks of {self.seq_len} tokens"

@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -39,13 +38,13 @@ from timm.data.auto_augment import rand_augment_transform
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from attnlab.data.common import DataError, ResumableDataLoader, eval_batches, train_batch_sampler
+from attnlab.data.common import DataError
 from attnlab.data.hf_cache import load_hf_cached
+from attnlab.data.loaders import SPLITS, ShardedDataModule
 from attnlab.data.lra import image as lra_image
 from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
-SPLITS = ("train", "val", "test")
 _RANDAUGMENT_SECTION = re.compile(r"^(?:(?:mstd|mmax|inc|m|n|p)\d[\d.]*|t\w+)$")
 
 # ------------------------------------------------------------------------------------------------
@@ -451,7 +450,7 @@ def image_collate(batch: list[dict]) -> dict[str, torch.Tensor]:
     }
 
 
-class ImageDataModule(L.LightningDataModule):
+class ImageDataModule(ShardedDataModule):
     """Augmented image batches ``{"images": (B, C, H, W) float, "labels": (B,)}`` from a source.
 
     Training batches come from attnlab's resumable, rank-sharded batch sampler (every image has the
@@ -527,48 +526,12 @@ class ImageDataModule(L.LightningDataModule):
         labels = self.datasets[split].labels
         return float(np.bincount(labels).max() / len(labels))
 
-    def _replicas(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (1, 0) if trainer is None else (trainer.world_size, trainer.global_rank)
+    def _collate(self, examples: list) -> dict[str, torch.Tensor]:
+        return image_collate(examples)
 
-    def _generator(self, split: str) -> torch.Generator:
-        return torch.Generator().manual_seed(self.seed * len(SPLITS) + SPLITS.index(split))
+    def train_lengths(self) -> np.ndarray:
+        return np.ones(len(self.datasets["train"]), dtype=np.int64)
 
-    def train_dataloader(self) -> ResumableDataLoader:
-        replicas, rank = self._replicas()
-        dataset = self.datasets["train"]
-        sampler = train_batch_sampler(
-            np.ones(len(dataset), dtype=np.int64),
-            self.batch_size,
-            seed=self.seed,
-            replicas=replicas,
-            rank=rank,
-            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
-            what=f"{self.source.name} images",
-        )
-        return ResumableDataLoader(
-            dataset,
-            batch_sampler=sampler,
-            num_workers=self.num_workers,
-            collate_fn=image_collate,
-            persistent_workers=self.num_workers > 0,
-            generator=self._generator("train"),
-        )
-
-    def _eval_loader(self, split: str) -> torch.utils.data.DataLoader:
-        replicas, rank = self._replicas()
-        batches = eval_batches(range(len(self.datasets[split])), self.eval_batch_size, replicas, rank)
-        return torch.utils.data.DataLoader(
-            self.datasets[split],
-            batch_sampler=batches,
-            num_workers=self.num_workers,
-            collate_fn=image_collate,
-            persistent_workers=self.num_workers > 0,
-            generator=self._generator(split),
-        )
-
-    def val_dataloader(self):
-        return self._eval_loader("val")
-
-    def test_dataloader(self):
-        return self._eval_loader("test")
+    @property
+    def train_items(self) -> str:
+        return f"{self.source.name} images"

@@ -17,18 +17,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from attnlab.data.common import DataError, ResumableDataLoader, eval_batches, train_batch_sampler
+from attnlab.data.common import DataError
+from attnlab.data.loaders import SPLITS, ShardedDataModule
 from attnlab.data.pointcloud.modelnet import PointClouds
 from attnlab.data.pointcloud.transforms import AnisotropicScale, augmentation
 from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
-SPLITS = ("train", "val", "test")
 
 
 class PointCloudDataset(Dataset):
@@ -102,7 +101,7 @@ def split_indices(count: int, val_fraction: float, seed: int) -> tuple[np.ndarra
     return np.sort(order[num_val:]), np.sort(order[:num_val])
 
 
-class PointCloudDataModule(L.LightningDataModule):
+class PointCloudDataModule(ShardedDataModule):
     def __init__(
         self,
         source,
@@ -204,50 +203,12 @@ class PointCloudDataModule(L.LightningDataModule):
         """Points per cloud: the sequence length the attention sees."""
         return self.num_points
 
-    def _replicas(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (1, 0) if trainer is None else (trainer.world_size, trainer.global_rank)
+    def _collate(self, examples: list) -> dict[str, torch.Tensor]:
+        return collate_clouds(examples)
 
-    def _generator(self, split: str) -> torch.Generator:
-        return torch.Generator().manual_seed(self.seed * len(SPLITS) + SPLITS.index(split))
+    def train_lengths(self) -> np.ndarray:
+        return np.full(len(self.datasets["train"]), self.num_points)
 
-    def train_dataloader(self) -> DataLoader:
-        """Shuffled, sharded across ranks and resumable mid-epoch (attnlab's `LengthBucketSampler`
-        with equal lengths is exactly that)."""
-        replicas, rank = self._replicas()
-        dataset = self.datasets["train"]
-        sampler = train_batch_sampler(
-            np.full(len(dataset), self.num_points),
-            self.batch_size,
-            seed=self.seed,
-            replicas=replicas,
-            rank=rank,
-            epoch=self.trainer.current_epoch if self.trainer is not None else 0,
-            what="clouds",
-        )
-        return ResumableDataLoader(
-            dataset,
-            batch_sampler=sampler,
-            num_workers=self.num_workers,
-            collate_fn=collate_clouds,
-            persistent_workers=self.num_workers > 0,
-            generator=self._generator("train"),
-        )
-
-    def _eval_loader(self, split: str) -> DataLoader:
-        replicas, rank = self._replicas()
-        batches = eval_batches(range(len(self.datasets[split])), self.eval_batch_size, replicas, rank)
-        return DataLoader(
-            self.datasets[split],
-            batch_sampler=batches,
-            num_workers=self.num_workers,
-            collate_fn=collate_clouds,
-            persistent_workers=self.num_workers > 0,
-            generator=self._generator(split),
-        )
-
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
+    @property
+    def train_items(self) -> str:
+        return "clouds"
