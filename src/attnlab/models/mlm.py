@@ -68,7 +68,10 @@ def _config(**kwargs) -> dict:
     return {k: v for k, v in kwargs.items() if isinstance(v, int | float | str | type(None))}
 
 
-class MaskedLanguageModel(nn.Module):
+class _OnTextEncoder(nn.Module):
+    """A `TextEncoder` under ``backbone`` and its shape as ``config``: what pretraining and fine-tuning
+    share, so a checkpoint's ``model.backbone.*`` weights fit either head."""
+
     def __init__(
         self,
         vocab_size: int,
@@ -88,6 +91,13 @@ class MaskedLanguageModel(nn.Module):
         shape.update(max_len=max_len, qkv_dim=qkv_dim, pad_id=pad_id)
         self.backbone = TextEncoder(attention=attention, dropout=dropout, attn_dropout=attn_dropout, **shape)
         self.config = _config(**shape, attention=type(self.backbone.encoder.blocks[0].attn).__name__)
+
+
+class MaskedLanguageModel(_OnTextEncoder):
+    """The encoder (``shape``: `_OnTextEncoder`'s keywords) and RoBERTa's LM head, tied to the input."""
+
+    def __init__(self, vocab_size: int, attention: AttentionFactory | str, dim: int = 128, **shape):
+        super().__init__(vocab_size, attention, dim=dim, **shape)
         self.lm_dense = nn.Linear(dim, dim)
         self.lm_act = nn.GELU()
         self.lm_norm = nn.LayerNorm(dim)
@@ -107,8 +117,9 @@ class MaskedLanguageModel(nn.Module):
         return nn.functional.linear(hidden, self.backbone.embed.weight, self.lm_bias)  # tied to the input
 
 
-class SentenceClassifier(nn.Module):
-    """The pretrained encoder and a pooled head; ``num_outputs=1`` is a regression (a score per pair)."""
+class SentenceClassifier(_OnTextEncoder):
+    """The pretrained encoder (``shape``: `_OnTextEncoder`'s keywords) and a pooled head;
+    ``num_outputs=1`` is a regression (a score per pair)."""
 
     def __init__(
         self,
@@ -116,21 +127,10 @@ class SentenceClassifier(nn.Module):
         num_outputs: int,
         attention: AttentionFactory | str,
         dim: int = 128,
-        depth: int = 2,
-        num_heads: int = 4,
-        mlp_dim: int = 512,
-        max_len: int = 512,
-        dropout: float = 0.1,
-        attn_dropout: float = 0.0,
-        qkv_dim: int | None = None,
-        pad_id: int = 0,
         head_dropout: float = 0.1,
+        **shape,
     ):
-        super().__init__()
-        shape = dict(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim)
-        shape.update(max_len=max_len, qkv_dim=qkv_dim, pad_id=pad_id)
-        self.backbone = TextEncoder(attention=attention, dropout=dropout, attn_dropout=attn_dropout, **shape)
-        self.config = _config(**shape, attention=type(self.backbone.encoder.blocks[0].attn).__name__)
+        super().__init__(vocab_size, attention, dim=dim, **shape)
         self.head = classifier_head(dim, [4 * dim], num_outputs, "gelu", head_dropout)
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
