@@ -52,30 +52,45 @@ class ClassificationTask(L.LightningModule):
 
     def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         logits = self(batch)
-        labels = batch["labels"]
-        loss = F.cross_entropy(logits.float(), labels)
-        metric = self.metrics[f"{stage}_acc"]
-        metric(logits.detach(), labels)
-        # training metrics per step, evaluation metrics per epoch: one name each (train/loss, val/acc, ...)
+        loss = F.cross_entropy(logits.float(), batch["labels"])
+        self._log_step(stage, loss, logits, batch["labels"])
+        return loss
+
+    def _log_step(
+        self,
+        stage: str,
+        loss: torch.Tensor,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        batch_size: int | None = None,
+    ) -> None:
+        """The loss and every metric this task has for ``stage`` (acc, and top5 or mean_class_acc where
+        built): training per step, evaluation per epoch, one name each (train/loss, val/acc, ...)."""
         train = stage == "train"
-        batch_size = labels.shape[0]
+        size = labels.shape[0] if batch_size is None else batch_size
         self.log(
             f"{stage}/loss",
             loss,
             on_step=train,
             on_epoch=not train,
             prog_bar=True,
-            batch_size=batch_size,
+            batch_size=size,
             sync_dist=not train,
         )
-        self.log(
-            f"{stage}/acc", metric, on_step=train, on_epoch=not train, prog_bar=True, batch_size=batch_size
-        )
-        if f"{stage}_mean_class_acc" in self.metrics:
-            per_class = self.metrics[f"{stage}_mean_class_acc"]
-            per_class(logits.detach(), labels)
-            self.log(f"{stage}/mean_class_acc", per_class, on_epoch=True, batch_size=batch_size)
-        return loss
+        for name in ("acc", "top5", "mean_class_acc"):
+            key = f"{stage}_{name}"
+            if key not in self.metrics:
+                continue
+            metric = self.metrics[key]
+            metric(logits.detach(), labels)
+            self.log(
+                f"{stage}/{name}",
+                metric,
+                on_step=train,
+                on_epoch=not train,
+                prog_bar=name == "acc",
+                batch_size=size,
+            )
 
     def training_step(self, batch, batch_idx):
         return self._step(batch, "train")

@@ -43,20 +43,5 @@ class RecallTask(ClassificationTask):
             )
         scored = labels != IGNORE_INDEX
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-        metric = self.metrics[f"{stage}_acc"]
-        metric(logits.detach()[scored], labels[scored])
-        train = stage == "train"
-        batch_size = labels.shape[0]
-        self.log(
-            f"{stage}/loss",
-            loss,
-            on_step=train,
-            on_epoch=not train,
-            prog_bar=True,
-            batch_size=batch_size,
-            sync_dist=not train,
-        )
-        self.log(
-            f"{stage}/acc", metric, on_step=train, on_epoch=not train, prog_bar=True, batch_size=batch_size
-        )
+        self._log_step(stage, loss, logits[scored], labels[scored], batch_size=labels.shape[0])
         return loss

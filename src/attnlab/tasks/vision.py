@@ -86,7 +86,7 @@ class ImageClassificationTask(ClassificationTask):
         else:
             logits = self.model(images)
             loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
-        self._log("train", loss, logits, labels)
+        self._log_step("train", loss, logits, labels)
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
@@ -96,38 +96,13 @@ class ImageClassificationTask(ClassificationTask):
     def _evaluate(self, batch, stage: str) -> None:
         model = self.ema.module if self.ema is not None else self.model
         logits = model(batch["images"])
-        self._log(stage, F.cross_entropy(logits.float(), batch["labels"]), logits, batch["labels"])
+        self._log_step(stage, F.cross_entropy(logits.float(), batch["labels"]), logits, batch["labels"])
 
     def validation_step(self, batch, batch_idx):
         self._evaluate(batch, "val")
 
     def test_step(self, batch, batch_idx):
         self._evaluate(batch, "test")
-
-    def _log(self, stage: str, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        train = stage == "train"
-        size = labels.shape[0]
-        self.log(
-            f"{stage}/loss",
-            loss,
-            on_step=train,
-            on_epoch=not train,
-            prog_bar=True,
-            batch_size=size,
-            sync_dist=not train,
-        )
-        for name in ("acc", "top5"):
-            if f"{stage}_{name}" in self.metrics:
-                metric = self.metrics[f"{stage}_{name}"]
-                metric(logits.detach(), labels)
-                self.log(
-                    f"{stage}/{name}",
-                    metric,
-                    on_step=train,
-                    on_epoch=not train,
-                    prog_bar=name == "acc",
-                    batch_size=size,
-                )
 
     def _param_groups(self) -> list[dict]:
         """No weight decay on 1-D parameters nor on what the model names (timm: positions, class token)."""
