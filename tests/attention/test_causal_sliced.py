@@ -11,17 +11,16 @@ from hypothesis import strategies as st
 
 from attnlab.attention import available_backends, backend_capabilities, build_attention
 from attnlab.attention import reference as ref
-from attnlab.attention.causal_sliced import (
+from attnlab.attention.layers import SlicedReLUAttention, standardise_scores_prefix
+from attnlab.attention.ops import sliced_relu_attention, sliced_relu_bump_attention
+from attnlab.attention.sliced.causal import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
+from attnlab.attention.sliced.decode import (
     SlicedDecodeState,
-    causal_sliced_relu_attention,
-    causal_sliced_relu_bump_attention,
     sliced_relu_attention_state,
     sliced_relu_attention_step,
     sliced_relu_bump_attention_state,
     sliced_relu_bump_attention_step,
 )
-from attnlab.attention.layers import SlicedReLUAttention, standardise_scores_prefix
-from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bump_attention
 
 F64 = torch.float64
 OUT_TOL = 1e-9

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention import reference as ref
-from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bump_attention
+from attnlab.attention.ops import sliced_relu_attention, sliced_relu_bump_attention
 
 F64 = torch.float64
 OUT_TOL = 1e-9

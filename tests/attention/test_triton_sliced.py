@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("triton")
 
 from attnlab.attention import reference as ref  # noqa: E402
-from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bump_attention  # noqa: E402
+from attnlab.attention.ops import sliced_relu_attention, sliced_relu_bump_attention  # noqa: E402
 from attnlab.attention.triton import sliced as triton_sliced  # noqa: E402
 
 F64 = torch.float64

@@ -17,16 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.attention.causal_sliced import (
-    SlicedDecodeState,
-    sliced_relu_attention_step,
-    sliced_relu_bump_attention_step,
-)
 from attnlab.attention.linear import DEFAULT_CHUNK_SIZE, linear_attention, linear_attention_step
 from attnlab.attention.performer import PerformerFeatureMap, performer_attention
 from attnlab.attention.precision import FLOAT_DTYPES, accumulation_dtype
 from attnlab.attention.rope import RotaryEmbedding
-from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bump_attention
+from attnlab.attention.sliced.decode import (
+    SlicedDecodeState,
+    sliced_relu_attention_step,
+    sliced_relu_bump_attention_step,
+)
+from attnlab.attention.sliced.dispatch import sliced_relu_attention, sliced_relu_bump_attention
 from attnlab.attention.softmax import softmax_attention
 
 

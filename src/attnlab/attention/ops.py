@@ -5,14 +5,14 @@ Import from here rather than from the implementation modules, which may be reorg
 
 from __future__ import annotations
 
-from attnlab.attention.causal_sliced import (
+from attnlab.attention.linear import linear_attention, linear_attention_state, linear_attention_step
+from attnlab.attention.sliced.decode import (
     sliced_relu_attention_state,
     sliced_relu_attention_step,
     sliced_relu_bump_attention_state,
     sliced_relu_bump_attention_step,
 )
-from attnlab.attention.linear import linear_attention, linear_attention_state, linear_attention_step
-from attnlab.attention.sliced_relu import sliced_relu_attention, sliced_relu_bump_attention
+from attnlab.attention.sliced.dispatch import sliced_relu_attention, sliced_relu_bump_attention
 from attnlab.attention.softmax import softmax_attention
 
 __all__ = [

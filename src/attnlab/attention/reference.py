@@ -144,7 +144,7 @@ def sliced_relu_attention_concat(
     over all 2T positions and all D channels, and a gather with the inverse permutation brings
     the query rows back. The normaliser repeats this with weight 1 on real keys and uses
     ``|r| = 2 ReLU(r) - r``. Plain autograd differentiates through the sorts and cumsums, which is
-    what makes it slow and memory hungry next to ``attnlab.attention.sliced_relu``.
+    what makes it slow and memory hungry next to ``attnlab.attention.sliced``.
     """
     length, dim = v.shape[-2], v.shape[-1]
     valid = _key_mask(key_padding_mask, s).expand_as(s)  # (B, H, T)

@@ -1,5 +1,5 @@
 """Sliced ReLU and ReLU-bump attention on Triton: the same math and exactness rules as
-``attnlab.attention.sliced_relu`` (its docstring has the derivation), without prefix tables.
+``attnlab.attention.sliced`` (its docstring has the derivation), without prefix tables.
 
 The torch op sorts the keys, builds (T+1)×D prefix tables of the centred values (and of score ·
 value) in memory, and gathers them at each query's ``searchsorted`` rank. Here the scalar work stays
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.attention.precision import no_autocast
-from attnlab.attention.sliced_relu import (
+from attnlab.attention.sliced.common import (
     _centre_scores,
     _counts,
     _exclusive_cumsum,

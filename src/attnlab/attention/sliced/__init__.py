@@ -1,0 +1,51 @@
+"""Exact sliced ReLU and sliced ReLU-bump attention in O(T log T) time and O(T·D) memory.
+
+Layout (one idea per module; the public ops are ``attnlab.attention.ops``):
+
+- ``dispatch``: the public ``sliced_relu_attention`` / ``sliced_relu_bump_attention``: input checks,
+  then the choice of implementation (causal, Triton, sorted torch) in one place;
+- ``common``: the row helpers both the torch and the Triton paths use (sorting, centring, counts,
+  prefix tables, the hat-window algebra);
+- ``relu`` / ``bump``: the bidirectional sorted ops (hand-written autograd functions);
+- ``causal``: the causal ops (divide and conquer over time);
+- ``decode``: the recurrent decoding step (sorted runs).
+
+The sorted ops, in short.
+
+The math is in docs/attention.md. Both kernels are piecewise linear in the score difference
+``r = s_i - t_j``, so once the keys are sorted by ``t`` every query's sum splits into
+"keys below ``s_i``" and "keys above ``s_i``", and each part is an affine function of ``s_i``
+whose coefficients are prefix sums over the sorted keys::
+
+    Σ_{t_j < s_i} (s_i - t_j) w_j = s_i · P_w[p_i] - P_tw[p_i],     p_i = #{j : t_j < s_i}
+
+``p_i`` comes from ``torch.searchsorted``. The backward pass is the same computation with queries
+and keys exchanged (queries sorted, prefix sums of the scaled output gradient, gathered at each
+key's rank), written by hand in a ``torch.autograd.Function`` so that nothing of size T×T is
+ever built and autograd does not keep the sort/cumsum intermediates alive.
+
+Implementation notes (why the code looks the way it does):
+
+- Everything runs on rows ``(N = B·H, T, D)`` kept in the ``(T, D)`` layout of the inputs; row
+  gathers are ``index_select`` on the flattened tensor, much faster on CPU than ``gather``.
+- Large fresh allocations are what costs most on CPU (page faults), so prefix tables are built
+  in place (``cumsum_``) and results are written with ``out=`` or in-place ops where that is safe.
+- Padded keys are sorted after every real key (score +inf) and carry zero weight; padded queries
+  get score 0, so whatever sits in padded slots (huge values included) never reaches a real
+  position. Padded values must be finite (0 · inf is NaN in any formulation).
+- Kinks are differentiated like torch autograd does on the naive formula (``relu'(0) = 0``,
+  ``abs'(0) = 0``): tied scores take part in neither side of a gradient sum, hence the separate
+  "strictly below" and "strictly above" ranks.
+
+Precision: sums are accumulated in float32 for half/bfloat16/float32 inputs (float64 for float64)
+and the result is cast back. Prefix sums are differences of running totals: a window or a
+tail sum ``P[b] - P[a]`` loses about ``|P| / |P[b] - P[a]|`` ulps, and ``s_i · P_w - P_tw`` loses
+about ``|s_i|·|P_w| / |result|``. So that this does not depend on where the scores sit, each row's
+scores are shifted by one constant (exact: see ``_centre_scores``) and the tables hold centred
+values (ReLU-bump: ``v - vbar``, with ``vbar`` times the hat mass added from float64 scalar tables).
+What remains grows with T and with the scores' spread over the bump width. Measured float32
+against float64: sliced ReLU with standard-normal scores, relative error 2e-6 on the output and
+<= 1.5e-6 on the gradients at T = 65,536, the same at a score offset of 1,000; ReLU-bump at
+T = 16,384, b = 0.005, 4e-4 on the output at offset 0 or 30 (``tests/attention/test_sliced_relu.py``
+prints the figures).
+"""

@@ -1,0 +1,118 @@
+"""The public sliced ops: input checks, then which implementation runs, in one place.
+
+``causal=True`` → ``attnlab.attention.sliced.causal``; ``impl`` (``auto``/``triton``/``torch``, see
+``attnlab.attention.triton``) chooses between the Triton kernels and the sorted torch ops
+(``relu``, ``bump``). Nothing below this module imports it back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.attention.precision import accumulation_dtype
+from attnlab.attention.sliced.bump import _SlicedReLUBump
+from attnlab.attention.sliced.causal import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
+from attnlab.attention.sliced.common import _check_inputs, _rows, _valid_rows
+from attnlab.attention.sliced.relu import _SlicedReLU
+from attnlab.attention.triton.runtime import IMPLS, resolve_impl
+
+__all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
+
+
+def _torch_only_causal(op: str, impl: str) -> None:
+    """The causal ops have no Triton kernel yet: ``auto`` runs the torch code, ``triton`` is refused."""
+    if impl not in IMPLS:
+        raise ValueError(f"{op}: impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
+    if impl == "triton":
+        raise ValueError(f"{op}: causal=True has no Triton kernel yet; use impl='auto' or impl='torch'")
+
+
+def sliced_relu_attention(
+    s: torch.Tensor,
+    t: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    eps: float = 1e-4,
+    causal: bool = False,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Exact sliced ReLU attention in O(T log T): ``(B, H, T, D)`` output.
+
+    ``o_i = 2 Σ_j ReLU(s_i - t_j)(v_j - vbar) / max(Σ_j |s_i - t_j|, eps)`` with sums and the
+    mean ``vbar`` over real keys. ``s`` (query scores) and ``t`` (key scores) are ``(B, H, T)``,
+    ``v`` is ``(B, H, T, D)``, ``key_padding_mask`` a bool ``(B, T)`` with True = real token.
+    Padded query positions output zeros. Differentiable in ``s``, ``t`` and ``v``.
+    ``causal=True``: keys j <= i only, every statistic over that prefix, in O(T log² T)
+    (``attnlab.attention.sliced.causal``; torch code only, no Triton kernel yet). ``impl``:
+    ``"auto"`` (Triton kernels for CUDA tensors, this torch code otherwise), ``"triton"`` or
+    ``"torch"`` (see ``attnlab.attention.triton``).
+    """
+    _check_inputs("sliced_relu_attention", s, t, v, key_padding_mask)
+    if not eps > 0:
+        raise ValueError(f"sliced_relu_attention: eps must be > 0, got {eps}")
+    if causal:
+        _torch_only_causal("sliced_relu_attention", impl)
+        return causal_sliced_relu_attention(s, t, v, key_padding_mask, eps)
+    impl = resolve_impl("sliced_relu_attention", impl, s, t, v)
+    batch, heads, length, dim = v.shape
+    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
+    valid = _valid_rows(key_padding_mask, heads, v.device)
+    if impl == "triton":
+        from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
+
+        return sliced.sliced_relu(s, t, v, valid, eps, acc)
+    out = _SlicedReLU.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, float(eps))
+    return out.view(batch, heads, length, dim).to(v.dtype)
+
+
+def sliced_relu_bump_attention(
+    s: torch.Tensor,
+    t: torch.Tensor,
+    v: torch.Tensor,
+    bandwidth: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    causal: bool = False,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Exact sliced ReLU-bump attention in O(T log T): ``(B, H, T, D)`` output.
+
+    ``o_i = (1/n) Σ_j max(0, 1 - |s_i - t_j| / b_h) v_j`` over the n real keys (values are not
+    centred). ``bandwidth`` is a positive finite ``(H,)`` tensor, one width per head, and receives a
+    gradient (it is a learned parameter of the layer). Other arguments as in
+    ``sliced_relu_attention``. The window sums are prefix-sum differences, so in float32 very
+    narrow bandwidths at long T lose precision (the window is small next to the running totals);
+    the scores' offset does not matter (the op centres them).
+    ``causal=True``: keys j <= i only, n_i = real keys j <= i, in O(T log² T) (torch code only).
+    ``impl`` as in ``sliced_relu_attention``.
+    """
+    _check_inputs("sliced_relu_bump_attention", s, t, v, key_padding_mask)
+    batch, heads, length, dim = v.shape
+    if not isinstance(bandwidth, torch.Tensor) or tuple(bandwidth.shape) != (heads,):
+        shape = tuple(bandwidth.shape) if isinstance(bandwidth, torch.Tensor) else type(bandwidth).__name__
+        raise ValueError(
+            f"sliced_relu_bump_attention: bandwidth must have shape (H,) = ({heads},), got {shape}"
+        )
+    if not bandwidth.is_floating_point():
+        raise TypeError(
+            f"sliced_relu_bump_attention: bandwidth must be a float tensor, got {bandwidth.dtype}"
+        )
+    # b = inf would be the plain mean of v, but the window formula turns it into inf - inf = NaN
+    positive = "sliced_relu_bump_attention: bandwidth must be finite and > 0 everywhere"
+    good = ((bandwidth > 0) & torch.isfinite(bandwidth)).all()
+    if bandwidth.is_cuda:  # checked on the device: a host-side check would stall every layer call
+        torch._assert_async(good, positive)
+    elif not bool(good):
+        raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
+    if causal:
+        _torch_only_causal("sliced_relu_bump_attention", impl)
+        return causal_sliced_relu_bump_attention(s, t, v, bandwidth, key_padding_mask)
+    impl = resolve_impl("sliced_relu_bump_attention", impl, s, t, v)
+    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
+    valid = _valid_rows(key_padding_mask, heads, v.device)
+    width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
+    if impl == "triton":
+        from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
+
+        return sliced.sliced_relu_bump(s, t, v, width, valid, acc)
+    out = _SlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid)
+    return out.view(batch, heads, length, dim).to(v.dtype)

@@ -1,0 +1,131 @@
+"""Bidirectional sliced ReLU attention on sorted keys: a hand-written autograd function.
+
+``o_i = 2 Σ_j ReLU(s_i − t_j)(v_j − vbar) / max(Σ_j |s_i − t_j|, eps)`` from prefix sums over the
+keys sorted by score (package docstring: ``attnlab.attention.sliced``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.attention.precision import no_autocast
+from attnlab.attention.sliced.common import (
+    _centre_scores,
+    _count_greater,
+    _counts,
+    _cumsum_rows_,
+    _exclusive_cumsum,
+    _first_order_only,
+    _masked_mean_rows,
+    _reuse,
+    _rowdot,
+    _sort_real_first,
+    _sorted_rows,
+    _take,
+    _take_scalar,
+    _times_scores,
+)
+
+
+class _SlicedReLU(torch.autograd.Function):
+    """Rows ``s, t (N, T)``, ``v (N, T, D)`` in the accumulation dtype; ``valid (N, T)`` or None."""
+
+    @staticmethod
+    def forward(ctx, s, t, v, valid, eps):
+        with no_autocast(v.device):
+            return _SlicedReLU._forward(ctx, s, t, v, valid, eps)
+
+    @staticmethod
+    @_first_order_only("sliced_relu_attention")
+    def backward(ctx, grad_out):
+        with no_autocast(grad_out.device):
+            return _SlicedReLU._backward(ctx, grad_out)
+
+    @staticmethod
+    def _forward(ctx, s, t, v, valid, eps):
+        n_rows, length, _ = v.shape
+        count = _counts(valid, n_rows, length, v.dtype, v.device)
+        if valid is not None:  # padded slots get harmless finite scores
+            s = s.masked_fill(~valid, 0.0)
+            t = t.masked_fill(~valid, 0.0)
+        s, t = _centre_scores(s, t, valid, count)
+        t_search, t_sorted, order = _sort_real_first(t, valid)
+
+        # Prefix sums over sorted keys of w = v - vbar, of t·w and of t. Padded keys sit after
+        # every real key and no rank ever reaches past the real ones, so their rows of the tables
+        # (whatever they hold) are never read: no masking pass is needed.
+        vbar = _masked_mean_rows(v, valid, count)
+        p_w = _sorted_rows(v, order, vbar, None)
+        p_tw = _times_scores(p_w, t_sorted)
+        _cumsum_rows_(p_w)
+        _cumsum_rows_(p_tw)
+        p_t = _exclusive_cumsum(t_sorted)
+
+        rank = torch.searchsorted(t_search, s, side="left")  # p_i = #{j : t_j < s_i}
+        below_w = _take(p_w, rank)  # Σ_{t_j<s_i} w_j, kept for the backward pass
+        out = _take(p_tw, rank, out=_reuse(p_w, below_w.shape))  # Σ_{t_j<s_i} t_j w_j
+        del p_tw
+        # Σ_j |s_i - t_j| = s_i (2 p_i - n) + Σ_j t_j - 2 Σ_{t_j<s_i} t_j   (ties add 0 either way)
+        den = s * (2 * rank.to(s.dtype) - count[:, None]) + p_t[:, -1:] - 2 * _take_scalar(p_t, rank)
+        scale = 2.0 / den.clamp_min(eps)
+        if valid is not None:
+            scale = scale.masked_fill(~valid, 0.0)
+        out.mul_(-scale[..., None]).addcmul_(below_w, (s * scale)[..., None])  # 2 (s P_w - P_tw) / den
+
+        ctx.save_for_backward(s, t, t_search, order, rank, below_w, den, out, v, vbar, count)
+        ctx.valid = valid
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def _backward(ctx, grad_out):
+        s, t, t_search, order, rank, below_w, den, out, v, vbar, count = ctx.saved_tensors
+        valid, eps = ctx.valid, ctx.eps
+        grad_out = grad_out.contiguous()
+
+        # o_i = 2 N_i / d_i with d_i = max(den_i, eps):  dL/dN_i = a_i = 2 g_i / d_i and
+        # dL/dden_i = -(g_i · o_i) / d_i where den_i >= eps (where clamp passes the gradient).
+        inv_d = 1.0 / den.clamp_min(eps)
+        a_scale = 2.0 * inv_d
+        grad_den = -_rowdot(grad_out, out) * inv_d * (den >= eps)
+        if valid is not None:
+            a_scale = a_scale.masked_fill(~valid, 0.0)
+            grad_den = grad_den.masked_fill(~valid, 0.0)
+
+        # Queries: dL/ds_i = a_i · Σ_{t_j<s_i} w_j + dden_i (#{t_j<s_i} - #{t_j>s_i}).
+        rank_le = torch.searchsorted(t_search, s, side="right")  # #{j : t_j <= s_i}
+        grad_s = a_scale * _rowdot(grad_out, below_w)
+        grad_s += grad_den * (rank + rank_le - count[:, None]).to(s.dtype)
+
+        # Keys: queries sorted by -s, so that prefix sums are sums over {i : s_i > t_j}.
+        # Padded queries (score 0, zero weight) stay in the order so that it matches the counts.
+        _, neg_sorted, q_order = _sort_real_first(-s, None)
+        q_a = _sorted_rows(grad_out, q_order, None, torch.gather(a_scale, 1, q_order))
+        q_sa = _times_scores(q_a, -neg_sorted)
+        _cumsum_rows_(q_a)  # Σ a_i
+        _cumsum_rows_(q_sa)  # Σ s_i a_i
+        q_den = _exclusive_cumsum(torch.gather(grad_den, 1, q_order))
+
+        # s_i > t_j  <=>  #{keys < s_i} > (sorted position of key j), and s_i >= t_j  <=>
+        # #{keys <= s_i} > (its position): counting ranks gives every key's count of queries above
+        # it without another binary search.
+        above = _count_greater(rank, order)  # #{i : s_i > t_j}
+        at_or_above = _count_greater(rank_le, order)  # #{i : s_i >= t_j}
+        sum_a = _take(q_a, above)
+        grad_v = _take(q_sa, above, out=_reuse(q_a, sum_a.shape))
+        del q_sa
+        # dL/dw_j = Σ_{s_i>t_j} (s_i - t_j) a_i
+        # dL/dt_j = -w_j · Σ_{s_i>t_j} a_i - Σ_{s_i>t_j} dden_i + Σ_{s_i<t_j} dden_i
+        grad_v.addcmul_(sum_a, t[..., None], value=-1.0)
+        w_dot_a = _rowdot(v, sum_a) - torch.bmm(sum_a, vbar[:, :, None])[..., 0]
+        den_above = _take_scalar(q_den, above)
+        den_below = q_den[:, -1:] - _take_scalar(q_den, at_or_above)
+        grad_t = den_below - den_above - w_dot_a
+
+        # vbar depends on every real v_k: subtract the mean of dL/dw over the real keys.
+        grad_v -= _masked_mean_rows(grad_v, valid, count)[:, None, :]
+        if valid is not None:
+            grad_v.masked_fill_(~valid[..., None], 0.0)
+            grad_t = grad_t.masked_fill(~valid, 0.0)
+            grad_s = grad_s.masked_fill(~valid, 0.0)
+        return grad_s, grad_t, grad_v, None, None
