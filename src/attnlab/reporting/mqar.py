@@ -1,0 +1,156 @@
+"""MQAR recall against model width and against sequence length, one line per backend.
+
+The width comes from the summary's `dim` when it has one, else from `task.model.dim` in the run dir's
+`config.yaml`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnlab.reporting.plots import clipped_error, panel_grid, style_by_backend
+from attnlab.reporting.runs import RunSummary, backend_sort_key
+from attnlab.reporting.stats import Stat
+
+MQAR_TASK = "mqar"
+
+
+def _run_config(run: RunSummary) -> Any:
+    """The resolved `config.yaml` the pipeline writes beside `summary.json` (None: absent, unreadable)."""
+    path = run.path.parent / "config.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.load(path)
+    except Exception:  # a damaged config must not stop the report; the run then has no width
+        return None
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return int(value) if value == int(value) and value >= 1 else None
+
+
+def run_width(run: RunSummary) -> int | None:
+    """Model width of a run: the summary's `dim`, else `task.model.dim` of its `config.yaml`, else None."""
+    width = _positive_int(run.get("dim"))
+    if width is not None:
+        return width
+    config = _run_config(run)
+    if config is None:
+        return None
+    from omegaconf import OmegaConf
+
+    return _positive_int(OmegaConf.select(config, "task.model.dim", default=None))
+
+
+@dataclass(frozen=True)
+class RecallPoint:
+    """MQAR accuracy of one backend at one (seq_len, width), over seeds."""
+
+    backend: str
+    seq_len: int
+    dim: int
+    acc: Stat
+
+
+def mqar_points(runs: Sequence[RunSummary], metric: str = "test_acc") -> list[RecallPoint]:
+    """Group the MQAR runs by (backend, seq_len, width); runs without a width or the metric are left out."""
+    groups: dict[tuple[str, int, int], list[float]] = {}
+    for run in runs:
+        if run.task != MQAR_TASK or run.get(metric) is None or _positive_int(run.get("seq_len")) is None:
+            continue
+        width = run_width(run)
+        if width is not None:
+            groups.setdefault((run.attn, int(run.get("seq_len")), width), []).append(run.get(metric))
+    points = [RecallPoint(b, t, d, Stat.of(values)) for (b, t, d), values in groups.items()]
+    return sorted(points, key=lambda p: (backend_sort_key(p.backend), p.seq_len, p.dim))
+
+
+def _recall_plot(
+    runs: Sequence[RunSummary], path: Path, metric: str, x: str, panel: str, title: str, xlabel: str
+) -> Path:
+    """One panel per value of `panel` ("seq_len" or "dim"), one line per backend along `x`."""
+    points = mqar_points(runs, metric)
+    panels = sorted({getattr(p, panel) for p in points})
+    style = style_by_backend(sorted({p.backend for p in points}, key=backend_sort_key))
+    base = Stat.of(r.get("baseline_acc") for r in runs if r.task == MQAR_TASK)
+    fig, axes = panel_grid(max(1, len(panels)), title)
+    for ax, value in zip(axes, panels, strict=False):
+        for backend in style:
+            line = sorted(
+                (getattr(p, x), p.acc) for p in points if p.backend == backend and getattr(p, panel) == value
+            )
+            if not line:
+                continue
+            colour, marker = style[backend]
+            xs = [v for v, _ in line]
+            ys = [100 * s.mean for _, s in line]
+            bars = [clipped_error(y, 100 * s.std, 0.0, 100.0) for y, (_, s) in zip(ys, line, strict=True)]
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=[[low for (low,), _ in bars], [high for _, (high,) in bars]],
+                marker=marker,
+                color=colour,
+                capsize=3,
+                label=backend,
+            )
+        if base is not None:
+            ax.axhline(
+                100 * base.mean, color="grey", linestyle="--", linewidth=1, label="chance (best constant)"
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(
+            sorted({getattr(p, x) for p in points}), [str(v) for v in sorted({getattr(p, x) for p in points})]
+        )
+        ax.set_ylim(-2, 102)
+        ax.set_title(f"{panel} {value}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"MQAR {metric} (%)")
+        ax.grid(True, which="both", alpha=0.3)
+        # below the panel: points sit anywhere from chance to 100 %, a legend inside would hide some
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+    if not panels:
+        axes[0].text(
+            0.5, 0.5, "no MQAR run with a width", ha="center", va="center", transform=axes[0].transAxes
+        )
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_mqar_vs_width(runs: Sequence[RunSummary], path: Path, metric: str = "test_acc") -> Path:
+    """MQAR accuracy against model width, one panel per sequence length.
+
+    The width sets the state of fixed-state backends (linear, performer: num_heads × head_dim² numbers
+    per layer), while softmax keeps every past token: the recall-state trade-off of Arora et al.
+    """
+    return _recall_plot(
+        runs,
+        path,
+        metric,
+        x="dim",
+        panel="seq_len",
+        title="MQAR recall vs model width",
+        xlabel="model width (task.model.dim)",
+    )
+
+
+def plot_mqar_vs_seqlen(runs: Sequence[RunSummary], path: Path, metric: str = "test_acc") -> Path:
+    """MQAR accuracy against sequence length, one panel per model width."""
+    return _recall_plot(
+        runs,
+        path,
+        metric,
+        x="seq_len",
+        panel="dim",
+        title="MQAR recall vs sequence length",
+        xlabel="seq_len",
+    )
