@@ -27,6 +27,7 @@ from attnlab.attention.sliced.decode import (
     sliced_relu_bump_attention_step,
 )
 from attnlab.attention.sliced.dispatch import sliced_relu_attention, sliced_relu_bump_attention
+from attnlab.attention.sliced.normaliser import check_bump_normaliser
 from attnlab.attention.softmax import softmax_attention
 
 
@@ -452,14 +453,20 @@ def _standardise_step(s, t, stats, eps: float = 1e-6):
 class SlicedReLUBumpAttention(AttentionLayer):
     """Sliced ReLU-bump attention: linear Π without bias, no standardisation, learned per-head bandwidth.
 
-    Causal layers decode with `step`.
+    `normaliser="count"` divides by the number of keys (the paper's bump); `"mass"` (causal layers only)
+    by the hat weight seen plus `mass_eps`, so that a causal output does not shrink like 1/position
+    (`attnlab.attention.sliced.normaliser`). Causal layers decode with `step`.
     """
 
     name = "sliced_relu_bump"
     capabilities = Capabilities(causal=True, recurrent_step=True)
 
-    def __init__(self, dim: int, num_heads: int, **common) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, *, normaliser: str = "count", mass_eps: float = 1e-2, **common
+    ) -> None:
         super().__init__(dim, num_heads, **common)
+        check_bump_normaliser("sliced_relu_bump", normaliser, mass_eps, self.causal)
+        self.normaliser, self.mass_eps = normaliser, mass_eps
         self.slicer = nn.Linear(self.qkv_dim, num_heads, bias=False)
         self.bandwidth_logit = nn.Parameter(torch.zeros(num_heads))  # θ_h; b_h = softplus(θ_h) + 1e-4
 
@@ -470,7 +477,16 @@ class SlicedReLUBumpAttention(AttentionLayer):
 
     def attend(self, q, k, v, key_padding_mask):
         s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
-        o = sliced_relu_bump_attention(s, t, v, self.bandwidth, key_padding_mask, causal=self.causal)
+        o = sliced_relu_bump_attention(
+            s,
+            t,
+            v,
+            self.bandwidth,
+            key_padding_mask,
+            causal=self.causal,
+            normaliser=self.normaliser,
+            mass_eps=self.mass_eps,
+        )
         return self.output_dropout(o)
 
     def step(
@@ -482,6 +498,8 @@ class SlicedReLUBumpAttention(AttentionLayer):
         q, k, v = self.heads(x_t[:, None, :], offset=position)
         s, t = slice_tokens(self.slicer, q)[..., 0], slice_tokens(self.slicer, k)[..., 0]
         previous = None if state is None else state.op
-        o, op_state = sliced_relu_bump_attention_step(s, t, v[:, :, 0], self.bandwidth, previous)
+        o, op_state = sliced_relu_bump_attention_step(
+            s, t, v[:, :, 0], self.bandwidth, previous, normaliser=self.normaliser, mass_eps=self.mass_eps
+        )
         y = self.out_proj(self.output_dropout(o).reshape(x_t.shape[0], self.qkv_dim))
         return y, SlicedAttentionState(op_state, None, position + 1)

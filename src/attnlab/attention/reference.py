@@ -210,13 +210,19 @@ def causal_sliced_relu_bump_attention(
     v: torch.Tensor,
     bandwidth: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
+    normaliser: str = "count",
+    mass_eps: float = 1e-2,
 ) -> torch.Tensor:
-    """``o_i = (1/n_i) Σ_{j≤i} max(0, 1 − |s_i − t_j| / b_h) v_j``, n_i real keys with ``j ≤ i``."""
+    """``o_i = (1/n_i) Σ_{j≤i} max(0, 1 − |s_i − t_j| / b_h) v_j``, n_i real keys with ``j ≤ i``;
+    ``normaliser="mass"`` divides by ``Σ_{j≤i} max(0, 1 − |s_i − t_j| / b_h) + mass_eps`` instead."""
     allowed = _causal_allowed(key_padding_mask, s)
-    count = allowed.sum(dim=-1).clamp_min(1)
     diff = s[..., :, None] - t[..., None, :]
     hat = torch.relu(1 - diff.abs() / bandwidth[None, :, None, None])
     hat = torch.where(allowed, hat, torch.zeros_like(hat))
+    if normaliser == "count":
+        den = allowed.sum(dim=-1).clamp_min(1).to(v.dtype)
+    else:
+        den = hat.sum(dim=-1) + mass_eps
     v_real = torch.where(_key_mask(key_padding_mask, s)[..., None], v, torch.zeros_like(v))
-    out = (hat @ v_real) / count[..., None]
+    out = (hat @ v_real) / den[..., None]
     return torch.where(_key_mask(key_padding_mask, s)[..., None], out, torch.zeros_like(out))

@@ -277,12 +277,17 @@ def _window_queries(centre, width):
 
 
 class _CausalSlicedReLUBump(torch.autograd.Function):
-    """Rows ``s, t (N, T)``, ``v (N, T, D)``, bandwidth ``b (N, 1)``; ``valid (N, T)`` or None."""
+    """Rows ``s, t (N, T)``, ``v (N, T, D)``, bandwidth ``b (N, 1)``; ``valid (N, T)`` or None.
+
+    ``mass_eps`` None: divide by the count of real keys ``n_i`` (the paper's bump). A float: divide
+    by the hat mass seen plus ``mass_eps``, ``M_i + eps`` with ``M_i = Σ_{j≤i} hat(s_i − t_j)``:
+    the mass is one more column (a column of ones beside v) in the same window sums.
+    """
 
     @staticmethod
-    def forward(ctx, s, t, v, b, valid, chunk):
+    def forward(ctx, s, t, v, b, valid, chunk, mass_eps):
         with no_autocast(v.device):
-            return _CausalSlicedReLUBump._forward(ctx, s, t, v, b, valid, chunk)
+            return _CausalSlicedReLUBump._forward(ctx, s, t, v, b, valid, chunk, mass_eps)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -290,41 +295,53 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             return _CausalSlicedReLUBump._backward(ctx, grad_out)
 
     @staticmethod
-    def _prepare(s, t, v, b, valid):
+    def _prepare(s, t, v, b, valid, mass_eps):
         s, t, _ = _shift_scores(s, t, valid)
         real = None if valid is None else valid.to(v.dtype)
         if real is not None:
             v = v * real[..., None]
-        n = (torch.ones_like(t) if real is None else real).cumsum(1).clamp_min(1)
-        coef = 1.0 / (n * b)  # 1 / (n_i b)
-        if valid is not None:
-            coef = coef.masked_fill(~valid, 0.0)
+        if mass_eps is not None:  # the ones column whose hat sum is the mass M_i
+            ones = torch.ones_like(t) if real is None else real
+            v = torch.cat([v, ones[..., None]], dim=-1)
         key = t if valid is None else t.masked_fill(~valid, float("inf"))
-        return s, t, v, coef, key
+        return s, t, v, key
 
     @staticmethod
-    def _forward(ctx, s, t, v, b, valid, chunk):
+    def _forward(ctx, s, t, v, b, valid, chunk, mass_eps):
         dim = v.shape[-1]
-        s, t, v, coef, key = _CausalSlicedReLUBump._prepare(s, t, v, b, valid)
-        table = torch.cat([v, t[..., None] * v], dim=-1).contiguous()
+        s, t, v, key = _CausalSlicedReLUBump._prepare(s, t, v, b, valid, mass_eps)
         width = b.expand_as(s)
+        table = torch.cat([v, t[..., None] * v], dim=-1).contiguous()
         lo, mid, hi = _dominance_sums(key, table, _window_queries(s, width), chunk)
-        out, _ = _hat_sums(lo, mid, hi, s, width, dim)
-        out = out * coef[..., None]
-        ctx.save_for_backward(s, t, v, b, coef, key)
+        sums, _ = _hat_sums(lo, mid, hi, s, width, v.shape[-1])  # b · Σ_j hat_ij [v_j (, 1)]
+        if mass_eps is None:
+            real = torch.ones_like(t) if valid is None else valid.to(t.dtype)
+            coef = 1.0 / (real.cumsum(1).clamp_min(1) * b)  # 1 / (n_i b)
+        else:
+            coef = 1.0 / (sums[..., dim] + mass_eps * b)  # 1 / (b (M_i + eps))
+        if valid is not None:
+            coef = coef.masked_fill(~valid, 0.0)
+        out = sums[..., :dim] * coef[..., None]
+        ctx.save_for_backward(s, t, v, b, coef, key, out if mass_eps is not None else None)
         ctx.valid, ctx.chunk = valid, chunk
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
-        s, t, v, b, coef, key = ctx.saved_tensors
+        s, t, v, b, coef, key, out = ctx.saved_tensors
         valid, chunk = ctx.valid, ctx.chunk
-        dim = v.shape[-1]
+        value_dim = grad_out.shape[-1]
         width = b.expand_as(s)
-        grad_out = grad_out.contiguous()
+        # The loss depends on the window sums Σ_j hat_ij [v_j (, 1)] through weights g (per query):
+        # c_i g_i on the values and, with the mass normaliser o_i = N_i / (M_i + eps), also
+        # dL/dM_i = −(g_i · o_i) / (M_i + eps) on the ones column. Both carry c_i = coef_i's 1/b.
+        g = grad_out.contiguous() * coef[..., None]
+        if out is not None:
+            g = torch.cat([g, -_rowdot(grad_out, out)[..., None] * coef[..., None]], dim=-1)
+        dim = v.shape[-1]
 
         # Queries (recomputed window sums, nothing T×D kept from the forward pass):
-        #   dL/ds_i = c_i g_i·(Σ_{t∈(s,s+b)} v − Σ_{t∈(s−b,s)} v),   dL/db = Σ_i c_i/b g_i·Σ_window |r| v
+        #   dL/ds_i = g_i·(Σ_{t∈(s,s+b)} v − Σ_{t∈(s−b,s)} v),   dL/db = Σ_i g_i/b·Σ_window |r| v
         table = torch.cat([v, t[..., None] * v], dim=-1).contiguous()
         lo, mid, hi, below = _dominance_sums(
             key, table, [*_window_queries(s, width), _Query(s, "left", slice(0, dim))], chunk
@@ -332,13 +349,12 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
         del table
         _, (left, left_x, right, right_x) = _hat_sums(lo, mid, hi, s, width, dim)
         tied = mid[..., :dim] - below  # keys with t_j = s_i sit in the left window but have hat' = 0
-        g = grad_out * coef[..., None]
         grad_s = _rowdot(g, right - left + tied)
         abs_moment = s[..., None] * (left - right) + right_x - left_x  # Σ_window |s − t| v
         grad_b = (_rowdot(g, abs_moment) / width).sum(dim=1, keepdim=True)
         del lo, mid, hi, below, left, left_x, right, right_x, abs_moment
 
-        # Keys: windows around t_j over the later queries' s_i (time reversed), weights c_i g_i.
+        # Keys: windows around t_j over the later queries' s_i (time reversed), weights g_i.
         q_table = torch.cat([g, s[..., None] * g], dim=-1).flip(1).contiguous()
         t_rev, w_rev = t.flip(1), width.flip(1)
         k_lo, k_mid, k_hi, k_below = _dominance_sums(
@@ -350,12 +366,12 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
         grad_v, (k_left, _, k_right, _) = _hat_sums(k_lo, k_mid, k_hi, t_rev, w_rev, dim)
         k_tied = k_mid[..., :dim] - k_below
         grad_t = _rowdot(v.flip(1), k_right - k_left + k_tied).flip(1)
-        grad_v = grad_v.flip(1)
+        grad_v = grad_v.flip(1)[..., :value_dim].contiguous()  # the ones column has no gradient
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
             grad_s = grad_s.masked_fill(~valid, 0.0)
-        return grad_s, grad_t, grad_v, grad_b, None, None
+        return grad_s, grad_t, grad_v, grad_b, None, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,13 +398,20 @@ def causal_sliced_relu_attention(s, t, v, key_padding_mask=None, eps=1e-4, chunk
     return out.view(batch, heads, length, dim).to(v.dtype)
 
 
-def causal_sliced_relu_bump_attention(s, t, v, bandwidth, key_padding_mask=None, chunk=DEFAULT_CHUNK):
-    """Causal sliced ReLU-bump attention: ``o_i = (1/n_i) Σ_{j≤i} max(0, 1 − |s_i − t_j|/b_h) v_j``,
-    n_i the number of real keys j ≤ i; inputs already checked by the public op."""
+def causal_sliced_relu_bump_attention(
+    s, t, v, bandwidth, key_padding_mask=None, chunk=DEFAULT_CHUNK, normaliser="count", mass_eps=1e-2
+):
+    """Causal sliced ReLU-bump attention; inputs already checked by the public op.
+
+    ``normaliser="count"``: ``o_i = (1/n_i) Σ_{j≤i} hat(s_i − t_j) v_j``, n_i the number of real keys
+    j ≤ i (the paper's bump). ``"mass"``: ``o_i = Σ_{j≤i} hat(s_i − t_j) v_j / (Σ_{j≤i} hat(s_i − t_j)
+    + mass_eps)``, so that an output does not shrink like 1/i with its position.
+    """
     _check_chunk(chunk)
     batch, heads, length, dim = v.shape
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
     valid = _valid_rows(key_padding_mask, heads, v.device)
     width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]
-    out = _CausalSlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, chunk)
+    eps = None if normaliser == "count" else float(mass_eps)
+    out = _CausalSlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, chunk, eps)
     return out.view(batch, heads, length, dim).to(v.dtype)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.attention.precision import accumulation_dtype, no_autocast
+from attnlab.attention.sliced.normaliser import check_bump_normaliser
 
 __all__ = [
     "SlicedDecodeState",
@@ -185,20 +186,26 @@ def sliced_relu_bump_attention_step(
     v_t: torch.Tensor,
     bandwidth: torch.Tensor,
     state: SlicedDecodeState | None = None,
+    normaliser: str = "count",
+    mass_eps: float = 1e-2,
 ) -> tuple[torch.Tensor, SlicedDecodeState]:
     """One decoding step of causal sliced ReLU-bump attention (``bandwidth (H,)``), as
-    ``sliced_relu_attention_step``. The hat is ``(F(s+b) − 2F(s) + F(s−b)) / b``: in float32 a
-    bandwidth narrow next to the score spread loses digits to that second difference."""
+    ``sliced_relu_attention_step``; ``normaliser``/``mass_eps`` as in ``sliced_relu_bump_attention``.
+    The hat is ``(F(s+b) − 2F(s) + F(s−b)) / b``: in float32 a bandwidth narrow next to the score
+    spread loses digits to that second difference."""
     _check_step("sliced_relu_bump_attention_step", s_t, t_t, v_t, state, "bump")
     if not isinstance(bandwidth, torch.Tensor) or tuple(bandwidth.shape) != (v_t.shape[1],):
         raise ValueError(
             f"sliced_relu_bump_attention_step: bandwidth must have shape (H,) = ({v_t.shape[1]},)"
         )
+    check_bump_normaliser("sliced_relu_bump_attention_step", normaliser, mass_eps, causal=True)
     with no_autocast(v_t.device):
         state, s = _push(state, s_t, t_t, v_t, "bump")
         b = bandwidth.to(s.dtype)[None, :]
-        f = _evaluate_all(state, torch.stack([s - b, s, s + b], dim=-1))[..., :-1]  # (B, H, 3, D)
-        out = (f[..., 0, :] - 2 * f[..., 1, :] + f[..., 2, :]) / (b * state.count)[..., None]
+        f = _evaluate_all(state, torch.stack([s - b, s, s + b], dim=-1))  # (B, H, 3, D + 1)
+        hat_sums = f[..., 0, :] - 2 * f[..., 1, :] + f[..., 2, :]  # b · Σ_j hat_j [v_j, 1]
+        den = b * state.count if normaliser == "count" else hat_sums[..., -1] + mass_eps * b
+        out = hat_sums[..., :-1] / den[..., None]
     return out.to(v_t.dtype), state
 
 

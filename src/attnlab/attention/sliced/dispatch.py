@@ -13,6 +13,7 @@ from attnlab.attention.precision import accumulation_dtype
 from attnlab.attention.sliced.bump import _SlicedReLUBump
 from attnlab.attention.sliced.causal import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
 from attnlab.attention.sliced.common import _check_inputs, _rows, _valid_rows
+from attnlab.attention.sliced.normaliser import check_bump_normaliser
 from attnlab.attention.sliced.relu import _SlicedReLU
 from attnlab.attention.triton.runtime import IMPLS, resolve_impl
 
@@ -73,6 +74,8 @@ def sliced_relu_bump_attention(
     key_padding_mask: torch.Tensor | None = None,
     causal: bool = False,
     impl: str = "auto",
+    normaliser: str = "count",
+    mass_eps: float = 1e-2,
 ) -> torch.Tensor:
     """Exact sliced ReLU-bump attention in O(T log T): ``(B, H, T, D)`` output.
 
@@ -84,6 +87,11 @@ def sliced_relu_bump_attention(
     the scores' offset does not matter (the op centres them).
     ``causal=True``: keys j <= i only, n_i = real keys j <= i, in O(T log² T) (torch code only).
     ``impl`` as in ``sliced_relu_attention``.
+    ``normaliser``: ``"count"`` (divide by n or n_i, the paper's bump) or, with ``causal=True``,
+    ``"mass"``: divide by the hat weight seen, ``Σ_{j≤i} hat(s_i − t_j) + mass_eps``, so a causal
+    output does not shrink like 1/i with its position i. ``mass_eps`` is relative to one fully
+    matching key (hat = 1); it bounds the ratio's gradient (about 1 / (4 b mass_eps)) where a query's
+    window holds almost no weight.
     """
     _check_inputs("sliced_relu_bump_attention", s, t, v, key_padding_mask)
     batch, heads, length, dim = v.shape
@@ -103,9 +111,12 @@ def sliced_relu_bump_attention(
         torch._assert_async(good, positive)
     elif not bool(good):
         raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
+    check_bump_normaliser("sliced_relu_bump_attention", normaliser, mass_eps, causal)
     if causal:
         _torch_only_causal("sliced_relu_bump_attention", impl)
-        return causal_sliced_relu_bump_attention(s, t, v, bandwidth, key_padding_mask)
+        return causal_sliced_relu_bump_attention(
+            s, t, v, bandwidth, key_padding_mask, normaliser=normaliser, mass_eps=mass_eps
+        )
     impl = resolve_impl("sliced_relu_bump_attention", impl, s, t, v)
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
     valid = _valid_rows(key_padding_mask, heads, v.device)
