@@ -34,6 +34,7 @@ from attnlab.data.common import (
 from attnlab.data.loaders import SPLITS, ShardedDataModule
 from attnlab.data.tokenizer import BPETokenizer
 from attnlab.errors import ConfigError
+from attnlab.models.pretrained import read_pretrained
 
 log = logging.getLogger(__name__)
 FORMATS = ("auto", "tsv", "hf")
@@ -315,8 +316,6 @@ class GlueDataModule(ShardedDataModule):
         on_bad_rows: str = "error",
     ):
         super().__init__()
-        from attnlab.tasks.glue import read_pretrained
-
         if batch_size < 1:
             raise ConfigError(f"task.data.batch_size={batch_size}: expected an integer >= 1")
         if not 0 < val_fraction < 1:

@@ -1,6 +1,6 @@
 """GLUE fine-tuning: a `task=mlm` checkpoint's encoder under a fresh head, scored by GLUE's metrics.
 
-The checkpoint (``task.pretrained``) is read with ``weights_only`` (`attnlab.resume.read_checkpoint`); it
+The checkpoint (``task.pretrained``) is read by `attnlab.models.pretrained.read_pretrained`; it
 carries the model's shape and the tokenizer as plain values (``attnlab_mlm``, `attnlab.tasks.mlm`), so
 the fine-tuned model is built with the pretrained shape and reads text exactly as pretraining did.
 
@@ -14,8 +14,6 @@ Spearman for STS-B, accuracy otherwise (matched accuracy for MNLI).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -26,53 +24,11 @@ from torchmetrics.classification import BinaryF1Score, MatthewsCorrCoef, Multicl
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
 from attnlab.data.glue import glue_spec
-from attnlab.data.tokenizer import BPETokenizer, from_strings
 from attnlab.errors import CheckpointError, ConfigError
-from attnlab.resume import read_checkpoint
+from attnlab.models.pretrained import Pretrained, read_pretrained
 from attnlab.tasks.classification import ClassificationTask
-from attnlab.tasks.mlm import CHECKPOINT_KEY
 
 MAIN_METRIC = {"cola": "mcc", "stsb": "spearman"}  # every other task: accuracy
-SHAPE_KEYS = ("vocab_size", "dim", "depth", "num_heads", "mlp_dim", "max_len", "qkv_dim", "pad_id")
-BACKBONE = "model.backbone."
-
-
-@dataclass
-class Pretrained:
-    """What fine-tuning takes from a masked-LM checkpoint."""
-
-    path: Path
-    shape: dict
-    tokenizer: BPETokenizer
-    state_dict: dict[str, torch.Tensor]
-
-    def model_shape(self) -> dict:
-        return {k: self.shape.get(k) for k in SHAPE_KEYS}
-
-    def backbone(self) -> dict[str, torch.Tensor]:
-        return {k.removeprefix(BACKBONE): v for k, v in self.state_dict.items() if k.startswith(BACKBONE)}
-
-
-def read_pretrained(path: str | Path | None) -> Pretrained:
-    """A `task=mlm` checkpoint, loaded safely; `CheckpointError` names the file when it is not one."""
-    if path is None:
-        raise ConfigError(
-            "task.pretrained is not set: give the .ckpt of a task=mlm run "
-            "(e.g. task.pretrained=outputs/mlm/<attn>/<date>/checkpoints/best-....ckpt)"
-        )
-    checkpoint = read_checkpoint(path, "task.pretrained")
-    saved = checkpoint.get(CHECKPOINT_KEY)
-    if not isinstance(saved, dict) or not saved.get("tokenizer") or not saved.get("model"):
-        raise CheckpointError(
-            f"task.pretrained {path} is not a masked-LM checkpoint: it has no {CHECKPOINT_KEY!r} entry with "
-            "the model shape and tokenizer (give a checkpoint written by a task=mlm run)"
-        )
-    files = saved["tokenizer"]
-    tokenizer = from_strings(files["vocab"], files["merges"], f"{path} (the pretrained checkpoint's)")
-    state = checkpoint.get("state_dict", {})
-    if not any(k.startswith(BACKBONE) for k in state):
-        raise CheckpointError(f"task.pretrained {path}: its state_dict has no {BACKBONE}* weights")
-    return Pretrained(Path(path), dict(saved["model"]), tokenizer, state)
 
 
 def _metrics(glue_task: str) -> nn.ModuleDict:

@@ -20,9 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.aggregation import MeanMetric
 
+from attnlab.models.pretrained import CHECKPOINT_KEY  # what a GLUE fine-tune reads back
 from attnlab.tasks.classification import ClassificationTask
-
-CHECKPOINT_KEY = "attnlab_mlm"
 
 
 class MaskedLMTask(L.LightningModule):
