@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 
@@ -154,6 +155,36 @@ def test_generator_refuses_to_mix_settings(tmp_path):
         gen.generate_pathfinder(
             tmp_path, 32, "easy", num_images=2, images_per_batch=2, seed=1, workers=1, progress=False
         )
+
+
+def _pixels_digest(directory) -> str:
+    """Every file of a generated set: PNGs by their pixels (not their zlib bytes), others byte for byte."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(directory).as_posix().encode())
+        digest.update(np.asarray(Image.open(path)).tobytes() if path.suffix == ".png" else path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_generated_sets_are_pinned(tmp_path):
+    """The generator's output for fixed seeds, pinned: a refactoring must leave every pixel, label,
+    snake and metadata row as it was (covers both margins of 128 px and every difficulty)."""
+    directory = gen.generate_pathfinder(
+        tmp_path, 32, "hard", num_images=5, images_per_batch=3, seed=3, workers=1, progress=False
+    )
+    assert _pixels_digest(directory) == "1788118a9fd59d4744621a6812077dadc899199d944288df6b1657a16edb047d"
+    digest = hashlib.sha256()
+    for resolution, difficulty, seed, index in [
+        (32, "easy", 1, 0),
+        (32, "intermediate", 1, 1),
+        (64, "easy", 2, 0),
+        (128, "hard", 4, 0),  # margin 2
+        (128, "hard", 4, 3),  # margin 3
+    ]:
+        s = gen.sample_at(gen.lra_params(resolution, difficulty), seed, index)
+        digest.update(s.image.tobytes())
+        digest.update(repr((s.label, s.margin, s.targets, s.distractors, s.markers, s.marked)).encode())
+    assert digest.hexdigest() == "d5500f65a95356ab5f109ba93a50db038836438c41b5b26b93a2061727b314fd"
 
 
 def test_example_grid(tmp_path):
