@@ -32,9 +32,9 @@ from attnlab.data.common import (
     check_choice,
 )
 from attnlab.data.loaders import SPLITS, ShardedDataModule
+from attnlab.data.pretrained import read_pretrained
 from attnlab.data.tokenizer import BPETokenizer
 from attnlab.errors import ConfigError
-from attnlab.models.pretrained import read_pretrained
 
 log = logging.getLogger(__name__)
 FORMATS = ("auto", "tsv", "hf")

@@ -1,6 +1,6 @@
 """GLUE fine-tuning: a `task=mlm` checkpoint's encoder under a fresh head, scored by GLUE's metrics.
 
-The checkpoint (``task.pretrained``) is read by `attnlab.models.pretrained.read_pretrained`; it
+The checkpoint (``task.pretrained``) is read by `attnlab.data.pretrained.read_pretrained`; it
 carries the model's shape and the tokenizer as plain values (``attnlab_mlm``, `attnlab.tasks.mlm`), so
 the fine-tuned model is built with the pretrained shape and reads text exactly as pretraining did.
 
@@ -24,8 +24,8 @@ from torchmetrics.classification import BinaryF1Score, MatthewsCorrCoef, Multicl
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
 from attnlab.data.glue import glue_spec
+from attnlab.data.pretrained import Pretrained, read_pretrained
 from attnlab.errors import CheckpointError, ConfigError
-from attnlab.models.pretrained import Pretrained, read_pretrained
 from attnlab.tasks.classification import ClassificationTask
 
 MAIN_METRIC = {"cola": "mcc", "stsb": "spearman"}  # every other task: accuracy

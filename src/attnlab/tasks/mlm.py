@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.aggregation import MeanMetric
 
-from attnlab.models.pretrained import CHECKPOINT_KEY  # what a GLUE fine-tune reads back
+from attnlab.data.pretrained import CHECKPOINT_KEY  # what a GLUE fine-tune reads back
 from attnlab.tasks.classification import ClassificationTask
 
 

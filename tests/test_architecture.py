@@ -1,0 +1,135 @@
+"""The structure drawn from the imports (issue 23): no import circle between modules, every import
+going down the floors below, and no source file over 600 lines.
+
+Read from the source with ``ast`` (imports inside functions count too: a lazy import still ties two
+modules together), so the test needs no import of the package and names the offending file.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "attnlab"
+MAX_LINES = 600
+
+#: lowest first; a module may import only from its own group or a lower floor. A group is a
+#: subpackage of attnlab (``attnlab.data``) or a top-level module (``attnlab.resume``).
+FLOORS: list[set[str]] = [
+    {"errors"},
+    {"resume", "batching", "validation", "summary", "history", "cluster"},
+    {"attention"},
+    {"flops", "data"},
+    {"models"},
+    {"tasks", "callbacks", "reporting"},
+    {"pipeline", "loggers", "resolvers", "launcher"},
+    {"cli", "__init__"},
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The attnlab modules ``path`` imports (``from attnlab.x import y`` counts as ``attnlab.x``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return {name for name in found if name == "attnlab" or name.startswith("attnlab.")}
+
+
+def _sources() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _group(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _floor(group: str) -> int:
+    for level, groups in enumerate(FLOORS):
+        if group in groups:
+            return level
+    raise AssertionError(f"attnlab.{group} has no floor in tests/test_architecture.py FLOORS: place it")
+
+
+def _graph() -> dict[str, set[str]]:
+    sources = _sources()
+    graph = {}
+    for module, path in sources.items():
+        targets = set()
+        for name in _imports(path):
+            # `from attnlab.data import glue` names a package: the edge goes to the package itself
+            while name not in sources and "." in name:
+                name = name.rsplit(".", 1)[0]
+            if name in sources and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as a list of modules, or None (depth-first search with colours)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_circle():
+    graph = _graph()
+    # a package's __init__ re-exports its modules; those edges point down into the package
+    for module in graph:
+        graph[module] = {t for t in graph[module] if not t.startswith(module + ".")}
+    cycle = _cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_imports_go_down_the_floors():
+    upward = []
+    for module, targets in _graph().items():
+        here = _floor(_group(module))
+        for target in targets:
+            if module == "attnlab" or target.startswith(module + "."):
+                continue
+            if _floor(_group(target)) > here:
+                upward.append(f"{module} imports {target}")
+    assert not upward, "imports up a floor:\n" + "\n".join(sorted(upward))
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
+def test_source_file_is_short(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(SRC)} has {lines} lines (at most {MAX_LINES}): split it"
+
+
+def test_the_checker_finds_a_circle():
+    """The search itself: a planted circle and an acyclic graph."""
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
