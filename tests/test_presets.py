@@ -202,7 +202,7 @@ OFFICIAL = {
         leaderboard=None,
     ),  # fmt: skip
 }
-POOLING = {"CLS": "cls", "MEAN": "mean", "first token": "first"}
+POOLING = {"CLS": "cls", "MEAN": "mean_all", "first token": "first"}  # MEAN: a mean over every position
 DECAY = {
     "constant * linear_warmup * rsqrt_decay": "rsqrt",
     "constant * linear_warmup * cosine_decay": "cosine",
@@ -239,6 +239,7 @@ def official_in_attnlab_terms(row: dict) -> dict:
         "trainer.gradient_clip_val": row["grad_clip_norm"],
         "trainer.precision": "32-true",
         "attn.qkv_bias": False,
+        "attn.out_bias": False,
     }
 
 
@@ -270,6 +271,7 @@ def preset_values(cfg) -> dict:
         "trainer.gradient_clip_val": cfg.trainer.gradient_clip_val,
         "trainer.precision": cfg.trainer.precision,
         "attn.qkv_bias": cfg.attn.qkv_bias,
+        "attn.out_bias": cfg.attn.out_bias,
     }
 
 
@@ -376,7 +378,8 @@ def expected_params(cfg, vocab: int) -> int:
     n += (m.max_len + extra) * d if m.positions == "learned" else 0
     n += 2 * d if m.get("embed_norm") else 0
     qkv_bias = 3 * q if cfg.attn.qkv_bias else 0
-    block = 4 * d + 3 * q * d + qkv_bias + (q * d + d) + (d * mlp + mlp) + (mlp * d + d)
+    out_bias = d if cfg.attn.out_bias else 0
+    block = 4 * d + 3 * q * d + qkv_bias + (q * d + out_bias) + (d * mlp + mlp) + (mlp * d + d)
     n += m.depth * block + 2 * d
     width = ((4 if m.get("pair_features", "nli") == "nli" else 2) * d) if m.get("dual") else d
     for hidden in list(m.get("head_dims") or [mlp]) + [cfg.task.num_classes]:
@@ -430,5 +433,7 @@ def test_listops_presets_train_end_to_end(train_config, preset):
 @pytest.mark.parametrize("task", ["image", "pathfinder", "pathx"])
 def test_official_pixel_presets_mask_black_pixels_like_lra(train_config, task):
     """LRA's encoder derives its padding mask from ``inputs > 0`` (lra_benchmarks/models/transformer)."""
-    assert train_config(f"experiment=lra/{task}").task.data.zero_pixels == "padding"
+    official = train_config(f"experiment=lra/{task}")
+    assert official.task.data.zero_pixels == "padding"
+    assert official.attn.padded_queries == "attend"  # `inputs > 0` masks keys; black pixels still query
     assert train_config(f"task={task}").task.data.zero_pixels == "token"

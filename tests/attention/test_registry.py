@@ -38,7 +38,7 @@ EXPECTED = {
     "linear": LinearAttention,
     "performer": PerformerAttention,
 }
-COMMON = ["rope", "rope_base", "dropout", "causal", "qkv_bias", "qkv_dim"]
+COMMON = ["rope", "rope_base", "dropout", "causal", "qkv_bias", "qkv_dim", "out_bias", "padded_queries"]
 
 
 def test_every_backend_is_registered_and_builds():

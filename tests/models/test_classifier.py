@@ -51,7 +51,7 @@ def test_too_long_and_bad_choices_are_named():
         make()(torch.ones(1, 33, dtype=torch.long))
     with pytest.raises(ValueError, match="positions='alibi'.*learned, sinusoidal, rope, none"):
         make(positions="alibi")
-    with pytest.raises(ValueError, match="pooling='max'.*mean, cls, first"):
+    with pytest.raises(ValueError, match="pooling='max'.*mean, mean_all, cls, first"):
         make(pooling="max")
     with pytest.raises(ValueError, match="head_activation='tanh'.*gelu, relu"):
         make(head_activation="tanh")

@@ -2,8 +2,9 @@
 
 Every layer shares the same skeleton (fused q/k/v projection, optional RoPE on q and k, the backend's
 op, output projection) and the same constructor keywords: dim, num_heads, rope, rope_base, dropout,
-causal, qkv_bias, qkv_dim. Backend-specific keywords come after those. Each class declares its `capabilities`,
-which the registry reads to refuse requests a backend cannot serve.
+causal, qkv_bias, qkv_dim, out_bias, padded_queries. Backend-specific keywords come after those.
+Each class declares its `capabilities`, which the registry reads to refuse requests a backend
+cannot serve.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.attention.linear import DEFAULT_CHUNK_SIZE, linear_attention, linear_attention_step
+from attnlab.attention.padding import check_padded_queries
 from attnlab.attention.performer import PerformerFeatureMap, performer_attention
 from attnlab.attention.precision import FLOAT_DTYPES, accumulation_dtype
 from attnlab.attention.rope import RotaryEmbedding
@@ -99,6 +101,8 @@ class AttentionLayer(nn.Module):
         causal: bool = False,
         qkv_bias: bool = True,
         qkv_dim: int | None = None,
+        out_bias: bool = True,
+        padded_queries: str = "zero",
     ) -> None:
         super().__init__()
         bad_ints = [
@@ -121,8 +125,14 @@ class AttentionLayer(nn.Module):
                 f"qkv_dim={qkv_dim!r} must be a positive integer divisible by num_heads={num_heads} "
                 "(the width of q, k and v, split across heads), or null for dim"
             )
-        for key, value in (("rope", rope), ("causal", causal), ("qkv_bias", qkv_bias)):
+        for key, value in (
+            ("rope", rope),
+            ("causal", causal),
+            ("qkv_bias", qkv_bias),
+            ("out_bias", out_bias),
+        ):
             check_flag(key, value)
+        check_padded_queries("attention layer", padded_queries, causal)
         check_number("dropout", dropout, low=0.0, low_open=False, high=1.0)
         check_number("rope_base", rope_base, low=0.0, low_open=True)
         if causal and not self.capabilities.causal:
@@ -136,8 +146,9 @@ class AttentionLayer(nn.Module):
         self.head_dim = qkv_dim // num_heads
         self.causal = causal
         self.dropout = dropout
+        self.padded_queries = padded_queries  # "attend": LRA's black pixels (attnlab.attention.padding)
         self.qkv = nn.Linear(dim, 3 * qkv_dim, bias=qkv_bias)
-        self.out_proj = nn.Linear(qkv_dim, dim)
+        self.out_proj = nn.Linear(qkv_dim, dim, bias=out_bias)
         self.rotary = RotaryEmbedding(self.head_dim, rope_base) if rope else None
 
     def heads(self, x: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -191,7 +202,9 @@ class SoftmaxAttention(AttentionLayer):
 
     def attend(self, q, k, v, key_padding_mask):
         p = self.dropout if self.training else 0.0
-        return softmax_attention(q, k, v, key_padding_mask, causal=self.causal, dropout_p=p)
+        return softmax_attention(
+            q, k, v, key_padding_mask, causal=self.causal, dropout_p=p, padded_queries=self.padded_queries
+        )
 
 
 class LinearAttention(AttentionLayer):
@@ -211,8 +224,9 @@ class LinearAttention(AttentionLayer):
 
     def attend(self, q, k, v, key_padding_mask):
         o = linear_attention(
-            q, k, v, key_padding_mask, causal=self.causal, eps=self.eps, chunk_size=self.chunk_size
-        )
+            q, k, v, key_padding_mask, causal=self.causal, eps=self.eps, chunk_size=self.chunk_size,
+            padded_queries=self.padded_queries,
+        )  # fmt: skip
         return self.output_dropout(o)
 
     def step(
@@ -277,6 +291,7 @@ class PerformerAttention(AttentionLayer):
             causal=self.causal,
             eps=self.eps,
             chunk_size=self.chunk_size,
+            padded_queries=self.padded_queries,
         )
         return self.output_dropout(o)
 
@@ -356,7 +371,9 @@ class SlicedReLUAttention(AttentionLayer):
         elif self.standardise == "prefix":
             s, t = standardise_scores_prefix(s, t, key_padding_mask)
         # scores stay in float32+
-        o = sliced_relu_attention(s, t, v, key_padding_mask, eps=self.eps, causal=self.causal)
+        o = sliced_relu_attention(
+            s, t, v, key_padding_mask, eps=self.eps, causal=self.causal, padded_queries=self.padded_queries
+        )
         return self.output_dropout(o)
 
     def step(
@@ -486,6 +503,7 @@ class SlicedReLUBumpAttention(AttentionLayer):
             causal=self.causal,
             normaliser=self.normaliser,
             mass_eps=self.mass_eps,
+            padded_queries=self.padded_queries,
         )
         return self.output_dropout(o)
 

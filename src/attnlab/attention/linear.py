@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from attnlab.attention.padding import check_padded_queries, query_mask
 from attnlab.attention.precision import accumulation_dtype, no_autocast
 from attnlab.attention.softmax import check_qkv
 from attnlab.attention.triton.runtime import resolve_impl
@@ -37,16 +38,19 @@ def linear_attention(
     eps: float = 1e-6,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     impl: str = "auto",
+    padded_queries: str = "zero",
 ) -> torch.Tensor:
     """o_i = φ(q_i)ᵀ S / (φ(q_i)ᵀ z + eps) for q, k of shape (B, H, T, D), v (B, H, T, Dv).
 
-    Padded keys (`key_padding_mask` False) contribute nothing; outputs at padded queries are zero.
+    Padded keys (`key_padding_mask` False) contribute nothing; outputs at padded queries are zero
+    (`padded_queries="attend"`: they attend to the real keys, `attnlab.attention.padding`).
     With `causal`, S and z only sum keys j <= i, computed chunk by chunk (`chunk_size` tokens).
     `impl` ("auto", "triton", "torch") chooses the causal form's code: "auto" runs the Triton
     kernel (`attnlab.attention.triton.linear`, its own chunk size) on CUDA tensors other than
     float64, torch otherwise; the non-causal form is two matmuls and always runs in torch.
     """
     check_qkv(q, k, v, key_padding_mask)
+    check_padded_queries("linear_attention", padded_queries, causal)
     use = resolve_impl("linear_attention", impl, q, k, v)
     if use == "triton" and causal:
         if torch.float64 not in (q.dtype, k.dtype, v.dtype):
@@ -63,7 +67,7 @@ def linear_attention(
         phi_q = elu_feature_map(q.to(acc))
         phi_k = elu_feature_map(k.to(acc))
         out = linear_attention_from_features(
-            phi_q, phi_k, v.to(acc), key_padding_mask, causal=causal, eps=eps, chunk_size=chunk_size
+            phi_q, phi_k, v.to(acc), key_padding_mask, causal, eps, chunk_size, padded_queries
         )
     return out.to(v.dtype)
 
@@ -76,6 +80,7 @@ def linear_attention_from_features(
     causal: bool = False,
     eps: float = 1e-6,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    padded_queries: str = "zero",
 ) -> torch.Tensor:
     """The kernel-agnostic core shared with Performer: features (B, H, T, M), values (B, H, T, Dv).
 
@@ -93,8 +98,8 @@ def linear_attention_from_features(
         num = torch.einsum("bhtm,bhme->bhte", phi_q, state)
         den = torch.einsum("bhtm,bhm->bht", phi_q, norm)
     out = num / (den + eps).unsqueeze(-1)
-    if key_padding_mask is not None:
-        out = out * key_padding_mask[:, None, :, None].to(out.dtype)
+    if (queries := query_mask(key_padding_mask, padded_queries)) is not None:
+        out = out * queries[:, None, :, None].to(out.dtype)
     return out
 
 

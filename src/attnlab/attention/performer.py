@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.attention.linear import DEFAULT_CHUNK_SIZE, linear_attention_from_features
+from attnlab.attention.padding import check_padded_queries
 from attnlab.attention.precision import accumulation_dtype, no_autocast
 from attnlab.attention.softmax import check_qkv
 
@@ -90,14 +91,18 @@ def performer_attention(
     eps: float = 1e-6,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     stabilizer_eps: float = 1e-4,
+    padded_queries: str = "zero",
 ) -> torch.Tensor:
     """FAVOR+ estimate of softmax attention for q, k (B, H, T, D), v (B, H, T, Dv), projection (M, D).
 
+    Padded keys add nothing; padded queries output zeros, or (``padded_queries="attend"``, not
+    causal) attend to the real keys (`attnlab.attention.padding`).
     Causal: the output at position i is exactly the non-causal output of the sequence cut after i,
     key stabiliser included (the max over the keys up to i), so no future token reaches it.
     Features and states run in float32 (float64 for float64 inputs); output in v's dtype.
     """
     check_qkv(q, k, v, key_padding_mask)
+    check_padded_queries("performer_attention", padded_queries, causal)
     if projection.dim() != 2 or projection.shape[1] != q.shape[-1]:
         raise ValueError(f"projection must be (num_features, D={q.shape[-1]}); got {tuple(projection.shape)}")
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
@@ -112,7 +117,9 @@ def performer_attention(
             )  # fmt: skip
         else:
             phi_k = favor_features(k.to(acc), projection, False, key_padding_mask, stabilizer_eps)
-            out = linear_attention_from_features(phi_q, phi_k, v.to(acc), key_padding_mask, eps=eps)
+            out = linear_attention_from_features(
+                phi_q, phi_k, v.to(acc), key_padding_mask, eps=eps, padded_queries=padded_queries
+            )
     return out.to(v.dtype)
 
 

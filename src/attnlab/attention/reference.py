@@ -9,6 +9,8 @@ Conventions shared with the fast ops:
 
 - padded keys have no influence at all (they are dropped from every sum, mean and count);
 - padded query positions output zeros (never NaN), and so does a query with no visible key;
+  with ``padded_queries="attend"`` (bidirectional) they attend to the real keys instead
+  (``attnlab.attention.padding``);
 - kinks are differentiated the way torch autograd does it (``relu'(0) = 0``, ``abs'(0) = 0``),
   which is what the fast ops reproduce at tied scores.
 
@@ -43,25 +45,38 @@ def _key_mask(key_padding_mask: torch.Tensor | None, like: torch.Tensor) -> torc
     return key_padding_mask.to(device=like.device, dtype=torch.bool)[:, None, :]
 
 
+def _kept(key_padding_mask: torch.Tensor | None, like: torch.Tensor, padded_queries: str) -> torch.Tensor:
+    """Bool ``(B, 1, T, 1)``: the queries whose output is kept (all of them under ``"attend"``)."""
+    if padded_queries == "attend":
+        key_padding_mask = None
+    return _key_mask(key_padding_mask, like)[..., None]
+
+
+def _allowed(key_padding_mask: torch.Tensor | None, like: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Bool ``(B, 1, T_query, T_key)`` (or ``(B, 1, 1, T_key)``): key j is real, and j <= i if causal."""
+    allowed = _key_mask(key_padding_mask, like)[:, :, None, :]
+    if causal:
+        length = like.shape[2]
+        allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=like.device).tril()
+    return allowed
+
+
 def softmax_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     causal: bool = False,
+    padded_queries: str = "zero",
 ) -> torch.Tensor:
     """Explicit ``softmax(q kᵀ / sqrt(D)) v`` (not SDPA), padded keys and future keys removed."""
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, T)
-    allowed = _key_mask(key_padding_mask, q)[:, :, None, :]  # (B, 1, 1, T)
-    if causal:
-        length = q.shape[-2]
-        allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    allowed = _allowed(key_padding_mask, q, causal)
     scores = scores.masked_fill(~allowed, float("-inf"))
     has_key = allowed.any(dim=-1, keepdim=True)  # a row with no visible key would be all -inf
     probs = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1).masked_fill(~allowed, 0.0)
     out = probs @ v
-    query_valid = _key_mask(key_padding_mask, q)[..., None]  # (B, 1, T, 1)
-    return torch.where(query_valid & has_key, out, torch.zeros_like(out))
+    return torch.where(_kept(key_padding_mask, q, padded_queries) & has_key, out, torch.zeros_like(out))
 
 
 def linear_attention(
@@ -71,6 +86,7 @@ def linear_attention(
     key_padding_mask: torch.Tensor | None = None,
     causal: bool = False,
     eps: float = 1e-6,
+    padded_queries: str = "zero",
 ) -> torch.Tensor:
     """``o_i = φ(q_i)ᵀ S / (φ(q_i)ᵀ z + eps)`` with ``φ = elu + 1``, written as a T×T weight matrix.
 
@@ -80,14 +96,9 @@ def linear_attention(
     phi_q = F.elu(q) + 1
     phi_k = F.elu(k) + 1
     weights = phi_q @ phi_k.transpose(-1, -2)  # (B, H, T, T)
-    allowed = _key_mask(key_padding_mask, q)[:, :, None, :]
-    if causal:
-        length = q.shape[-2]
-        allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
-    weights = torch.where(allowed, weights, torch.zeros_like(weights))
+    weights = torch.where(_allowed(key_padding_mask, q, causal), weights, torch.zeros_like(weights))
     out = (weights @ v) / (weights.sum(dim=-1, keepdim=True) + eps)
-    query_valid = _key_mask(key_padding_mask, q)[..., None]
-    return torch.where(query_valid, out, torch.zeros_like(out))
+    return torch.where(_kept(key_padding_mask, q, padded_queries), out, torch.zeros_like(out))
 
 
 def sliced_relu_attention(
@@ -96,6 +107,7 @@ def sliced_relu_attention(
     v: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-4,
+    padded_queries: str = "zero",
 ) -> torch.Tensor:
     """``o_i = 2 Σ_j ReLU(s_i - t_j)(v_j - vbar) / max(Σ_j |s_i - t_j|, eps)``, sums over real keys."""
     valid = _key_mask(key_padding_mask, s)  # (B, 1, T)
@@ -108,7 +120,7 @@ def sliced_relu_attention(
     relu = torch.where(key_valid, torch.relu(diff), torch.zeros_like(diff))
     dist = torch.where(key_valid, diff.abs(), torch.zeros_like(diff))
     out = 2 * (relu @ centred) / dist.sum(dim=-1, keepdim=True).clamp_min(eps)
-    return torch.where(valid[..., None], out, torch.zeros_like(out))
+    return torch.where(_kept(key_padding_mask, s, padded_queries), out, torch.zeros_like(out))
 
 
 def sliced_relu_bump_attention(
@@ -117,6 +129,7 @@ def sliced_relu_bump_attention(
     v: torch.Tensor,
     bandwidth: torch.Tensor,
     key_padding_mask: torch.Tensor | None = None,
+    padded_queries: str = "zero",
 ) -> torch.Tensor:
     """``o_i = (1/n) Σ_j max(0, 1 - |s_i - t_j| / b_h) v_j`` over the n real keys (values not centred)."""
     valid = _key_mask(key_padding_mask, s)
@@ -126,7 +139,7 @@ def sliced_relu_bump_attention(
     hat = torch.where(valid[:, :, None, :], hat, torch.zeros_like(hat))
     v_real = torch.where(valid[..., None], v, torch.zeros_like(v))
     out = (hat @ v_real) / count[..., None]
-    return torch.where(valid[..., None], out, torch.zeros_like(out))
+    return torch.where(_kept(key_padding_mask, s, padded_queries), out, torch.zeros_like(out))
 
 
 def sliced_relu_attention_concat(
@@ -176,13 +189,6 @@ def sliced_relu_attention_concat(
     return torch.where(valid[..., None], out, torch.zeros_like(out))
 
 
-def _causal_allowed(key_padding_mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    """Bool ``(B, 1, T_query, T_key)``: key j is real and j <= i."""
-    length = like.shape[2]
-    tril = torch.ones(length, length, dtype=torch.bool, device=like.device).tril()
-    return _key_mask(key_padding_mask, like)[:, :, None, :] & tril
-
-
 def causal_sliced_relu_attention(
     s: torch.Tensor,
     t: torch.Tensor,
@@ -192,7 +198,7 @@ def causal_sliced_relu_attention(
 ) -> torch.Tensor:
     """``o_i = 2 Σ_{j≤i} ReLU(s_i − t_j)(v_j − vbar_i) / max(Σ_{j≤i} |s_i − t_j|, eps)``, real j only,
     ``vbar_i`` the mean of the real ``v_j`` with ``j ≤ i``."""
-    allowed = _causal_allowed(key_padding_mask, s)  # (B, 1, T, T)
+    allowed = _allowed(key_padding_mask, s, causal=True)  # (B, 1, T, T)
     count = allowed.sum(dim=-1).clamp_min(1)  # (B, 1, T)
     v_real = torch.where(_key_mask(key_padding_mask, s)[..., None], v, torch.zeros_like(v))
     vbar = (allowed.to(v.dtype) @ v_real) / count[..., None]  # (B, H, T, D): prefix means
@@ -215,7 +221,7 @@ def causal_sliced_relu_bump_attention(
 ) -> torch.Tensor:
     """``o_i = (1/n_i) Σ_{j≤i} max(0, 1 − |s_i − t_j| / b_h) v_j``, n_i real keys with ``j ≤ i``;
     ``normaliser="mass"`` divides by ``Σ_{j≤i} max(0, 1 − |s_i − t_j| / b_h) + mass_eps`` instead."""
-    allowed = _causal_allowed(key_padding_mask, s)
+    allowed = _allowed(key_padding_mask, s, causal=True)
     diff = s[..., :, None] - t[..., None, :]
     hat = torch.relu(1 - diff.abs() / bandwidth[None, :, None, None])
     hat = torch.where(allowed, hat, torch.zeros_like(hat))

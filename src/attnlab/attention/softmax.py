@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from attnlab.attention.padding import check_padded_queries, query_mask
+
 
 def check_qkv(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None
@@ -39,15 +41,18 @@ def softmax_attention(
     causal: bool = False,
     *,
     dropout_p: float = 0.0,
+    padded_queries: str = "zero",
 ) -> torch.Tensor:
     """softmax(q kᵀ / √D) v for q, k, v of shape (B, H, T, D) -> (B, H, T, Dv).
 
     `key_padding_mask` is a bool (B, T), True = real token; padded keys get zero weight. A query that
     sees no key at all (a fully padded sequence, or a causal row before the first real token) would
     be a 0/0 softmax, so its output is set to zero instead of NaN, and so is the output of every padded
-    query. `dropout_p` is attention dropout (pass 0 at evaluation).
+    query (`padded_queries="attend"`: padded queries attend to the real keys, see
+    `attnlab.attention.padding`). `dropout_p` is attention dropout (pass 0 at evaluation).
     """
     check_qkv(q, k, v, key_padding_mask)
+    check_padded_queries("softmax_attention", padded_queries, causal)
     b, _, t, _ = q.shape
     if key_padding_mask is None:
         # No mask lets SDPA pick the flash kernel; `is_causal` keeps it on that path.
@@ -61,5 +66,7 @@ def softmax_attention(
     empty_row = ~allowed.any(dim=-1, keepdim=True)
     allowed = allowed | empty_row
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-    keep = ~empty_row & key_padding_mask[:, None, :, None]  # (B, 1, T, 1): valid query that saw a key
+    keep = ~empty_row  # a query that saw a key, and (padded_queries="zero") is itself real
+    if (queries := query_mask(key_padding_mask, padded_queries)) is not None:
+        keep = keep & queries[:, None, :, None]  # (B, 1, T, 1)
     return out.masked_fill(~keep, 0.0)

@@ -23,7 +23,7 @@ from torch import nn
 from attnlab.models.encoder import AttentionFactory, Encoder
 
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
-POOLINGS = ("mean", "cls", "first")
+POOLINGS = ("mean", "mean_all", "cls", "first")
 HEAD_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 PAIR_FEATURES = ("nli", "concat")
 
@@ -73,7 +73,8 @@ class SequenceClassifier(nn.Module):
     """Embedding, positions, pre-LN encoder, pooling, MLP head.
 
     positions: learned table, fixed sinusoidal table, RoPE inside attention, or none.
-    pooling: masked mean over real tokens; ``cls`` prepends a learned token and reads it; ``first`` reads
+    pooling: ``mean`` over real tokens; ``mean_all`` over every position, padded ones included (LRA's
+    MEAN, with ``attn.padded_queries=attend``); ``cls`` prepends a learned token and reads it; ``first`` reads
     the first input token (the official LRA dual encoder, which adds no CLS token).
     qkv_dim: width of q, k, v (null: dim). head_dims: hidden widths of the head (null: [mlp_dim]).
     embed_norm: LayerNorm on embeddings + positions before the encoder (RoBERTa-style embeddings).
@@ -164,6 +165,8 @@ class SequenceClassifier(nn.Module):
         x = self.encoder(self.drop(x), key_padding_mask=mask)
         if self.pooling in ("cls", "first"):
             return x[:, 0]
+        if self.pooling == "mean_all":  # LRA's MEAN: every position, padded ones included
+            return x.mean(dim=1)
         weights = mask.unsqueeze(-1).to(x.dtype)
         return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 

@@ -51,12 +51,13 @@ def _gather_combine(table, terms, dots_with=None, out=None, buffer=None):
 
 
 class _SlicedReLUBump(torch.autograd.Function):
-    """Rows ``s, t (N, T)``, ``v (N, T, D)``, per-row bandwidth ``b (N, 1)``; ``valid`` or None."""
+    """Rows ``s, t (N, T)``, ``v (N, T, D)``, per-row bandwidth ``b (N, 1)``; ``valid`` (real keys)
+    and ``queries`` (the queries whose output is kept) or None, as in ``_SlicedReLU``."""
 
     @staticmethod
-    def forward(ctx, s, t, v, b, valid):
+    def forward(ctx, s, t, v, b, valid, queries):
         with no_autocast(v.device):
-            return _SlicedReLUBump._forward(ctx, s, t, v, b, valid)
+            return _SlicedReLUBump._forward(ctx, s, t, v, b, valid, queries)
 
     @staticmethod
     @_first_order_only("sliced_relu_bump_attention")
@@ -65,13 +66,10 @@ class _SlicedReLUBump(torch.autograd.Function):
             return _SlicedReLUBump._backward(ctx, grad_out)
 
     @staticmethod
-    def _forward(ctx, s, t, v, b, valid):
+    def _forward(ctx, s, t, v, b, valid, queries):
         n_rows, length, _ = v.shape
         count = _counts(valid, n_rows, length, v.dtype, v.device)
-        if valid is not None:
-            s = s.masked_fill(~valid, 0.0)
-            t = t.masked_fill(~valid, 0.0)
-        s, t = _centre_scores(s, t, valid, count)
+        s, t = _centre_scores(s, t, valid, count, queries)
         t_search, t_sorted, order = _sort_real_first(t, valid)
         # Tables of the centred values w = v - vbar (running totals stay of order sqrt(T) instead of
         # T·|vbar|); vbar comes back as vbar · (hat mass), from the scalar tables below.
@@ -85,8 +83,8 @@ class _SlicedReLUBump(torch.autograd.Function):
 
         lo, mid, hi = _hat_windows(t_search, s, b)
         coef = (1.0 / (count[:, None] * b)).expand(-1, length)  # 1 / (n b)
-        if valid is not None:
-            coef = coef.masked_fill(~valid, 0.0)
+        if queries is not None:
+            coef = coef.masked_fill(~queries, 0.0)
         rows, scored = _hat_terms(lo, mid, hi, s, b, coef)
         out, _, buffer = _gather_combine(p_v, rows)
         out, _, _ = _gather_combine(p_tv, scored, out=out, buffer=buffer)
@@ -96,13 +94,13 @@ class _SlicedReLUBump(torch.autograd.Function):
         out.addcmul_(mass[..., None], vbar[:, None, :])
 
         ctx.save_for_backward(s, t, v, b, t_search, p_v, p_tv, p_t, vbar, lo, mid, hi, coef)
-        ctx.valid = valid
+        ctx.valid, ctx.queries = valid, queries
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
         s, t, v, b, t_search, p_v, p_tv, p_t, vbar, lo, mid, hi, coef = ctx.saved_tensors
-        valid = ctx.valid
+        valid, queries = ctx.valid, ctx.queries
         grad_out = grad_out.contiguous()
 
         # Queries. hat'(r) = -sign(r)/b inside the window and 0 at r = 0 and |r| = b, so
@@ -130,7 +128,7 @@ class _SlicedReLUBump(torch.autograd.Function):
         # prefix tables of c_i g_i and s_i c_i g_i over the queries sorted by s (c = coef).
         #   dL/dv_j = Σ_i c_i hat(s_i - t_j) g_i
         #   dL/dt_j = v_j · (Σ_{s∈(t,t+b)} c g - Σ_{s∈(t-b,t)} c g)
-        s_search, s_sorted, q_order = _sort_real_first(s, valid)
+        s_search, s_sorted, q_order = _sort_real_first(s, queries)
         q_g = _sorted_rows(grad_out, q_order, None, torch.gather(coef, 1, q_order))
         q_sg = _times_scores(q_g, s_sorted)
         _cumsum_rows_(q_g)
@@ -145,5 +143,6 @@ class _SlicedReLUBump(torch.autograd.Function):
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
-            grad_s = grad_s.masked_fill(~valid, 0.0)
-        return grad_s, grad_t, grad_v, grad_b, None
+        if queries is not None:
+            grad_s = grad_s.masked_fill(~queries, 0.0)
+        return grad_s, grad_t, grad_v, grad_b, None, None

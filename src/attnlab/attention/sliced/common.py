@@ -153,8 +153,9 @@ def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.einsum("ntd,ntd->nt", a, b)
 
 
-def _centre_scores(s, t, valid, count):
-    """Shift s and t by one constant per row, near the mean of its real scores; padded slots stay 0.
+def _centre_scores(s, t, valid, count, queries):
+    """Shift s and t by one constant per row, near the mean of the real scores; t at padded keys and
+    s outside ``queries`` (the queries whose output is kept; None = all) come back 0.
 
     The kernels depend on s - t only, so the shift changes nothing in exact arithmetic (and needs
     no gradient), but it does in floating point: the prefix tables of t·v and the products s·P
@@ -162,19 +163,22 @@ def _centre_scores(s, t, valid, count):
     bump window. The shift is the mean rounded to a power of two near the scores' spread, so
     that s - c is exact for any score within about |c| of c (the kernels see the very same
     differences, kinks and ties included) while the centred scores stay of the order of the spread.
+    The statistics read the real positions only (padded slots may hold anything, inf included).
     """
-    weight = None if valid is None else valid.to(s.dtype)
-    mean = ((s.sum(dim=1) + t.sum(dim=1)) / (2 * count))[:, None]  # padded slots hold 0
-    spread = (s - mean).square() + (t - mean).square()
-    if weight is not None:
-        spread = spread * weight
+    s_real, t = (s, t) if valid is None else (s.masked_fill(~valid, 0.0), t.masked_fill(~valid, 0.0))
+    mean = ((s_real.sum(dim=1) + t.sum(dim=1)) / (2 * count))[:, None]
+    spread = (s_real - mean).square() + (t - mean).square()
+    if valid is not None:
+        spread = spread * valid.to(s.dtype)
     std = (spread.sum(dim=1, keepdim=True) / (2 * count[:, None])).sqrt()
     step = torch.exp2(torch.floor(torch.log2(std)))  # 0 when all scores are equal
     ok = (step > 0) & torch.isfinite(step)
     centre = torch.where(ok, torch.round(mean / torch.where(ok, step, 1.0)) * step, mean)
     s, t = s - centre, t - centre
     if valid is not None:
-        s, t = s.masked_fill(~valid, 0.0), t.masked_fill(~valid, 0.0)
+        t = t.masked_fill(~valid, 0.0)
+    if queries is not None:
+        s = s.masked_fill(~queries, 0.0)
     return s, t
 
 

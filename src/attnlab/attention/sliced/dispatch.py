@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.attention.padding import check_padded_queries, query_mask
 from attnlab.attention.precision import accumulation_dtype
 from attnlab.attention.sliced.bump import _SlicedReLUBump
 from attnlab.attention.sliced.causal import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
@@ -36,13 +37,16 @@ def sliced_relu_attention(
     eps: float = 1e-4,
     causal: bool = False,
     impl: str = "auto",
+    padded_queries: str = "zero",
 ) -> torch.Tensor:
     """Exact sliced ReLU attention in O(T log T): ``(B, H, T, D)`` output.
 
     ``o_i = 2 Σ_j ReLU(s_i - t_j)(v_j - vbar) / max(Σ_j |s_i - t_j|, eps)`` with sums and the
     mean ``vbar`` over real keys. ``s`` (query scores) and ``t`` (key scores) are ``(B, H, T)``,
     ``v`` is ``(B, H, T, D)``, ``key_padding_mask`` a bool ``(B, T)`` with True = real token.
-    Padded query positions output zeros. Differentiable in ``s``, ``t`` and ``v``.
+    Padded query positions output zeros (``padded_queries="zero"``) or attend to the real keys
+    (``"attend"``, bidirectional only; ``attnlab.attention.padding``). Differentiable in ``s``, ``t``
+    and ``v``.
     ``causal=True``: keys j <= i only, every statistic over that prefix, in O(T log² T)
     (``attnlab.attention.sliced.causal``; torch code only, no Triton kernel yet). ``impl``:
     ``"auto"`` (Triton kernels for CUDA tensors, this torch code otherwise), ``"triton"`` or
@@ -51,6 +55,7 @@ def sliced_relu_attention(
     _check_inputs("sliced_relu_attention", s, t, v, key_padding_mask)
     if not eps > 0:
         raise ValueError(f"sliced_relu_attention: eps must be > 0, got {eps}")
+    check_padded_queries("sliced_relu_attention", padded_queries, causal)
     if causal:
         _torch_only_causal("sliced_relu_attention", impl)
         return causal_sliced_relu_attention(s, t, v, key_padding_mask, eps)
@@ -58,11 +63,12 @@ def sliced_relu_attention(
     batch, heads, length, dim = v.shape
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
     valid = _valid_rows(key_padding_mask, heads, v.device)
+    queries = _valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
     if impl == "triton":
         from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
 
-        return sliced.sliced_relu(s, t, v, valid, eps, acc)
-    out = _SlicedReLU.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, float(eps))
+        return sliced.sliced_relu(s, t, v, valid, queries, eps, acc)
+    out = _SlicedReLU.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, queries, float(eps))
     return out.view(batch, heads, length, dim).to(v.dtype)
 
 
@@ -76,6 +82,7 @@ def sliced_relu_bump_attention(
     impl: str = "auto",
     normaliser: str = "count",
     mass_eps: float = 1e-2,
+    padded_queries: str = "zero",
 ) -> torch.Tensor:
     """Exact sliced ReLU-bump attention in O(T log T): ``(B, H, T, D)`` output.
 
@@ -91,7 +98,7 @@ def sliced_relu_bump_attention(
     ``"mass"``: divide by the hat weight seen, ``Σ_{j≤i} hat(s_i − t_j) + mass_eps``, so a causal
     output does not shrink like 1/i with its position i. ``mass_eps`` is relative to one fully
     matching key (hat = 1); it bounds the ratio's gradient (about 1 / (4 b mass_eps)) where a query's
-    window holds almost no weight.
+    window holds almost no weight. ``padded_queries`` as in ``sliced_relu_attention``.
     """
     _check_inputs("sliced_relu_bump_attention", s, t, v, key_padding_mask)
     batch, heads, length, dim = v.shape
@@ -112,6 +119,7 @@ def sliced_relu_bump_attention(
     elif not bool(good):
         raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
     check_bump_normaliser("sliced_relu_bump_attention", normaliser, mass_eps, causal)
+    check_padded_queries("sliced_relu_bump_attention", padded_queries, causal)
     if causal:
         _torch_only_causal("sliced_relu_bump_attention", impl)
         return causal_sliced_relu_bump_attention(
@@ -120,10 +128,11 @@ def sliced_relu_bump_attention(
     impl = resolve_impl("sliced_relu_bump_attention", impl, s, t, v)
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
     valid = _valid_rows(key_padding_mask, heads, v.device)
+    queries = _valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
     width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
     if impl == "triton":
         from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
 
-        return sliced.sliced_relu_bump(s, t, v, width, valid, acc)
-    out = _SlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid)
+        return sliced.sliced_relu_bump(s, t, v, width, valid, queries, acc)
+    out = _SlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, queries)
     return out.view(batch, heads, length, dim).to(v.dtype)

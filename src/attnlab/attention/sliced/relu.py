@@ -28,12 +28,13 @@ from attnlab.attention.sliced.common import (
 
 
 class _SlicedReLU(torch.autograd.Function):
-    """Rows ``s, t (N, T)``, ``v (N, T, D)`` in the accumulation dtype; ``valid (N, T)`` or None."""
+    """Rows ``s, t (N, T)``, ``v (N, T, D)`` in the accumulation dtype; ``valid (N, T)`` (real keys)
+    and ``queries (N, T)`` (the queries whose output is kept, ``attnlab.attention.padding``) or None."""
 
     @staticmethod
-    def forward(ctx, s, t, v, valid, eps):
+    def forward(ctx, s, t, v, valid, queries, eps):
         with no_autocast(v.device):
-            return _SlicedReLU._forward(ctx, s, t, v, valid, eps)
+            return _SlicedReLU._forward(ctx, s, t, v, valid, queries, eps)
 
     @staticmethod
     @_first_order_only("sliced_relu_attention")
@@ -42,13 +43,10 @@ class _SlicedReLU(torch.autograd.Function):
             return _SlicedReLU._backward(ctx, grad_out)
 
     @staticmethod
-    def _forward(ctx, s, t, v, valid, eps):
+    def _forward(ctx, s, t, v, valid, queries, eps):
         n_rows, length, _ = v.shape
         count = _counts(valid, n_rows, length, v.dtype, v.device)
-        if valid is not None:  # padded slots get harmless finite scores
-            s = s.masked_fill(~valid, 0.0)
-            t = t.masked_fill(~valid, 0.0)
-        s, t = _centre_scores(s, t, valid, count)
+        s, t = _centre_scores(s, t, valid, count, queries)  # padded slots: harmless finite scores
         t_search, t_sorted, order = _sort_real_first(t, valid)
 
         # Prefix sums over sorted keys of w = v - vbar, of t·w and of t. Padded keys sit after
@@ -68,19 +66,18 @@ class _SlicedReLU(torch.autograd.Function):
         # Σ_j |s_i - t_j| = s_i (2 p_i - n) + Σ_j t_j - 2 Σ_{t_j<s_i} t_j   (ties add 0 either way)
         den = s * (2 * rank.to(s.dtype) - count[:, None]) + p_t[:, -1:] - 2 * _take_scalar(p_t, rank)
         scale = 2.0 / den.clamp_min(eps)
-        if valid is not None:
-            scale = scale.masked_fill(~valid, 0.0)
+        if queries is not None:
+            scale = scale.masked_fill(~queries, 0.0)
         out.mul_(-scale[..., None]).addcmul_(below_w, (s * scale)[..., None])  # 2 (s P_w - P_tw) / den
 
         ctx.save_for_backward(s, t, t_search, order, rank, below_w, den, out, v, vbar, count)
-        ctx.valid = valid
-        ctx.eps = eps
+        ctx.valid, ctx.queries, ctx.eps = valid, queries, eps
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
         s, t, t_search, order, rank, below_w, den, out, v, vbar, count = ctx.saved_tensors
-        valid, eps = ctx.valid, ctx.eps
+        valid, queries, eps = ctx.valid, ctx.queries, ctx.eps
         grad_out = grad_out.contiguous()
 
         # o_i = 2 N_i / d_i with d_i = max(den_i, eps):  dL/dN_i = a_i = 2 g_i / d_i and
@@ -88,9 +85,9 @@ class _SlicedReLU(torch.autograd.Function):
         inv_d = 1.0 / den.clamp_min(eps)
         a_scale = 2.0 * inv_d
         grad_den = -_rowdot(grad_out, out) * inv_d * (den >= eps)
-        if valid is not None:
-            a_scale = a_scale.masked_fill(~valid, 0.0)
-            grad_den = grad_den.masked_fill(~valid, 0.0)
+        if queries is not None:
+            a_scale = a_scale.masked_fill(~queries, 0.0)
+            grad_den = grad_den.masked_fill(~queries, 0.0)
 
         # Queries: dL/ds_i = a_i · Σ_{t_j<s_i} w_j + dden_i (#{t_j<s_i} - #{t_j>s_i}).
         rank_le = torch.searchsorted(t_search, s, side="right")  # #{j : t_j <= s_i}
@@ -127,5 +124,6 @@ class _SlicedReLU(torch.autograd.Function):
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
-            grad_s = grad_s.masked_fill(~valid, 0.0)
-        return grad_s, grad_t, grad_v, None, None
+        if queries is not None:
+            grad_s = grad_s.masked_fill(~queries, 0.0)
+        return grad_s, grad_t, grad_v, None, None, None

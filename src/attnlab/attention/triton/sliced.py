@@ -175,16 +175,16 @@ def _mask(x, valid):
 
 
 class SlicedReLUTriton(torch.autograd.Function):
-    """Rows ``s, t (N, T)`` in the accumulation dtype, ``v (N, T, D)`` in its own; ``valid`` or None."""
+    """Rows ``s, t (N, T)`` in the accumulation dtype, ``v (N, T, D)`` in its own; ``valid`` (real keys)
+    and ``queries`` (the queries whose output is kept) or None, as in the torch op."""
 
     @staticmethod
-    def forward(ctx, s, t, v, valid, eps):
+    def forward(ctx, s, t, v, valid, queries, eps):
         with no_autocast(v.device):
             rows, length, _ = v.shape
             acc = s.dtype
             count = _counts(valid, rows, length, acc, v.device)
-            s, t = _mask(s, valid), _mask(t, valid)
-            s, t = _centre_scores(s, t, valid, count)
+            s, t = _centre_scores(s, t, valid, count, queries)
             t_search, t_sorted, k_order = _sort_real_first(t, valid)
             s_sorted, q_order = torch.sort(s, dim=1)
             order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True)  # #{t < s}
@@ -192,7 +192,7 @@ class SlicedReLUTriton(torch.autograd.Function):
             below_t = torch.gather(p_t, 1, rank)
             rank_f = rank.to(acc)
             den = s * (2 * rank_f - count[:, None]) + p_t[:, -1:] - 2 * below_t
-            scale = _mask(2.0 / den.clamp_min(eps), valid)
+            scale = _mask(2.0 / den.clamp_min(eps), queries)
             vbar = _mean_rows(v, valid, count, acc)
             weight = None if valid is None else valid.to(acc)
             out = torch.empty_like(v)
@@ -206,7 +206,7 @@ class SlicedReLUTriton(torch.autograd.Function):
             q_lt = torch.searchsorted(s_sorted, t, side="left")
             q_le = torch.searchsorted(s_sorted, t, side="right")
         ctx.save_for_backward(s, t, v, vbar, den, count, order, balance, relu_mass, q_order, q_lt, q_le)
-        ctx.valid, ctx.eps = valid, eps
+        ctx.valid, ctx.queries, ctx.eps = valid, queries, eps
         return out
 
     @staticmethod
@@ -218,11 +218,11 @@ class SlicedReLUTriton(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, g):
         s, t, v, vbar, den, count, order, balance, relu_mass, q_order, q_lt, q_le = ctx.saved_tensors
-        valid, eps = ctx.valid, ctx.eps
+        valid, queries, eps = ctx.valid, ctx.queries, ctx.eps
         length = s.shape[1]
         acc = s.dtype
         inv_d = 1.0 / den.clamp_min(eps)
-        a_scale = _mask(2.0 * inv_d, valid)
+        a_scale = _mask(2.0 * inv_d, queries)
         weight = None if valid is None else valid.to(acc)
 
         # Queries (keys as sources): g·P_w and g·P_tw at each query, hence g·o and dL/ds.
@@ -230,8 +230,8 @@ class SlicedReLUTriton(torch.autograd.Function):
         dots, mean_sum = stream(order, v, t, xshift=vbar, weight=weight, y=g, c4=a_scale * relu_mass)
         g_below, g_scored = dots[0], dots[1]
         grad_den = -(a_scale * (s * g_below - g_scored)) * inv_d * (den >= eps)
-        grad_den = _mask(grad_den, valid)
-        grad_s = _mask(a_scale * g_below + grad_den * balance, valid)
+        grad_den = _mask(grad_den, queries)
+        grad_s = _mask(a_scale * g_below + grad_den * balance, queries)
 
         # Keys (queries above them as sources): dL/dw_j = Σ_{s_i>t_j} (s_i - t_j) a_i g_i, minus its
         # mean over the real keys, Σ_i a_i R_i g_i / n; and (v_j - vbar) · Σ_{s_i>t_j} a_i g_i.
@@ -248,7 +248,7 @@ class SlicedReLUTriton(torch.autograd.Function):
         den_below = torch.gather(q_den, 1, q_lt)
         den_above = q_den[:, -1:] - torch.gather(q_den, 1, q_le)
         grad_t = _mask(den_below - den_above - w_dot_a, valid)
-        return grad_s, grad_t, grad_v, None, None
+        return grad_s, grad_t, grad_v, None, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,22 +266,22 @@ def _windows(centres_sorted, centre_order, search, search_order, width):
 
 
 class SlicedReLUBumpTriton(torch.autograd.Function):
-    """Rows ``s, t (N, T)``, ``v (N, T, D)``, per-row bandwidth ``b (N, 1)``; ``valid`` or None."""
+    """Rows ``s, t (N, T)``, ``v (N, T, D)``, per-row bandwidth ``b (N, 1)``; ``valid`` and
+    ``queries`` or None, as in ``SlicedReLUTriton``."""
 
     @staticmethod
-    def forward(ctx, s, t, v, b, valid):
+    def forward(ctx, s, t, v, b, valid, queries):
         with no_autocast(v.device):
             rows, length, _ = v.shape
             acc = s.dtype
             count = _counts(valid, rows, length, acc, v.device)
-            s, t = _mask(s, valid), _mask(t, valid)
-            s, t = _centre_scores(s, t, valid, count)
+            s, t = _centre_scores(s, t, valid, count, queries)
             t_search, t_sorted, k_order = _sort_real_first(t, valid)
             s_sorted, q_order = torch.sort(s, dim=1)
             (o_lo, lo), (o_mid, mid), (o_hi, hi) = _windows(s_sorted, q_order, t_search, k_order, b)
             vbar = _mean_rows(v, valid, count, acc)
             p_t = _exclusive_cumsum(t_sorted.to(torch.float64))
-            coef = _mask((1.0 / (count[:, None] * b)).expand(-1, length), valid)
+            coef = _mask((1.0 / (count[:, None] * b)).expand(-1, length), queries)
             rows_terms, scored_terms = _hat_terms(lo, mid, hi, s, b, coef)
             left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, acc)
             mass = coef * ((b - s) * left_n + left_t + (b + s) * right_n - right_t)
@@ -295,7 +295,7 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
                     c3=mass if n == 0 else None, vec=vbar if n == 0 else None,
                 )  # fmt: skip
         ctx.save_for_backward(s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order)
-        ctx.valid = valid
+        ctx.valid, ctx.queries = valid, queries
         return out.to(v.dtype)
 
     @staticmethod
@@ -307,7 +307,7 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, g):
         s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order = ctx.saved_tensors
-        valid = ctx.valid
+        valid, queries = ctx.valid, ctx.queries
         acc = s.dtype
         weight = None if valid is None else valid.to(acc)
 
@@ -329,7 +329,7 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
         grad_b = (coef / b * (s * (left - right) + right_x - left_x)).sum(dim=1, keepdim=True)
 
         # Keys: the windows with queries and keys exchanged, sources c_i g_i over the sorted queries.
-        s_search, _, q_real_order = _sort_real_first(s, valid)
+        s_search, _, q_real_order = _sort_real_first(s, queries)
         (o_klo, k_lo), (o_kmid, k_mid), (o_khi, k_hi) = _windows(t_search, k_order, s_search, q_real_order, b)
         o_kbelow, _ = merge(t_search, k_order, s_search, q_real_order, sinks_first=True)
         key_w = torch.ones_like(t) if valid is None else valid.to(acc)
@@ -344,7 +344,7 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
         dots, _ = stream(o_kbelow, g, s, weight=coef, y=v)
         v_lo, v_mid, v_hi = v_dots
         grad_t = _mask(v_hi - v_mid + v_lo - dots[0], valid)
-        return _mask(grad_s, valid), grad_t, grad_v.to(v.dtype), grad_b, None
+        return _mask(grad_s, queries), grad_t, grad_v.to(v.dtype), grad_b, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -357,15 +357,15 @@ def _rows(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     return (x if dtype is None else x.to(dtype)).contiguous()
 
 
-def sliced_relu(s, t, v, valid, eps, acc):
+def sliced_relu(s, t, v, valid, queries, eps, acc):
     batch, heads, length, dim = v.shape
-    out = SlicedReLUTriton.apply(_rows(s, acc), _rows(t, acc), _rows(v), valid, float(eps))
+    out = SlicedReLUTriton.apply(_rows(s, acc), _rows(t, acc), _rows(v), valid, queries, float(eps))
     return out.view(batch, heads, length, dim)
 
 
-def sliced_relu_bump(s, t, v, width, valid, acc):
+def sliced_relu_bump(s, t, v, width, valid, queries, acc):
     batch, heads, length, dim = v.shape
-    out = SlicedReLUBumpTriton.apply(_rows(s, acc), _rows(t, acc), _rows(v), width, valid)
+    out = SlicedReLUBumpTriton.apply(_rows(s, acc), _rows(t, acc), _rows(v), width, valid, queries)
     return out.view(batch, heads, length, dim)
 
 
