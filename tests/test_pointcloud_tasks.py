@@ -73,7 +73,7 @@ def test_modelnet40_trains_on_the_official_off_layout(
     assert summary["task"] == "modelnet40" and summary["steps"] == 2 and 0 <= summary["test_acc"] <= 1
     assert summary["seq_len"] == 32 and summary["baseline_acc"] == pytest.approx(1 / 40)
     source = summary["data_source"]
-    assert str(modelnet40_off) in source and "torch_geometric.datasets.ModelNet" in source
+    assert str(modelnet40_off) in source and "attnlab's OFF reader" in source and "SamplePoints" in source
     assert "40 classes, 80/40 train/test meshes" in source
     assert (data_dir / "ModelNet40_pyg").is_dir()  # processed once, cached beside the meshes
     rows = metrics(tmp_path / "run")

@@ -1,9 +1,11 @@
 """The point-cloud datamodule: the seeded validation split, batches, augmentation on train only, votes,
-the PyG cache, and config errors that name their key."""
+the sampled-cloud cache (and that nothing planted in it can run code), and config errors that name
+their key."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,7 +94,7 @@ def test_cache_is_reused_and_rebuilt_when_the_meshes_change(tmp_path):
     root = write_modelnet_off(tmp_path / "ModelNet40", classes=["bed", "chair"])
     source = ModelNetSource(tmp_path, sample_points=16)
     source.prepare()
-    cached = source.cache_dir / "training.pt"
+    cached = source.cache_dir / "train.npz"
     stamp = cached.stat().st_mtime_ns
     ModelNetSource(tmp_path, sample_points=16).prepare()
     assert cached.stat().st_mtime_ns == stamp  # current: read, not processed again
@@ -108,3 +110,57 @@ def test_cache_is_reused_and_rebuilt_when_the_meshes_change(tmp_path):
     )
     torch.testing.assert_close(clouds["test"].points, first)  # the same seeds per file: the same test set
     assert ModelNetSource(tmp_path, sample_points=8).cache_dir != source.cache_dir
+
+
+class _Payload:
+    """Unpickling this writes ``marker``: a stand-in for code planted in a cache file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "the payload ran"))
+
+
+def _plant(folder, marker) -> list:
+    """Every file a cache folder holds or PyG's ModelNet cache would hold, replaced by a payload."""
+    import pickle
+
+    names = {"train.npz", "test.npz", "pre_transform.pt", "pre_filter.pt", "training.pt", "test.pt"}
+    names |= {p.name for p in folder.iterdir() if p.name != MANIFEST} if folder.is_dir() else set()
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in sorted(names):
+        (folder / name).write_bytes(pickle.dumps(_Payload(marker)))
+    return sorted(names)
+
+
+@pytest.mark.parametrize("manifest", ["kept", "removed"])
+def test_a_payload_planted_in_the_cache_never_runs(tmp_path, manifest):
+    """Issue 18: torch-geometric unpickled its cache (weights_only=False); the cache is plain arrays now.
+    With the manifest kept (the cache claims to be current) the planted files are refused and the
+    clouds sampled again; without it the cache is rebuilt. Either way the payload never runs."""
+    write_modelnet_off(tmp_path / "ModelNet40", classes=["bed", "chair"])
+    first = ModelNetSource(tmp_path, sample_points=16).load()
+    source = ModelNetSource(tmp_path, sample_points=16)
+    marker = tmp_path / "pwned"
+    planted = _plant(source.cache_dir, marker)
+    _plant(source.cache_root / "processed_v1_16pts_seed0", marker)  # an old PyG-style cache beside it
+    assert "train.npz" in planted and "pre_transform.pt" in planted
+    if manifest == "removed":
+        (source.cache_dir / MANIFEST).unlink()
+    clouds = source.load()
+    assert not marker.exists(), "code planted in the cache ran"
+    for split in ("train", "test"):
+        torch.testing.assert_close(clouds[split].points, first[split].points)
+
+
+def test_the_cache_holds_no_pickles(tmp_path):
+    import numpy as np
+
+    write_modelnet_off(tmp_path / "ModelNet40", classes=["bed", "chair"])
+    source = ModelNetSource(tmp_path, sample_points=16)
+    source.prepare()
+    for split in ("train", "test"):
+        with np.load(source.cache_dir / f"{split}.npz", allow_pickle=False) as arrays:
+            assert sorted(arrays.files) == ["labels", "points"]
+            assert arrays["points"].dtype == np.float32 and arrays["points"].shape[1:] == (16, 3)

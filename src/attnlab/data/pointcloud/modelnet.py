@@ -7,23 +7,25 @@ number of points, ``(M, S, C)`` float32 (C = 3, or 6 with normals), labels and c
 
     <data_dir>/ModelNet40/<class>/{train,test}/<class>_NNNN.off      (9,843 / 2,468 meshes)
 
-with ``torch_geometric.datasets.ModelNet``: a subclass reads that folder in place (PyG expects
-``<root>/raw/<class>/...`` and would download the archive when it is missing; here a missing folder is
-an error saying where to put what, and nothing is ever downloaded), parses each file with attnlab's
-strict OFF reader (ModelNet's fused ``OFF<counts>`` headers, and an error naming any broken file),
-samples ``sample_points`` points on each mesh surface with PyG's ``SamplePoints`` (area-weighted;
-with normals on request) under a seed fixed per file, then ``NormalizeScale`` (centred, into the unit
-ball). That happens once: the result is cached under ``<data_dir>/ModelNet40_pyg/`` (or ``cache_dir``)
-in a folder named by the sampling settings, with a manifest that is written last, so an interrupted
-or outdated cache is rebuilt rather than read. Every split is then deterministic, the test set
-included.
+with attnlab's strict OFF reader (ModelNet's fused ``OFF<counts>`` headers, and an error naming any
+broken file; a missing folder is an error saying where to put what, nothing is ever downloaded), then
+torch-geometric's transforms on each mesh: ``SamplePoints`` (``sample_points`` points on the surface,
+area-weighted, with normals on request) under a seed fixed per file, and ``NormalizeScale`` (centred,
+into the unit ball). That happens once: the clouds are cached under ``<data_dir>/ModelNet40_pyg/``
+(or ``cache_dir``) in a folder named by the sampling settings, one ``.npz`` per split, with a manifest
+written last, so an interrupted or outdated cache is rebuilt rather than read. Every split is then
+deterministic, the test set included.
+
+Why not ``torch_geometric.datasets.ModelNet`` and its processed cache: PyG pickles
+``pre_transform.pt``/``pre_filter.pt`` and loads them, and retries its data files, with
+``weights_only=False``, so a file planted in the cache folder runs code. The cache here is plain
+arrays read with ``np.load(allow_pickle=False)``: a file that is not one is refused and rebuilt.
 
 `ModelNetH5Source` reads PointNet's pre-sampled ``modelnet40_ply_hdf5_2048/`` (see `h5`).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import zlib
@@ -40,7 +42,7 @@ from attnlab.data.pointcloud.off import read_off
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "test")
-CACHE_VERSION = 1  # bump when the processing changes: older caches are then rebuilt
+CACHE_VERSION = 2  # bump when the processing changes: older caches are then rebuilt (2: npz)
 MANIFEST = "manifest.json"
 HOW_TO_OBTAIN_OFF = (
     "Download ModelNet40.zip from the Princeton ModelNet page (https://modelnet.cs.princeton.edu/) and "
@@ -112,61 +114,45 @@ def _check_surface(path: Path, vertices: np.ndarray, faces: np.ndarray) -> None:
     )
 
 
-@functools.cache
-def _modelnet_folder_class():
-    """PyG's ModelNet, reading a ModelNet-layout folder in place; built lazily (importing PyG is slow)."""
+def _sample_meshes(root: Path, classes: list[str], split: str, transform, seed: int, normals: bool):
+    """Every mesh of ``split`` read, checked and sampled: ``(M, S, C)`` float32 points, ``(M,)`` labels."""
     from torch_geometric.data import Data
-    from torch_geometric.datasets import ModelNet
 
-    class ModelNetFolder(ModelNet):
-        """``torch_geometric.datasets.ModelNet`` on ``raw_folder`` (any class names), cached in ``root``.
+    clouds, labels = [], []
+    for target, category in enumerate(classes):
+        paths = sorted((root / category / split).glob(f"{category}_*.off"))
+        for path in paths:
+            vertices, faces = read_off(path)
+            _check_surface(path, vertices, faces)
+            data = Data(pos=torch.from_numpy(vertices), face=torch.from_numpy(faces).T.contiguous())
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(_file_seed(seed, f"{category}/{split}/{path.name}"))
+                data = transform(data)
+            cloud = [data.pos, data.normal] if normals else [data.pos]
+            clouds.append(torch.cat(cloud, dim=1).to(torch.float32).numpy())
+            labels.append(target)
+        log.info("ModelNet %s: %s sampled (%d meshes so far)", split, category, len(clouds))
+    return np.stack(clouds), np.asarray(labels, dtype=np.int64)
 
-        ``download`` raises instead of fetching; ``process_set`` reads with attnlab's OFF reader and
-        samples each mesh as it is read (PyG's own keeps every mesh in memory first, tens of GB for
-        ModelNet40), under a per-file seed.
-        """
 
-        def __init__(self, raw_folder, root, processed_name, classes, train, pre_transform, seed, **kwargs):
-            self._raw_folder, self._processed_name = str(raw_folder), processed_name
-            self._classes, self._seed = list(classes), seed
-            super().__init__(str(root), name="40", train=train, pre_transform=pre_transform, **kwargs)
-
-        @property
-        def raw_dir(self) -> str:
-            return self._raw_folder
-
-        @property
-        def processed_dir(self) -> str:
-            return str(Path(self.root) / self._processed_name)
-
-        @property
-        def raw_file_names(self) -> list[str]:
-            return self._classes
-
-        def download(self) -> None:
-            raise MissingDataError(self._raw_folder, HOW_TO_OBTAIN_OFF)
-
-        def process_set(self, dataset: str) -> list:
-            data_list = []
-            for target, category in enumerate(self._classes):
-                paths = sorted((Path(self.raw_dir) / category / dataset).glob(f"{category}_*.off"))
-                for path in paths:
-                    vertices, faces = read_off(path)
-                    _check_surface(path, vertices, faces)
-                    data = Data(pos=torch.from_numpy(vertices), face=torch.from_numpy(faces).T.contiguous())
-                    with torch.random.fork_rng(devices=[]):
-                        torch.manual_seed(_file_seed(self._seed, f"{category}/{dataset}/{path.name}"))
-                        data = self.pre_transform(data)
-                    data.y = torch.tensor([target])
-                    data_list.append(data)
-                log.info("ModelNet %s: %s processed (%d meshes so far)", dataset, category, len(data_list))
-            return data_list
-
-    return ModelNetFolder
+def _read_cached_split(path: Path, sample_points: int, channels: int, classes: int) -> tuple:
+    """A split's ``.npz`` as written by `ModelNetSource.prepare`, read without pickles and checked."""
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            points, labels = arrays["points"], arrays["labels"]
+    except (OSError, ValueError, KeyError, EOFError) as err:
+        raise DataError(path, f"not a point-cloud cache written by attnlab ({err}); it is rebuilt") from err
+    if (
+        points.dtype != np.float32 or points.ndim != 3 or points.shape[1:] != (sample_points, channels)
+        or labels.dtype != np.int64 or labels.shape != points.shape[:1]
+        or (labels.size and not 0 <= labels.min() <= labels.max() < classes)
+    ):  # fmt: skip
+        raise DataError(path, "the cached arrays have the wrong shape, type or labels; it is rebuilt")
+    return points, labels
 
 
 class ModelNetSource:
-    """ModelNet (40, or any folder in its layout) from OFF meshes, sampled and cached through PyG."""
+    """ModelNet (40, or any folder in its layout) from OFF meshes, sampled with PyG's transforms, cached."""
 
     name = "modelnet40"
     up_axis = 2  # ModelNet's meshes stand on the xy plane: z is up
@@ -217,23 +203,10 @@ class ModelNetSource:
         except (OSError, ValueError):
             return False
 
-    def _pyg_dataset(self, split: str, force_reload: bool = False):
+    def prepare(self) -> None:
+        """Check the layout; sample and cache the meshes unless a current cache is there."""
         from torch_geometric.transforms import Compose, NormalizeScale, SamplePoints
 
-        sample = SamplePoints(self.sample_points, remove_faces=True, include_normals=self.normals)
-        return _modelnet_folder_class()(
-            self.root,
-            self.cache_root,
-            self.processed_name,
-            list(self._counts),
-            split == "train",
-            Compose([sample, NormalizeScale()]),
-            self.seed,
-            force_reload=force_reload,
-        )
-
-    def prepare(self) -> None:
-        """Check the layout; process and cache the meshes unless a current cache is there."""
         self._counts = scan_off_layout(self.root)
         if self._cache_is_current():
             return
@@ -247,26 +220,36 @@ class ModelNetSource:
             self.sample_points,
             self.cache_dir,
         )
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
         (self.cache_dir / MANIFEST).unlink(missing_ok=True)
-        # PyG processes both splits when the first is built; force_reload replaces an outdated cache
-        self._pyg_dataset("train", force_reload=True)
+        sample = SamplePoints(self.sample_points, remove_faces=True, include_normals=self.normals)
+        transform = Compose([sample, NormalizeScale()])
+        for split in SPLITS:
+            points, labels = _sample_meshes(
+                self.root, list(self._counts), split, transform, self.seed, self.normals
+            )
+            partial = self.cache_dir / f"{split}.tmp.npz"
+            np.savez(partial, points=points, labels=labels)  # plain arrays: nothing to unpickle
+            partial.replace(self.cache_dir / f"{split}.npz")
         (self.cache_dir / MANIFEST).write_text(json.dumps(self._manifest(), indent=2) + "\n")
 
     def load(self) -> dict[str, PointClouds]:
         if self._counts is None or not self._cache_is_current():
             self.prepare()
         classes = list(self._counts)
-        return {split: self._split(split, classes) for split in SPLITS}
+        try:
+            return {split: self._split(split, classes) for split in SPLITS}
+        except DataError as err:  # a damaged or planted cache file: say so, then sample again
+            log.warning("%s", err)
+            (self.cache_dir / MANIFEST).unlink(missing_ok=True)
+            self.prepare()
+            return {split: self._split(split, classes) for split in SPLITS}
 
     def _split(self, split: str, classes: list[str]) -> PointClouds:
-        """The cached split through PyG's dataset: one collated ``Data`` whose clouds are equal-sized."""
-        # the cache is current (checked by load), so PyG only reads it: pre_transform is not run again
-        dataset = self._pyg_dataset(split)
-        data, count = dataset._data, len(dataset)
-        points = data.pos.reshape(count, self.sample_points, 3)
-        if self.normals:
-            points = torch.cat([points, data.normal.reshape(count, self.sample_points, 3)], dim=2)
-        return PointClouds(points.float().contiguous(), data.y.reshape(-1).long(), classes)
+        points, labels = _read_cached_split(
+            self.cache_dir / f"{split}.npz", self.sample_points, self.channels, len(classes)
+        )
+        return PointClouds(torch.from_numpy(points), torch.from_numpy(labels), classes)
 
     @property
     def description(self) -> str:
@@ -274,7 +257,7 @@ class ModelNetSource:
         sizes = "/".join(f"{sum(c[s] for c in counts.values()):,}" for s in SPLITS) if counts else "?"
         return (
             f"ModelNet OFF meshes at {self.root} (<class>/{{train,test}}/*.off; {len(counts)} classes, "
-            f"{sizes} train/test meshes), read with torch_geometric.datasets.ModelNet: "
+            f"{sizes} train/test meshes), read by attnlab's OFF reader: "
             f"{self.sample_points} points per mesh by SamplePoints (seed {self.seed} per file"
             f"{', with normals' if self.normals else ''}) + NormalizeScale, cached at {self.cache_dir}"
         )
