@@ -82,8 +82,8 @@ def stream_totals_kernel(
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         p = start + it * BLOCK + tl.arange(0, BLOCK)
         pmask = p < stop
-        e = tl.load(order_ptr + row * L + p, mask=pmask, other=0)
-        is_src = pmask & (e >= T)
+        e = tl.load(order_ptr + row * L + p, mask=pmask, other=-1)
+        is_src = pmask & (e >= T) & (e < 2 * T)  # never an index outside the row, written or not
         j = tl.where(is_src, e - T, 0)
         rows, scored = _weighted_rows(
             x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
@@ -142,9 +142,9 @@ def stream_kernel(
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         p = start + it * BLOCK + tl.arange(0, BLOCK)
         pmask = p < stop
-        e = tl.load(order_ptr + row * L + p, mask=pmask, other=0)
-        is_src = pmask & (e >= T)
-        is_sink = pmask & (e < T)
+        e = tl.load(order_ptr + row * L + p, mask=pmask, other=-1)
+        is_src = pmask & (e >= T) & (e < 2 * T)  # -1 (an unwritten slot) is neither: skipped
+        is_sink = pmask & (e >= 0) & (e < T)
         j = tl.where(is_src, e - T, 0)
         i = tl.where(is_sink, e, 0)
         rows, scored = _weighted_rows(
