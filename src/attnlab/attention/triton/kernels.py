@@ -37,6 +37,13 @@ _add = getattr(tl.standard, "_sum_combine", _plus)
 
 
 @triton.jit
+def probe_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    """Adds 1 to ``x[:n]``: built and launched once per device to learn whether Triton runs there."""
+    i = tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n, other=0.0) + 1.0, mask=i < n)
+
+
+@triton.jit
 def _weighted_rows(
     x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype,
     HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr,
