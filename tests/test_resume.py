@@ -46,12 +46,15 @@ def _step(path: Path) -> int:
     return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"])
 
 
-def _start(tmp_path: Path, *overrides: str, env: dict | None = None) -> subprocess.Popen:
-    """``python train.py`` on the tiny config; one thread, as in the in-process runs (same float sums)."""
+def _start(
+    tmp_path: Path, *overrides: str, env: dict | None = None, base: list[str] = TINY
+) -> subprocess.Popen:
+    """``python train.py`` on the tiny config (or ``base``); one thread, as in the in-process runs (same
+    float sums)."""
     command = [
         sys.executable,
         str(REPO_ROOT / "train.py"),
-        *TINY,
+        *base,
         *overrides,
         f"paths.data_dir={tmp_path / 'data'}",
         f"hydra.run.dir={tmp_path / 'run'}",
