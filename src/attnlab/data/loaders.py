@@ -17,9 +17,12 @@ was resumed or not; no augmentation draws from, or shifts, the process's global 
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import NamedTuple
 
 import lightning as L
@@ -89,6 +92,19 @@ class SeededBatchSampler(LengthBucketSampler):
             yield [SampleDraw(i, sample_seed(self.seed, self.epoch, i)) for i in batch]
 
 
+def _worker_init(worker_id: int, rank: int) -> None:
+    """Loader workers leave SIGINT and SIGTERM to the training process, which saves ``last.ckpt`` at the
+    next step boundary and then shuts them down (`attnlab.callbacks.checkpoint.Interrupt`): a Ctrl-C
+    reaches every process of the terminal's group, and a worker it killed would fail the next batch.
+    Lightning's worker seeding, which a worker_init_fn of ours replaces, still runs."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+
+        pl_worker_init_function(worker_id, rank)
+
+
 class ShardedDataModule(L.LightningDataModule):
     pool_batches = 1  # training batches drawn from pools of this many batches, sorted by length
     seeded_samples = False  # True: training keys are `SampleDraw`s (datasets that augment at random)
@@ -125,6 +141,7 @@ class ShardedDataModule(L.LightningDataModule):
             collate_fn=self._collate,
             persistent_workers=self.num_workers > 0,
             generator=generator,
+            worker_init_fn=partial(_worker_init, rank=self._replicas()[1]) if self.num_workers else None,
         )
 
     def train_dataloader(self) -> ResumableDataLoader:
