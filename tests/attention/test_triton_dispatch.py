@@ -82,12 +82,21 @@ def test_interpreter_switched_on_after_import(monkeypatch):
 
 # ---- the compiled kernels: built for sm_90 by triton's own compiler (no GPU needed) ---------------
 
-F32, BF16 = "*fp32", "*bf16"
+F32, F64, BF16 = "*fp32", "*fp64", "*bf16"
 STREAM_FLAGS = dict(HAS_XSHIFT=True, HAS_W=True, HAS_C3=True, DOT_VEC=True, HAS_YSHIFT=True, HAS_CARRY=True)
 COMPILE_CASES = {
     "stream_kernel": (
         ["*i32", BF16, *[F32] * 7, BF16, BF16, *[F32] * 5, *["i32"] * 6],
         {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, "BLOCK": 32, "BD": 64},
+    ),
+    # ReLU-bump's float64 streams (sums, coefficients, out and dots in float64; values, g in float32)
+    "stream_kernel[wide]": (
+        ["*i32", F32, F32, F32, F64, F64, F64, F64, F32, F64, F32, F32, F64, F32, F64, F64, *["i32"] * 6],
+        {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, "BLOCK": 32, "BD": 32},
+    ),
+    "stream_totals_kernel[wide]": (
+        ["*i32", F32, F32, F32, F64, F64, *["i32"] * 5],
+        {"HAS_XSHIFT": True, "HAS_W": True, "BLOCK": 32, "BD": 32},
     ),
     "stream_totals_kernel": (
         ["*i32", BF16, F32, F32, F32, F32, *["i32"] * 5],
@@ -116,7 +125,7 @@ def test_kernel_compiles_for_sm90_without_spilling_much(name, monkeypatch):
     from triton.compiler import ASTSource
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    fn = getattr(runtime.kernels(), name)
+    fn = getattr(runtime.kernels(), name.split("[")[0])
     types, constants = COMPILE_CASES[name]
     names = [n for n in fn.arg_names if n not in constants]
     assert len(names) == len(types), f"{name}: signature out of date"

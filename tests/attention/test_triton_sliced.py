@@ -95,6 +95,7 @@ def test_chunked_scan_and_d_blocks(interpret, monkeypatch, kind):
     monkeypatch.setattr(triton_sliced.TUNING, "block", 16)
     monkeypatch.setattr(triton_sliced.TUNING, "chunk", 16)
     monkeypatch.setattr(triton_sliced.TUNING, "block_d", 16)
+    monkeypatch.setattr(triton_sliced.TUNING, "wide_block_d", 16)
     args = inputs(1, 2, 45, 20, seed=8)
     mask = torch.arange(45)[None, :] < 41
     compare(kind, args, mask)

@@ -37,6 +37,16 @@ _add = getattr(tl.standard, "_sum_combine", _plus)
 
 
 @triton.jit
+def _two_sum(total, err, part):
+    """``total + err`` += ``part`` with the rounding error of the big add kept in ``err`` (Knuth's
+    TwoSum: additions only, exact in IEEE arithmetic, so the same on a GPU and in the interpreter)."""
+    new = total + part
+    back = new - total
+    err += (total - (new - back)) + (part - back)
+    return new, err
+
+
+@triton.jit
 def probe_kernel(x_ptr, n, BLOCK: tl.constexpr):
     """Adds 1 to ``x[:n]``: built and launched once per device to learn whether Triton runs there."""
     i = tl.arange(0, BLOCK)
@@ -72,7 +82,8 @@ def stream_totals_kernel(
     T, D, L, CHUNK, NCHUNK,
     HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """``totals[row, chunk, 0/1, :]``: the chunk's sums of the source rows and score-weighted rows."""
+    """``totals[row, chunk, 0/1, :]``: the chunk's sums of the source rows and score-weighted rows,
+    ``totals[row, chunk, 2/3, :]`` their compensations (the rounding errors of the block adds)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     dblk = tl.program_id(2)
@@ -84,6 +95,8 @@ def stream_totals_kernel(
         xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
     sum_w = tl.full([BD], 0.0, acc_dtype)
     sum_x = tl.full([BD], 0.0, acc_dtype)
+    err_w = tl.full([BD], 0.0, acc_dtype)
+    err_x = tl.full([BD], 0.0, acc_dtype)
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
@@ -95,11 +108,13 @@ def stream_totals_kernel(
         rows, scored = _weighted_rows(
             x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
         )
-        sum_w += tl.reduce(rows, 0, _add)
-        sum_x += tl.reduce(scored, 0, _add)
-    base = totals_ptr + ((row * NCHUNK + chunk) * 2) * D + d
+        sum_w, err_w = _two_sum(sum_w, err_w, tl.reduce(rows, 0, _add))
+        sum_x, err_x = _two_sum(sum_x, err_x, tl.reduce(scored, 0, _add))
+    base = totals_ptr + ((row * NCHUNK + chunk) * 4) * D + d
     tl.store(base, sum_w, mask=dmask)
     tl.store(base + D, sum_x, mask=dmask)
+    tl.store(base + 2 * D, err_w, mask=dmask)
+    tl.store(base + 3 * D, err_x, mask=dmask)
 
 
 @triton.jit
@@ -119,6 +134,9 @@ def stream_kernel(
     ``DOTS``: ``dots[dblk, 0/1/2, row, i] = y_i' · P, y_i' · Px, y_i' · vec`` with
     ``y' = y - yshift`` (partial over this D block; the caller sums the blocks); ``YSUM``:
     ``ysum[row, chunk] = Σ_i c4_i y_i'`` over the chunk's sinks.
+
+    Sums run in the accumulation dtype, ``u``'s (float64 for a ``wide`` stream, see
+    ``sliced.stream``), with compensated carries.
     """
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -126,12 +144,18 @@ def stream_kernel(
     acc_dtype = u_ptr.dtype.element_ty
     d = dblk * BD + tl.arange(0, BD)
     dmask = d < D
+    # running sums of the sources so far, each with its compensation (the rounding errors of the
+    # big adds, TwoSum): the carry stays exact to about eps² of its size however long the row
     run_w = tl.full([BD], 0.0, acc_dtype)
     run_x = tl.full([BD], 0.0, acc_dtype)
+    err_w = tl.full([BD], 0.0, acc_dtype)
+    err_x = tl.full([BD], 0.0, acc_dtype)
     if HAS_CARRY:
-        base = carry_ptr + ((row * NCHUNK + chunk) * 2) * D + d
+        base = carry_ptr + ((row * NCHUNK + chunk) * 4) * D + d
         run_w += tl.load(base, mask=dmask, other=0.0).to(acc_dtype)
         run_x += tl.load(base + D, mask=dmask, other=0.0).to(acc_dtype)
+        err_w += tl.load(base + 2 * D, mask=dmask, other=0.0).to(acc_dtype)
+        err_x += tl.load(base + 3 * D, mask=dmask, other=0.0).to(acc_dtype)
     xshift = tl.full([BD], 0.0, acc_dtype)
     if HAS_XSHIFT:
         xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
@@ -157,11 +181,13 @@ def stream_kernel(
         rows, scored = _weighted_rows(
             x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
         )
-        # inclusive sums; a sink's own row is zero, so at a sink they are the sums strictly before it
-        pre_w = tl.associative_scan(rows, 0, _add) + run_w[None, :]
-        pre_x = tl.associative_scan(scored, 0, _add) + run_x[None, :]
-        run_w += tl.reduce(rows, 0, _add)
-        run_x += tl.reduce(scored, 0, _add)
+        # inclusive sums; a sink's own row is zero, so at a sink they are the sums strictly before it.
+        # The small parts (the block's scan, the compensation) are added first: one rounding at
+        # the size of the running sum, as when a float64 prefix table is rounded to float32.
+        pre_w = (tl.associative_scan(rows, 0, _add) + err_w[None, :]) + run_w[None, :]
+        pre_x = (tl.associative_scan(scored, 0, _add) + err_x[None, :]) + run_x[None, :]
+        run_w, err_w = _two_sum(run_w, err_w, tl.reduce(rows, 0, _add))
+        run_x, err_x = _two_sum(run_x, err_x, tl.reduce(scored, 0, _add))
         sink2 = is_sink[:, None] & dmask[None, :]
         if WRITE > 0:
             c1 = tl.load(c1_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
