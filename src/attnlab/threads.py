@@ -221,8 +221,9 @@ class ThreadGovernor:
     """Keeps torch's thread count at the CPUs that other processes leave free, between 1 and ``cap``.
 
     ``tick()`` is cheap (two small reads at most once per ``interval_s``) and is meant to be called at
-    every training or evaluation step. A change needs two windows in a row to agree, so a passing
-    burst does not make the count flap.
+    every training or evaluation step. The count drops as soon as one window shows the CPUs taken,
+    and rises again only after ``windows_up`` windows in a row show them free, so a passing lull does
+    not make it flap.
     """
 
     def __init__(
@@ -230,6 +231,7 @@ class ThreadGovernor:
         cap: int,
         set_threads: Callable[[int], None],
         interval_s: float = 1.0,
+        windows_up: int = 3,
         cpus: set[int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         total_busy: Callable[[], float | None] | None = None,
@@ -240,7 +242,8 @@ class ThreadGovernor:
         self.width = len(cpus)
         self.total_busy = total_busy or (lambda: cpu_seconds_used(cpus))
         self.own_busy = own_busy
-        self.threads, self.pending = self.cap, None
+        self.windows_up = windows_up
+        self.threads, self.calm = self.cap, 0
         self.changes = 0
         self.time_at: dict[int, float] = {}
         self._last = self._sample()
@@ -257,7 +260,11 @@ class ThreadGovernor:
         return self.width - others
 
     def tick(self) -> int | None:
-        """Re-read the load when a window has passed; return the new thread count when it changed."""
+        """Re-read the load when a window has passed; return the new thread count when it changed.
+
+        Down at once, up slowly: a thread too many beside busy processes costs several times the
+        step (its OpenMP partner waits for a core), a thread too few costs at most the second core.
+        """
         now = self._sample()
         elapsed = now[0] - self._last[0]
         if elapsed < self.interval_s:
@@ -268,13 +275,11 @@ class ThreadGovernor:
         if free is None:
             return None
         wanted = min(self.cap, max(1, round(free)))
-        if wanted == self.threads:
-            self.pending = None
-            return None
-        if self.pending != wanted:  # the first window that disagrees: wait for a second one
-            self.pending = wanted
-            return None
-        self.threads, self.pending = wanted, None
+        if wanted >= self.threads:
+            self.calm = self.calm + 1 if wanted > self.threads else 0
+            if self.calm < self.windows_up:
+                return None
+        self.threads, self.calm = wanted, 0
         self.changes += 1
         self.set_threads(wanted)
         return wanted

@@ -152,7 +152,8 @@ def run(args: argparse.Namespace, log=print) -> dict[tuple[str, str], float]:
                     result = measure(setting, args.steps, args.warmup, args.max_seconds)
                     samples.setdefault((condition, setting), []).append(result["ms_per_step"])
                     threads[setting] = result["threads"]
-                    log(f"  {condition:>8} {setting:>10}: {result['ms_per_step']:8.1f} ms/step")
+                    note = f"  ({result['governor']})" if result.get("governor") else ""
+                    log(f"  {condition:>8} {setting:>10}: {result['ms_per_step']:8.1f} ms/step{note}")
     medians = {key: statistics.median(values) for key, values in samples.items()}
     log("")
     log(f"| setting | threads at the end | {' | '.join(f'{c} ms/step' for c in conditions)} |")
