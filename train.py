@@ -20,6 +20,7 @@ from attnlab.errors import user_error  # noqa: E402
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     from attnlab.pipeline import train  # imported late so `--help` and config errors stay fast
+    from attnlab.summary import exit_status
 
     try:
         summary = train(cfg)
@@ -28,6 +29,8 @@ def main(cfg: DictConfig) -> float | None:
         if cause is None:
             raise
         sys.exit(f"error: {cause}")  # the user's to fix: the message says what, a traceback would bury it
+    if summary.get("interrupted"):  # SIGTERM/SIGINT: last.ckpt saved, the closing lines say how to resume
+        sys.exit(exit_status(summary))  # 143 or 130, as if the signal had ended the process
     return summary["val_acc"]  # the value a Hydra sweeper would optimise
 
 

@@ -46,19 +46,32 @@ def _step(path: Path) -> int:
     return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"])
 
 
-def _start(tmp_path: Path, *overrides: str, env: dict | None = None) -> subprocess.Popen:
-    """``python train.py`` on the tiny config; one thread, as in the in-process runs (same float sums)."""
+def _start(
+    tmp_path: Path,
+    *overrides: str,
+    env: dict | None = None,
+    base: list[str] = TINY,
+    new_session: bool = False,
+) -> subprocess.Popen:
+    """``python train.py`` on the tiny config (or ``base``); one thread, as in the in-process runs (same
+    float sums). ``new_session``: its own process group, to signal it with its loader workers (Ctrl-C)."""
     command = [
         sys.executable,
         str(REPO_ROOT / "train.py"),
-        *TINY,
+        *base,
         *overrides,
         f"paths.data_dir={tmp_path / 'data'}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen(
-        command, cwd=tmp_path, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=tmp_path,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=new_session,
     )
 
 

@@ -26,13 +26,20 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.callbacks.checkpoint import SlurmRequeue
+from attnlab.attention.gpu_check import check_gpus
+from attnlab.callbacks.checkpoint import Interrupt, SlurmRequeue
 from attnlab.callbacks.throughput import ThroughputMonitor
 from attnlab.cluster import check_slurm_layout
 from attnlab.data.common import file_lock
 from attnlab.history import AttemptClock, HistoryCSVLogger
-from attnlab.resume import best_checkpoint_in_run, checkpoint_step, read_checkpoint, resolve_ckpt_path
-from attnlab.summary import git_commit, write_summary
+from attnlab.resume import (
+    best_checkpoint_in_run,
+    checkpoint_step,
+    read_checkpoint,
+    resolve_ckpt_path,
+    resume_command,
+)
+from attnlab.summary import git_commit, interrupted_fields, write_summary
 from attnlab.threads import applied as thread_settings
 from attnlab.validation import check_config
 
@@ -73,11 +80,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit, test the best checkpoint, write ``summary.json``; return the summary.
 
     A fit stopped by SLURM's requeue signal (`SlurmRequeue`) returns right after it, with
-    ``preempted: True``: the requeued job resumes, tests and writes the summary.
+    ``preempted: True``: the requeued job resumes, tests and writes the summary. A fit stopped by
+    SIGTERM or SIGINT (`Interrupt`, ``last.ckpt`` saved at the step reached) is not tested: its summary
+    is marked ``interrupted`` and the closing lines say how to resume (``train.py`` exits 143 or 130).
     """
     clock = AttemptClock(started=time.time())
     check_config(cfg)  # wrong-typed overrides are named before any work
     check_slurm_layout(cfg)  # inside a SLURM job: does the allocation fit the trainer? fail before any work
+    check_gpus(cfg.trainer)  # GPUs that this torch build and Triton can run on? fail before any work
     _route_lightning_logs_to_root()
     _log_cpu_threads()
     run_dir = Path(cfg.paths.run_dir)
@@ -130,6 +140,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             "test_acc": None,
         }
 
+    interrupt = _find(trainer.callbacks, Interrupt)
+    signum = interrupt.received if interrupt is not None else None  # set: stopped, or at the very end
     # the run's own figures, before the test stage adds its batches to the evaluation counters
     throughput = _find(trainer.callbacks, ThroughputMonitor)
     perf = throughput.results(module.device) if throughput else {}
@@ -137,7 +149,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     best_path = best_checkpoint_in_run(checkpoint.best_model_path if checkpoint else "", run_dir)
     best_val = checkpoint.best_model_score if checkpoint else None
     test_metrics: dict[str, float] = {}  # test/acc -> test_acc, test/top5 -> test_top5, ...
-    if cfg.get("test", True):
+    if cfg.get("test", True) and signum is None:
         if best_path:  # the weights only: restoring the whole checkpoint would rewind the callbacks too
             module.load_state_dict(read_checkpoint(best_path, "best checkpoint")["state_dict"])
         results = trainer.test(module, datamodule=datamodule)
@@ -172,11 +184,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "best_checkpoint": best_path or None,
         "dim": cfg.task.model.get("dim"),  # model width: the state size of recall comparisons
         **test_metrics,
+        **(interrupted_fields(signum) if signum is not None else {}),
     }
     if trainer.is_global_zero:
         path = write_summary(run_dir, summary)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         _print_closing_lines(summary, path)
+        if signum is not None:
+            print(f"{summary['signal']} at step {summary['steps']}: resume with {_resume_command(run_dir)}")
     _finish_wandb(trainer)
     return summary
 
@@ -186,6 +201,13 @@ def _log_cpu_threads() -> None:
     settings = thread_settings()
     chosen = settings.describe() if settings else "CPU threads: as the calling program set them"
     log.info("%s; torch uses %d intra-op threads", chosen, torch.get_num_threads())
+
+
+def _resume_command(run_dir: Path) -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    return resume_command(run_dir, overrides)
 
 
 def _baselines(datamodule) -> dict[str, float]:

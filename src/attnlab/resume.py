@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +172,11 @@ def best_checkpoint_in_run(best_path: str | None, run_dir: Path) -> str | None:
         f"the best checkpoint recorded in this run's state, {best_path}, lies outside the run dir "
         f"{run_dir}; refusing to load it (if that file is this run's, copy it into {run_dir / 'checkpoints'})"
     )
+
+
+def resume_command(run_dir: str | Path, overrides: list[str] | None = None) -> str:
+    """The command that continues a stopped run in its run dir: the same overrides, ``ckpt_path=auto``
+    and ``hydra.run.dir=<run_dir>`` (any earlier ``ckpt_path`` or ``hydra.run.dir`` replaced)."""
+    kept = [o for o in overrides or [] if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
+    words = ["python", "train.py", *kept, "ckpt_path=auto", f"hydra.run.dir={os.fspath(run_dir)}"]
+    return " ".join(shlex.quote(word) for word in words)

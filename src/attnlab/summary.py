@@ -1,9 +1,15 @@
-"""``<run_dir>/summary.json``: the one file per run that `attnlab report` reads."""
+"""``<run_dir>/summary.json``: the one file per run that `attnlab report` reads.
+
+A run stopped by SIGTERM or SIGINT (`attnlab.callbacks.checkpoint.Interrupt`) still writes one, marked
+``"interrupted": true`` with the ``"signal"`` name and no test figures; `attnlab report` skips it, and
+`exit_status` gives the status ``train.py`` then exits with (128 + the signal's number).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -51,3 +57,15 @@ def write_summary(run_dir: str | Path, fields: dict[str, Any]) -> Path:
     tmp.write_text(json.dumps(fields, indent=2, sort_keys=False, default=str) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def interrupted_fields(signum: int) -> dict[str, Any]:
+    """What marks the summary of a run stopped by a signal (SIGTERM, SIGINT)."""
+    return {"interrupted": True, "signal": signal.Signals(signum).name}
+
+
+def exit_status(summary: dict[str, Any]) -> int:
+    """0 for a finished run; 128 + the signal's number (143 SIGTERM, 130 SIGINT) for an interrupted one."""
+    if not summary.get("interrupted"):
+        return 0
+    return 128 + int(signal.Signals[summary["signal"]])

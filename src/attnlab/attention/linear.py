@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from attnlab.attention.padding import check_padded_queries, query_mask
 from attnlab.attention.precision import accumulation_dtype, no_autocast
 from attnlab.attention.softmax import check_qkv
-from attnlab.attention.triton.runtime import resolve_impl
+from attnlab.attention.triton.runtime import launch, resolve_impl
 
 DEFAULT_CHUNK_SIZE = 64
 
@@ -56,7 +56,14 @@ def linear_attention(
         if torch.float64 not in (q.dtype, k.dtype, v.dtype):
             from attnlab.attention.triton.linear import causal_linear_attention
 
-            return causal_linear_attention(q, k, v, key_padding_mask, eps)
+            out = launch(
+                "linear_attention",
+                impl,
+                q.device,
+                lambda: causal_linear_attention(q, k, v, key_padding_mask, eps),
+            )
+            if out is not None:  # None: `auto`, and Triton could not build a kernel here (warned)
+                return out
         if impl == "triton":
             raise TypeError(
                 "linear_attention: impl='triton' has no float64 kernel; use impl='torch' or 'auto' "

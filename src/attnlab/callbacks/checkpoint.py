@@ -79,9 +79,9 @@ class LastCheckpoint(Checkpoint):
             self._save(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        # After a pre-emption the training loop has closed its epoch half-way: a checkpoint now would
-        # resume at the next epoch. The requeued run continues from the hpc checkpoint instead.
-        if trainer.global_step != self._saved_step and not _preempted(trainer):
+        # After a stop on a signal the training loop has closed its epoch half-way: a checkpoint now would
+        # resume at the next epoch. The next attempt continues from the checkpoint of that stop instead.
+        if trainer.global_step != self._saved_step and not _stopped(trainer):
             self._save(trainer)
 
 
@@ -94,17 +94,113 @@ def _validation_follows(trainer: L.Trainer) -> bool:
         return False
 
 
-# ---- SLURM pre-emption -----------------------------------------------------------------------------------
-class SlurmRequeue(Checkpoint):
-    """On SLURM's requeue signal: save ``<default_root_dir>/hpc_ckpt_<n>.ckpt`` at the next step
-    boundary, run ``scontrol requeue``, stop training.
+# ---- stopping on a signal at a step boundary ---------------------------------------------------------------
+class StepBoundaryStop(Checkpoint):
+    """The one mechanism behind `SlurmRequeue` and `Interrupt`: a signal handler that only records the
+    signal, and a checkpoint saved and training stopped at the next step boundary.
 
-    Lightning's auto-requeue saves from inside the signal handler, wherever in a training step the
-    signal lands: the checkpoint can miss the batch in flight or hold an optimizer update without
-    its step count, so the requeued run drifts from an uninterrupted one. Here the handler only sets
-    a flag; after each optimizer step the ranks agree on it (one boolean all-reduce, so any rank's
-    signal counts) and save where ``last.ckpt`` would: after the step, or after the validation that
-    follows it (a checkpoint from before that validation would resume without it).
+    A checkpoint saved from inside a signal handler lands wherever in a training step the signal does:
+    it can miss the batch in flight or hold an optimizer update without its step count, and the resumed
+    run drifts from an uninterrupted one. Here, after each optimizer step, the ranks agree on the flag
+    (one boolean all-reduce, so any rank's signal counts) and `_act` saves where ``last.ckpt`` would:
+    after the step, or after the validation that follows it (a checkpoint from before that validation
+    would resume without it). Signals that arrive while saving are only recorded again: they cannot cut
+    the write short (and the write is atomic anyway, see `AtomicCheckpointIO`).
+
+    Subclasses say which signals they take (`_signals`; none: inactive), when they install the handler
+    (``setup``, or ``on_train_start`` to replace a handler Lightning registers in between) and what to do
+    (`_act`). The handlers that were there at ``setup`` come back at ``teardown`` or on an exception.
+    A `Checkpoint` subclass, so Lightning runs it after the other callbacks, like `LastCheckpoint`.
+    """
+
+    install_at = "setup"  # or "on_train_start"
+
+    def __init__(self) -> None:
+        self.stopped = False  # the pipeline reads it: the fit ended on a signal
+        self.checkpoint_path: str | None = None
+        self.received: int | None = None  # the first signal received, if any
+        self._requested = False
+        self._previous: dict[int, Any] = {}  # signal -> handler at setup
+        self._signals_to_install: list[int] = []
+        self._last_step = -1
+
+    def _signals(self, trainer: L.Trainer) -> list[int]:
+        raise NotImplementedError
+
+    def _act(self, trainer: L.Trainer) -> None:
+        raise NotImplementedError
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        # only flags: the handler interrupts the step (or a checkpoint write) at an arbitrary point
+        if self.received is None:
+            self.received = signum
+        self._requested = True
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit" or self._previous:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread; Lightning skips them too
+        self._signals_to_install = self._signals(trainer)
+        self.stopped, self.checkpoint_path, self.received, self._requested = False, None, None, False
+        self._previous = {signum: signal.getsignal(signum) for signum in self._signals_to_install}
+        if self.install_at == "setup":
+            self._install()
+
+    def _install(self) -> None:
+        for signum in self._signals_to_install:
+            signal.signal(signum, self._handle)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._last_step = trainer.global_step
+        if self.install_at == "on_train_start" and self._previous:
+            self._install()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self._previous or trainer.global_step == self._last_step:
+            return  # inactive, or gradients still accumulating: no optimizer step completed yet
+        self._last_step = trainer.global_step
+        if _validation_follows(trainer):
+            return  # decided in on_validation_end, after that validation
+        if self._agreed(trainer):
+            # `should_stop` makes Lightning validate at once; an uninterrupted run would not, and that
+            # validation would rewrite last.ckpt and the best checkpoint after this checkpoint
+            trainer.fit_loop.epoch_loop._skip_next_val = True
+            self._stop(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not self._previous or trainer.sanity_checking or self.stopped or trainer.state.fn != "fit":
+            return
+        if self._agreed(trainer):
+            self._stop(trainer)
+
+    def _agreed(self, trainer: L.Trainer) -> bool:
+        """Whether any rank got the signal (every rank asks at the same points: the collectives match)."""
+        if _stopped(trainer):
+            return False  # another one already stopped this fit: its checkpoint is the one to resume from
+        return bool(trainer.strategy.reduce_boolean_decision(self._requested, all=False))
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        self._act(trainer)
+        self.stopped = True
+        trainer.should_stop = True
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            self._restore_handlers()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+
+class SlurmRequeue(StepBoundaryStop):
+    """On SLURM's requeue signal: save ``<default_root_dir>/hpc_ckpt_<n>.ckpt`` at the next step
+    boundary, run ``scontrol requeue``, stop training (`StepBoundaryStop`).
 
     Active only in a fit under SLURM with Lightning's auto-requeue on (its default there). It
     installs its handler in ``setup``, before the trainer registers its own, and Lightning never
@@ -112,91 +208,77 @@ class SlurmRequeue(Checkpoint):
     ``SLURMEnvironment(auto_requeue=False)``, it does nothing. The requeued job resumes through
     Lightning's own rule (``ckpt_path`` null on SLURM: the newest ``hpc_ckpt_<n>.ckpt``, the very
     file name Lightning would have written) or ``ckpt_path=auto``.
-
-    A `Checkpoint` subclass, so Lightning runs it after the other callbacks, like `LastCheckpoint`.
     """
 
-    def __init__(self) -> None:
-        self.preempted = False  # the pipeline reads it: no test stage, no summary for this attempt
-        self.checkpoint_path: str | None = None
-        self._requested = False
-        self._signal: int | None = None
-        self._previous_handler: Any = None
-        self._last_step = -1
+    @property
+    def preempted(self) -> bool:  # the pipeline reads it: no test stage, no summary for this attempt
+        return self.stopped
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        self._requested = True  # only a flag: the handler interrupts the step at an arbitrary point
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        if stage != "fit" or self._signal is not None:
-            return
+    def _signals(self, trainer: L.Trainer) -> list[int]:
         environment = trainer._accelerator_connector.cluster_environment  # what Lightning itself asks
         if not (isinstance(environment, SLURMEnvironment) and environment.auto_requeue):
-            return
+            return []
         if not hasattr(trainer.fit_loop.epoch_loop, "_skip_next_val"):
             log.warning(
                 "this Lightning version has no fit_loop.epoch_loop._skip_next_val (Lightning >= 2.5 does): "
                 "leaving SIGUSR1 to Lightning's auto-requeue, whose checkpoint may resume inexactly"
             )
-            return
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread; Lightning skips them too
-        self.preempted, self.checkpoint_path, self._requested = False, None, False
-        self._signal = environment.requeue_signal
-        self._previous_handler = signal.signal(self._signal, self._handle)
+            return []
+        return [environment.requeue_signal]
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        self._last_step = trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._signal is None or trainer.global_step == self._last_step:
-            return  # inactive, or gradients still accumulating: no optimizer step completed yet
-        self._last_step = trainer.global_step
-        if _validation_follows(trainer):
-            return  # decided in on_validation_end, after that validation
-        if self._agreed(trainer):
-            # `should_stop` makes Lightning validate at once; an uninterrupted run would not, and that
-            # validation would rewrite last.ckpt and the best checkpoint after the hpc checkpoint
-            trainer.fit_loop.epoch_loop._skip_next_val = True
-            self._preempt(trainer)
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if self._signal is None or trainer.sanity_checking or self.preempted or trainer.state.fn != "fit":
-            return
-        if self._agreed(trainer):
-            self._preempt(trainer)
-
-    def _agreed(self, trainer: L.Trainer) -> bool:
-        """Whether any rank got the signal (every rank asks at the same points: the collectives match)."""
-        return bool(trainer.strategy.reduce_boolean_decision(self._requested, all=False))
-
-    def _preempt(self, trainer: L.Trainer) -> None:
+    def _act(self, trainer: L.Trainer) -> None:
         # rank 0 names the file: a rank that looked after rank 0 had written it would count one more
         path = trainer.strategy.broadcast(_CheckpointConnector.hpc_save_path(trainer.default_root_dir), src=0)
         trainer.save_checkpoint(path, weights_only=False)  # every rank takes part; rank 0 writes
-        self.preempted, self.checkpoint_path = True, str(path)
+        self.checkpoint_path = str(path)
         if trainer.is_global_zero:
             log.info("requeue signal: saved %s at step %d", path, trainer.global_step)
             requeue_slurm_job()
-        trainer.should_stop = True
-
-    def teardown(self, trainer, pl_module, stage: str) -> None:
-        if stage == "fit":
-            self._restore_handler()
-
-    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._restore_handler()
-
-    def _restore_handler(self) -> None:
-        if self._signal is None:
-            return
-        previous = self._previous_handler if self._previous_handler is not None else signal.SIG_DFL
-        signal.signal(self._signal, previous)
-        self._signal = None
 
 
-def _preempted(trainer: L.Trainer) -> bool:
-    return any(isinstance(c, SlurmRequeue) and c.preempted for c in trainer.callbacks)
+class Interrupt(StepBoundaryStop):
+    """On SIGTERM or SIGINT (``kill``, a container stop, ``scancel``, Ctrl-C): save ``last.ckpt`` at the
+    next step boundary and stop training (`StepBoundaryStop`); the pipeline then writes the summary
+    marked ``interrupted``, prints how to resume and exits 143 (SIGTERM) or 130 (SIGINT).
+
+    Without it Lightning turns SIGTERM into a clean exit (status 0) at the end of the step, saving
+    nothing, and Ctrl-C into a ``KeyboardInterrupt`` wherever it lands. The handlers are installed in
+    ``on_train_start``, after Lightning registered its SIGTERM handler, which they replace for the fit.
+    A signal after a SLURM requeue was decided is left alone: the hpc checkpoint is the one to resume.
+    """
+
+    install_at = "on_train_start"
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def _signals(self, trainer: L.Trainer) -> list[int]:
+        return list(self.SIGNALS)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        first = self.received is None
+        super()._handle(signum, frame)
+        name = signal.Signals(signum).name
+        message = (
+            f"\n{name}: stopping at the end of this step; saving last.ckpt first\n"
+            if first
+            else f"\n{name}: already stopping; waiting for last.ckpt to be saved\n"
+        )
+        os.write(2, message.encode())  # async-signal-safe, unlike logging (its lock may be held here)
+
+    def _act(self, trainer: L.Trainer) -> None:
+        last = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
+        path = last.path if last is not None else Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+        trainer.save_checkpoint(path, weights_only=False)  # every rank takes part; rank 0 writes
+        if last is not None:
+            last._saved_step = trainer.global_step
+        self.checkpoint_path = str(path)
+        if trainer.is_global_zero:
+            name = signal.Signals(self.received).name if self.received else "signal"
+            log.info("%s: saved %s at step %d", name, path, trainer.global_step)
+
+
+def _stopped(trainer: L.Trainer) -> bool:
+    """Whether a signal stopped this fit (its checkpoint saved; the epoch was closed half-way)."""
+    return any(isinstance(c, StepBoundaryStop) and c.stopped for c in trainer.callbacks)
 
 
 def requeue_slurm_job() -> bool:

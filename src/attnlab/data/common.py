@@ -302,14 +302,16 @@ def train_batch_sampler(
     epoch: int = 0,
     pool_batches: int = 1,
     what: str = "examples",
+    sampler_class: type[LengthBucketSampler] = LengthBucketSampler,
 ) -> LengthBucketSampler:
     """The training batches of every datamodule: shuffled, sharded over ``replicas``, resumable,
     incomplete batches dropped (``pool_batches`` > 1 buckets by length; 1 for fixed-size inputs).
+    ``sampler_class`` may be a subclass (``attnlab.data.loaders.SeededBatchSampler``: seeded keys).
 
     A split smaller than one batch per rank would surface as a scheduler error about ``total_steps``
     naming neither: it raises `ConfigError` naming the split size and ``task.data.batch_size``.
     """
-    sampler = LengthBucketSampler(
+    sampler = sampler_class(
         lengths,
         batch_size,
         shuffle=True,

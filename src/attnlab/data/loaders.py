@@ -7,23 +7,107 @@ are called when the train split is too small for one batch), ``pool_batches`` (1
 bucketing) and ``eval_order(split)`` (evaluation order, e.g. length-sorted for little padding).
 A subclass sets ``datasets`` (split -> Dataset), ``batch_size``, ``eval_batch_size``,
 ``num_workers`` and ``seed``.
+
+Datasets that augment at random (images, point clouds) set ``seeded_samples = True``: their training
+batches then hold `SampleDraw` keys, an index with the seed of that example's augmentation drawn from
+(run seed, epoch, index), and their ``__getitem__`` draws inside `seeded_draws`. An example is then
+augmented the same way whichever worker process serves it, however many there are, and whether the run
+was resumed or not; no augmentation draws from, or shifts, the process's global random streams.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import random
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from typing import NamedTuple
 
 import lightning as L
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from attnlab.data.common import LengthBucketSampler, ResumableDataLoader, eval_batches, train_batch_sampler
 
 SPLITS = ("train", "val", "test")
+_SAMPLE_SEED_TAG = 0x5EED_D4A7  # keeps the augmentation seeds apart from other streams of the same seed
+
+
+class SampleDraw(NamedTuple):
+    """A training example to read, and the seed of every random draw its augmentation makes."""
+
+    index: int
+    seed: int
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The augmentation seed of example ``index`` in ``epoch`` of a run seeded ``seed`` (63 bits)."""
+    words = np.random.SeedSequence([_SAMPLE_SEED_TAG, seed, epoch, index]).generate_state(2)
+    return (int(words[0]) | int(words[1]) << 32) >> 1
+
+
+def unpack_draw(key: int | SampleDraw) -> tuple[int, int | None]:
+    """``(index, seed)`` of a dataset key: a `SampleDraw`, or a plain index (no seed: evaluation)."""
+    if isinstance(key, SampleDraw):
+        return int(key.index), int(key.seed)
+    return int(key), None
+
+
+@contextmanager
+def seeded_draws(seed: int | None) -> Iterator[None]:
+    """Inside the block torch's CPU generator, numpy's global one and Python's ``random`` start from
+    ``seed``; after it they are back where they were. ``None``: the block draws from them as they are.
+
+    torchvision's transforms draw from torch, timm's RandAugment from ``random`` and numpy. The states
+    are restored because with ``num_workers=0`` the block runs in the training process, whose torch
+    stream also draws dropout (it must not move with the augmentation). CUDA generators are untouched.
+    """
+    if seed is None:
+        yield
+        return
+    torch_state, numpy_state, python_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    torch.default_generator.manual_seed(seed)
+    np.random.seed([seed & 0xFFFF_FFFF, seed >> 32])
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(torch_state)
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+
+
+class SeededBatchSampler(LengthBucketSampler):
+    """`LengthBucketSampler` whose batches hold `SampleDraw` keys: index and augmentation seed.
+
+    The seed depends on the run seed, the epoch and the example only, never on the worker that reads
+    it or on how many examples that worker read before: a resumed run replays the same augmentations.
+    """
+
+    def __iter__(self) -> Iterator[list[SampleDraw]]:
+        for batch in super().__iter__():  # the pass has started: `self.epoch` is this batch's epoch
+            yield [SampleDraw(i, sample_seed(self.seed, self.epoch, i)) for i in batch]
+
+
+def _worker_init(worker_id: int, rank: int) -> None:
+    """Loader workers leave SIGINT and SIGTERM to the training process, which saves ``last.ckpt`` at the
+    next step boundary and then shuts them down (`attnlab.callbacks.checkpoint.Interrupt`): a Ctrl-C
+    reaches every process of the terminal's group, and a worker it killed would fail the next batch.
+    Lightning's worker seeding, which a worker_init_fn of ours replaces, still runs."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+
+        pl_worker_init_function(worker_id, rank)
 
 
 class ShardedDataModule(L.LightningDataModule):
     pool_batches = 1  # training batches drawn from pools of this many batches, sorted by length
+    seeded_samples = False  # True: training keys are `SampleDraw`s (datasets that augment at random)
 
     # ---- what a subclass says ------------------------------------------------------------------------
     def _collate(self, examples: list) -> dict[str, torch.Tensor]:
@@ -57,6 +141,7 @@ class ShardedDataModule(L.LightningDataModule):
             collate_fn=self._collate,
             persistent_workers=self.num_workers > 0,
             generator=generator,
+            worker_init_fn=partial(_worker_init, rank=self._replicas()[1]) if self.num_workers else None,
         )
 
     def train_dataloader(self) -> ResumableDataLoader:
@@ -71,6 +156,7 @@ class ShardedDataModule(L.LightningDataModule):
             epoch=self.trainer.current_epoch if self.trainer is not None else 0,
             pool_batches=self.pool_batches,
             what=self.train_items,
+            sampler_class=SeededBatchSampler if self.seeded_samples else LengthBucketSampler,
         )
         return self._loader("train", sampler)
 

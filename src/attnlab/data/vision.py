@@ -40,7 +40,7 @@ from torchvision.transforms import v2
 
 from attnlab.data.common import DataError
 from attnlab.data.hf_cache import load_hf_cached
-from attnlab.data.loaders import SPLITS, ShardedDataModule
+from attnlab.data.loaders import SPLITS, SampleDraw, ShardedDataModule, seeded_draws, unpack_draw
 from attnlab.data.lra import image as lra_image
 from attnlab.errors import ConfigError
 
@@ -66,9 +66,14 @@ class ImageDataset(Dataset):
     def subset(self, indices: np.ndarray) -> ImageDataset:
         raise NotImplementedError
 
-    def __getitem__(self, index: int) -> dict:
+    def __getitem__(self, key: int | SampleDraw) -> dict:
+        """Image and label; a `SampleDraw` key seeds the transform's random draws (exact resume)."""
+        index, seed = unpack_draw(key)
         image = self.image(index)
-        return {"image": self.transform(image) if self.transform else image, "label": int(self.labels[index])}
+        if self.transform is not None:
+            with seeded_draws(seed):
+                image = self.transform(image)
+        return {"image": image, "label": int(self.labels[index])}
 
 
 class ImageArrayDataset(ImageDataset):
@@ -454,8 +459,12 @@ class ImageDataModule(ShardedDataModule):
     """Augmented image batches ``{"images": (B, C, H, W) float, "labels": (B,)}`` from a source.
 
     Training batches come from attnlab's resumable, rank-sharded batch sampler (every image has the
-    same size, so its length buckets are plain shuffled batches); evaluation runs in order.
+    same size, so its length buckets are plain shuffled batches); evaluation runs in order. Each
+    training image's augmentation is seeded by (seed, epoch, index) (``seeded_samples``), so a resumed
+    run, with any number of loader workers, augments every image as the uninterrupted run did.
     """
+
+    seeded_samples = True
 
     def __init__(
         self,

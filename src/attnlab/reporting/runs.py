@@ -126,6 +126,11 @@ def parse_summary(path: Path) -> RunSummary:
         raise ReportError(f"{path}: not valid JSON ({err})") from err
     if not isinstance(data, dict):
         raise ReportError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if data.get("interrupted"):
+        raise ReportError(
+            f"{path}: the run was interrupted ({data.get('signal', 'a signal')} at step "
+            f"{data.get('steps')}); resume it with ckpt_path=auto in its run dir to report it"
+        )
     for key in ("task", "attn"):
         value = data.get(key)
         if not isinstance(value, str) or not value:

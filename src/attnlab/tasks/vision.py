@@ -89,7 +89,15 @@ class ImageClassificationTask(ClassificationTask):
         self._log_step("train", loss, logits, labels)
         return loss
 
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        """The optimizer step, then the EMA update of that step.
+
+        Here rather than in ``on_train_batch_end``: Lightning calls the callbacks' ``on_train_batch_end``
+        (``last.ckpt``, the requeue and interrupt checkpoints) before the module's, so an EMA updated
+        there would be saved one update behind and every resume would lose that update. Called once per
+        optimizer step (after the accumulated batches), with ``global_step`` already counting it.
+        """
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step)
 

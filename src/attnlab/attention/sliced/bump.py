@@ -15,11 +15,13 @@ from attnlab.attention.sliced.common import (
     _counts,
     _cumsum_rows_,
     _exclusive_cumsum,
+    _finite_rows,
     _first_order_only,
     _hat_terms,
     _hat_windows,
     _key_windows,
     _masked_mean_rows,
+    _nan_rows,
     _rowdot,
     _sort_real_first,
     _sorted_rows,
@@ -70,6 +72,7 @@ class _SlicedReLUBump(torch.autograd.Function):
         n_rows, length, _ = v.shape
         count = _counts(valid, n_rows, length, v.dtype, v.device)
         s, t = _centre_scores(s, t, valid, count, queries)
+        s, t, bad = _finite_rows(s, t)  # rows with a NaN/inf score: NaN out, below
         t_search, t_sorted, order = _sort_real_first(t, valid)
         # Tables of the centred values w = v - vbar (running totals stay of order sqrt(T) instead of
         # T·|vbar|); vbar comes back as vbar · (hat mass), from the scalar tables below.
@@ -92,9 +95,10 @@ class _SlicedReLUBump(torch.autograd.Function):
         left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, s.dtype)
         mass = coef * ((b - s) * left_n + left_t + (b + s) * right_n - right_t)
         out.addcmul_(mass[..., None], vbar[:, None, :])
+        _nan_rows(out, bad, queries)
 
         ctx.save_for_backward(s, t, v, b, t_search, p_v, p_tv, p_t, vbar, lo, mid, hi, coef)
-        ctx.valid, ctx.queries = valid, queries
+        ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
         return out
 
     @staticmethod
@@ -145,4 +149,10 @@ class _SlicedReLUBump(torch.autograd.Function):
             grad_t = grad_t.masked_fill(~valid, 0.0)
         if queries is not None:
             grad_s = grad_s.masked_fill(~queries, 0.0)
-        return grad_s, grad_t, grad_v, grad_b, None, None
+        bad = ctx.bad
+        grad_s, grad_t, grad_v = (
+            _nan_rows(grad_s, bad, queries),
+            _nan_rows(grad_t, bad, valid),
+            _nan_rows(grad_v, bad, valid),
+        )
+        return grad_s, grad_t, grad_v, _nan_rows(grad_b, bad), None, None

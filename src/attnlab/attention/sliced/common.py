@@ -182,6 +182,36 @@ def _centre_scores(s, t, valid, count, queries):
     return s, t
 
 
+def _finite_rows(s, t):
+    """Centred scores (``_centre_scores``) with every row holding a non-finite one set to 0, and
+    those rows ``bad (N,)``: their outputs and gradients are NaN (``_nan_rows``), the rest exact.
+
+    A NaN or inf score (or scores whose statistics overflow) makes the centring put NaN or ±inf in
+    every score of its row, and NaN has no place in an order: ``sort`` and ``searchsorted`` then
+    disagree, and the Triton path's merged stream (positions from both) would leave slots unwritten
+    and index out of bounds. With the bad rows' scores zeroed, every row orders finite numbers; both
+    paths then write NaN over exactly the same entries. Padded keys and dropped queries are 0
+    already (``_centre_scores``), so whatever they held does not make a row bad.
+    """
+    bad = ~(torch.isfinite(s).all(dim=1) & torch.isfinite(t).all(dim=1))
+    return s.masked_fill(bad[:, None], 0.0), t.masked_fill(bad[:, None], 0.0), bad
+
+
+def _nan_rows(x, bad, keep=None):
+    """``x (N, T[, D])`` with NaN in the ``bad`` rows, at the positions ``keep (N, T)`` (None: all).
+
+    Outputs are poisoned at the kept queries (dropped ones stay 0), gradients at the positions they
+    flow to (kept queries for s, real keys for t and v); the bandwidth's ``(N, 1)`` at the bad rows.
+    In place. On CPU the pass is skipped when no row is bad; on CUDA asking would stall the stream.
+    """
+    if not x.is_cuda and not bool(bad.any()):
+        return x
+    where = bad[:, None] if keep is None else bad[:, None] & keep
+    if x.dim() == 3:
+        where = where[..., None]
+    return x.masked_fill_(where, float("nan"))
+
+
 def _first_order_only(op_name: str):
     """Refuse double backward up front: the hand-written backward passes are first order only.
 

@@ -16,7 +16,7 @@ from attnlab.attention.sliced.causal import causal_sliced_relu_attention, causal
 from attnlab.attention.sliced.common import _check_inputs, _rows, _valid_rows
 from attnlab.attention.sliced.normaliser import check_bump_normaliser
 from attnlab.attention.sliced.relu import _SlicedReLU
-from attnlab.attention.triton.runtime import IMPLS, resolve_impl
+from attnlab.attention.triton.runtime import IMPLS, launch, resolve_impl
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
 
@@ -59,15 +59,22 @@ def sliced_relu_attention(
     if causal:
         _torch_only_causal("sliced_relu_attention", impl)
         return causal_sliced_relu_attention(s, t, v, key_padding_mask, eps)
-    impl = resolve_impl("sliced_relu_attention", impl, s, t, v)
+    use = resolve_impl("sliced_relu_attention", impl, s, t, v)
     batch, heads, length, dim = v.shape
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
     valid = _valid_rows(key_padding_mask, heads, v.device)
     queries = _valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
-    if impl == "triton":
+    if use == "triton":
         from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
 
-        return sliced.sliced_relu(s, t, v, valid, queries, eps, acc)
+        out = launch(
+            "sliced_relu_attention",
+            impl,
+            v.device,
+            lambda: sliced.sliced_relu(s, t, v, valid, queries, eps, acc),
+        )
+        if out is not None:  # None: `auto`, and Triton could not build a kernel here (warned)
+            return out
     out = _SlicedReLU.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, queries, float(eps))
     return out.view(batch, heads, length, dim).to(v.dtype)
 
@@ -125,14 +132,21 @@ def sliced_relu_bump_attention(
         return causal_sliced_relu_bump_attention(
             s, t, v, bandwidth, key_padding_mask, normaliser=normaliser, mass_eps=mass_eps
         )
-    impl = resolve_impl("sliced_relu_bump_attention", impl, s, t, v)
+    use = resolve_impl("sliced_relu_bump_attention", impl, s, t, v)
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
     valid = _valid_rows(key_padding_mask, heads, v.device)
     queries = _valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
     width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
-    if impl == "triton":
+    if use == "triton":
         from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
 
-        return sliced.sliced_relu_bump(s, t, v, width, valid, queries, acc)
+        out = launch(
+            "sliced_relu_bump_attention",
+            impl,
+            v.device,
+            lambda: sliced.sliced_relu_bump(s, t, v, width, valid, queries, acc),
+        )
+        if out is not None:  # None: `auto`, and Triton could not build a kernel here (warned)
+            return out
     out = _SlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, queries)
     return out.view(batch, heads, length, dim).to(v.dtype)

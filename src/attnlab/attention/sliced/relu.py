@@ -15,8 +15,10 @@ from attnlab.attention.sliced.common import (
     _counts,
     _cumsum_rows_,
     _exclusive_cumsum,
+    _finite_rows,
     _first_order_only,
     _masked_mean_rows,
+    _nan_rows,
     _reuse,
     _rowdot,
     _sort_real_first,
@@ -47,6 +49,7 @@ class _SlicedReLU(torch.autograd.Function):
         n_rows, length, _ = v.shape
         count = _counts(valid, n_rows, length, v.dtype, v.device)
         s, t = _centre_scores(s, t, valid, count, queries)  # padded slots: harmless finite scores
+        s, t, bad = _finite_rows(s, t)  # rows with a NaN/inf score: NaN out, below
         t_search, t_sorted, order = _sort_real_first(t, valid)
 
         # Prefix sums over sorted keys of w = v - vbar, of t·w and of t. Padded keys sit after
@@ -69,9 +72,10 @@ class _SlicedReLU(torch.autograd.Function):
         if queries is not None:
             scale = scale.masked_fill(~queries, 0.0)
         out.mul_(-scale[..., None]).addcmul_(below_w, (s * scale)[..., None])  # 2 (s P_w - P_tw) / den
+        _nan_rows(out, bad, queries)
 
         ctx.save_for_backward(s, t, t_search, order, rank, below_w, den, out, v, vbar, count)
-        ctx.valid, ctx.queries, ctx.eps = valid, queries, eps
+        ctx.valid, ctx.queries, ctx.eps, ctx.bad = valid, queries, eps, bad
         return out
 
     @staticmethod
@@ -126,4 +130,5 @@ class _SlicedReLU(torch.autograd.Function):
             grad_t = grad_t.masked_fill(~valid, 0.0)
         if queries is not None:
             grad_s = grad_s.masked_fill(~queries, 0.0)
-        return grad_s, grad_t, grad_v, None, None, None
+        grad_s, grad_t = _nan_rows(grad_s, ctx.bad, queries), _nan_rows(grad_t, ctx.bad, valid)
+        return grad_s, grad_t, _nan_rows(grad_v, ctx.bad, valid), None, None, None

@@ -37,6 +37,13 @@ _add = getattr(tl.standard, "_sum_combine", _plus)
 
 
 @triton.jit
+def probe_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    """Adds 1 to ``x[:n]``: built and launched once per device to learn whether Triton runs there."""
+    i = tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n, other=0.0) + 1.0, mask=i < n)
+
+
+@triton.jit
 def _weighted_rows(
     x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype,
     HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr,
@@ -82,8 +89,8 @@ def stream_totals_kernel(
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         p = start + it * BLOCK + tl.arange(0, BLOCK)
         pmask = p < stop
-        e = tl.load(order_ptr + row * L + p, mask=pmask, other=0)
-        is_src = pmask & (e >= T)
+        e = tl.load(order_ptr + row * L + p, mask=pmask, other=-1)
+        is_src = pmask & (e >= T) & (e < 2 * T)  # never an index outside the row, written or not
         j = tl.where(is_src, e - T, 0)
         rows, scored = _weighted_rows(
             x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
@@ -142,9 +149,9 @@ def stream_kernel(
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         p = start + it * BLOCK + tl.arange(0, BLOCK)
         pmask = p < stop
-        e = tl.load(order_ptr + row * L + p, mask=pmask, other=0)
-        is_src = pmask & (e >= T)
-        is_sink = pmask & (e < T)
+        e = tl.load(order_ptr + row * L + p, mask=pmask, other=-1)
+        is_src = pmask & (e >= T) & (e < 2 * T)  # -1 (an unwritten slot) is neither: skipped
+        is_sink = pmask & (e >= 0) & (e < T)
         j = tl.where(is_src, e - T, 0)
         i = tl.where(is_sink, e, 0)
         rows, scored = _weighted_rows(

@@ -1,4 +1,9 @@
-"""Which implementation runs (``impl``), and loading the kernels for the mode in force.
+"""Which implementation runs (``impl``), whether Triton can run on a device, and loading the kernels.
+
+``auto`` on CUDA tensors asks once per device whether Triton can build and launch a kernel there
+(``device_problem``: a tiny probe kernel, compiled for the device and run). If not, or if a kernel
+later fails to build (``launch``), ``auto`` warns once with the reason and runs the torch code;
+``triton`` raises ``TritonUnavailableError`` with the reason instead.
 
 ``triton.jit`` reads ``TRITON_INTERPRET`` when a kernel is *decorated*, not when it is launched:
 kernels decorated for the GPU cannot run in the interpreter and vice versa. So the kernel module is
@@ -12,14 +17,20 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 
 IMPLS = ("auto", "triton", "torch")
 _KERNEL_FILE = Path(__file__).with_name("kernels.py")
 _LOADED: dict[bool, ModuleType] = {}
+_PROBED: dict[str, str | None] = {}  # device -> why Triton cannot run there (None: it can)
+_WARNED: set[str] = set()
+Result = TypeVar("Result")
 
 
 class TritonUnavailableError(RuntimeError):
@@ -42,16 +53,24 @@ def _triton_importable() -> bool:
 def resolve_impl(op: str, impl: str, *tensors: torch.Tensor) -> str:
     """``"triton"`` or ``"torch"`` for a call of ``op`` on ``tensors`` (all on one device).
 
-    ``auto``: Triton for CUDA tensors when triton is installed, torch otherwise (CPU tensors never
-    reach Triton). ``triton`` on CPU tensors needs ``TRITON_INTERPRET=1``; the error says so.
+    ``auto``: Triton for CUDA tensors when triton is installed and can run on their device
+    (``device_problem``; otherwise one warning with the reason), torch otherwise (CPU tensors never
+    reach Triton). ``triton`` on CPU tensors needs ``TRITON_INTERPRET=1``, and on CUDA tensors a
+    device Triton can run on; the error says which is missing.
     """
     if impl not in IMPLS:
         raise ValueError(f"{op}: impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
-    on_cuda = all(x.is_cuda for x in tensors)
+    on_cuda = _on_cuda(tensors)
     if impl == "torch":
         return "torch"
     if impl == "auto":
-        return "triton" if on_cuda and _triton_importable() else "torch"
+        if not (on_cuda and _triton_importable()):
+            return "torch"
+        problem = device_problem(tensors[0].device)
+        if problem is not None:
+            _warn_fallback(op, problem)
+            return "torch"
+        return "triton"
     if not _triton_importable():
         raise TritonUnavailableError(
             f"{op}: impl='triton' needs the triton package (part of torch's CUDA wheels); "
@@ -64,7 +83,101 @@ def resolve_impl(op: str, impl: str, *tensors: torch.Tensor) -> str:
             "tensors, or on CPU tensors under Triton's interpreter (set TRITON_INTERPRET=1; slow, "
             "for tests); use impl='auto' or impl='torch' for the CPU path"
         )
+    problem = device_problem(tensors[0].device) if on_cuda else None
+    if problem is not None:
+        raise TritonUnavailableError(f"{op}: impl='triton' cannot run: {problem}; {_WAY_OUT}")
     return "triton"
+
+
+_WAY_OUT = "impl='auto' falls back to the torch code, impl='torch' asks for it"
+
+
+def _on_cuda(tensors) -> bool:
+    return all(x.is_cuda for x in tensors)
+
+
+def _warn_fallback(op: str, problem: str) -> None:
+    """One warning per reason and op: a layer calls its op at every step."""
+    key = f"{op}: {problem}"
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(
+            f"{op}: impl='auto' runs the torch code instead of the Triton kernels: {problem}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def launch(op: str, impl: str, device: torch.device, call: Callable[[], Result]) -> Result | None:
+    """Run the Triton path ``call()``. If Triton fails to build or launch a kernel (a
+    ``TritonError``: compilation, ptxas, resources), ``impl="triton"`` raises
+    ``TritonUnavailableError`` with the reason; ``auto`` warns once, remembers the device as unusable
+    (later calls go straight to torch) and returns None: the caller then runs the torch code."""
+    from triton.errors import TritonError
+
+    try:
+        return call()
+    except TritonError as err:
+        problem = f"Triton failed to build or launch a kernel on {device}: {_first_line(err)}"
+        if impl != "auto":
+            raise TritonUnavailableError(f"{op}: impl='triton' cannot run: {problem}; {_WAY_OUT}") from err
+        _PROBED[str(device)] = problem
+        _warn_fallback(op, problem)
+        return None
+
+
+def _first_line(err: BaseException) -> str:
+    """The telling line of a Triton error (ptxas's ``fatal`` line; its messages run to pages of PTX)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    telling = [line for line in lines if "fatal" in line.lower() or "error" in line.lower()]
+    return (telling[-1] if telling else lines[0] if lines else type(err).__name__)[:300]
+
+
+def device_problem(device: torch.device) -> str | None:
+    """Why the Triton kernels cannot run on the CUDA ``device`` (None: they can), asked once per
+    device: a probe kernel is compiled for it and launched (compiler, ptxas, driver and device)."""
+    key = str(device)
+    if key not in _PROBED:
+        _PROBED[key] = _probe(device)
+    return _PROBED[key]
+
+
+def _probe(device: torch.device) -> str | None:
+    name = torch.cuda.get_device_name(device)
+    major, minor = torch.cuda.get_device_capability(device)
+    try:
+        x = torch.zeros(16, dtype=torch.float32, device=device)
+        kernels().probe_kernel[(1,)](x, 16, BLOCK=16)
+        ok = bool((x == 1).all())
+    except Exception as err:  # noqa: BLE001 - any failure here means "not on this device"
+        return f"Triton cannot run on {device} ({name}, sm_{major}{minor}): {_first_line(err)}"
+    if not ok:
+        return f"Triton's probe kernel gave wrong results on {device} ({name}, sm_{major}{minor})"
+    return None
+
+
+def compile_problem(capability: tuple[int, int]) -> str | None:
+    """Why Triton cannot build kernels for a device of ``capability`` (None: it can); compiles the
+    probe kernel for that target, no GPU needed (so a start-up check can ask before any work)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    previous = os.environ.pop("TRITON_INTERPRET", None)  # the compiled kernels, whatever the mode
+    try:
+        probe = kernels().probe_kernel
+    finally:
+        if previous is not None:
+            os.environ["TRITON_INTERPRET"] = previous
+    major, minor = capability
+    source = ASTSource(
+        fn=probe, signature={"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 16}
+    )
+    try:
+        triton.compile(source, target=GPUTarget("cuda", 10 * major + minor, 32))
+    except Exception as err:  # noqa: BLE001 - any failure to build means "not for this device"
+        return f"Triton {triton.__version__} cannot build kernels for sm_{major}{minor}: {_first_line(err)}"
+    return None
 
 
 def kernels() -> ModuleType:

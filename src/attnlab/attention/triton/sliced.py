@@ -29,9 +29,11 @@ from attnlab.attention.sliced.common import (
     _centre_scores,
     _counts,
     _exclusive_cumsum,
+    _finite_rows,
     _first_order_only,
     _hat_terms,
     _key_windows,
+    _nan_rows,
     _sort_real_first,
 )
 from attnlab.attention.triton.runtime import kernels
@@ -141,12 +143,19 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool):
     ``sinks_first`` puts a sink before equal sources (it counts ``#{src < x}``, ``searchsorted``
     side left), else after them (``#{src <= x}``, side right). Returns ``order (N, 2T)`` int32
     (sink ``i`` as ``i``, source ``j`` as ``T + j``) and the counts ``(N, T)`` by original sink index.
+
+    The positions form a permutation only if both lists are ordered by one total order: NaN
+    (which ``torch.sort`` puts last but compares false with everything) is read as +inf, last
+    too, so that ``searchsorted`` agrees with the sort. The callers never pass NaN
+    (``_finite_rows``); this keeps the merge sound if one ever does. ``order`` starts at -1,
+    which the kernels skip: no slot can hold an index that was never written.
     """
     rows, length = sink_sorted.shape
+    sink_sorted, src_sorted = (torch.nan_to_num(x, nan=float("inf")) for x in (sink_sorted, src_sorted))
     before_sink = torch.searchsorted(src_sorted, sink_sorted, side="left" if sinks_first else "right")
     before_src = torch.searchsorted(sink_sorted, src_sorted, side="right" if sinks_first else "left")
     arange = torch.arange(length, device=sink_sorted.device)
-    order = torch.empty(rows, 2 * length, dtype=torch.int32, device=sink_sorted.device)
+    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=sink_sorted.device)
     order.scatter_(1, arange + before_sink, sink_order.to(torch.int32))
     order.scatter_(1, arange + before_src, (src_order + length).to(torch.int32))
     counts = torch.empty_like(before_sink).scatter_(1, sink_order, before_sink)
@@ -185,6 +194,7 @@ class SlicedReLUTriton(torch.autograd.Function):
             acc = s.dtype
             count = _counts(valid, rows, length, acc, v.device)
             s, t = _centre_scores(s, t, valid, count, queries)
+            s, t, bad = _finite_rows(s, t)  # rows with a NaN/inf score: NaN out, below
             t_search, t_sorted, k_order = _sort_real_first(t, valid)
             s_sorted, q_order = torch.sort(s, dim=1)
             order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True)  # #{t < s}
@@ -197,6 +207,7 @@ class SlicedReLUTriton(torch.autograd.Function):
             weight = None if valid is None else valid.to(acc)
             out = torch.empty_like(v)
             stream(order, v, t, xshift=vbar, weight=weight, c1=scale * s, c2=-scale, out=out)
+            _nan_rows(out, bad, queries)
 
             # for the backward pass: #{t < s} - #{t > s}, R_i = Σ_{t_j<s_i} (s_i - t_j), and for
             # each key #{s < t_j}, #{s <= t_j} among the sorted queries
@@ -206,7 +217,7 @@ class SlicedReLUTriton(torch.autograd.Function):
             q_lt = torch.searchsorted(s_sorted, t, side="left")
             q_le = torch.searchsorted(s_sorted, t, side="right")
         ctx.save_for_backward(s, t, v, vbar, den, count, order, balance, relu_mass, q_order, q_lt, q_le)
-        ctx.valid, ctx.queries, ctx.eps = valid, queries, eps
+        ctx.valid, ctx.queries, ctx.eps, ctx.bad = valid, queries, eps, bad
         return out
 
     @staticmethod
@@ -248,7 +259,8 @@ class SlicedReLUTriton(torch.autograd.Function):
         den_below = torch.gather(q_den, 1, q_lt)
         den_above = q_den[:, -1:] - torch.gather(q_den, 1, q_le)
         grad_t = _mask(den_below - den_above - w_dot_a, valid)
-        return grad_s, grad_t, grad_v, None, None, None
+        grad_s, grad_t = _nan_rows(grad_s, ctx.bad, queries), _nan_rows(grad_t, ctx.bad, valid)
+        return grad_s, grad_t, _nan_rows(grad_v, ctx.bad, valid), None, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,6 +288,7 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
             acc = s.dtype
             count = _counts(valid, rows, length, acc, v.device)
             s, t = _centre_scores(s, t, valid, count, queries)
+            s, t, bad = _finite_rows(s, t)  # rows with a NaN/inf score: NaN out, below
             t_search, t_sorted, k_order = _sort_real_first(t, valid)
             s_sorted, q_order = torch.sort(s, dim=1)
             (o_lo, lo), (o_mid, mid), (o_hi, hi) = _windows(s_sorted, q_order, t_search, k_order, b)
@@ -294,8 +307,9 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
                     order, v, t, xshift=vbar, weight=weight, c1=c1, c2=c2, out=out, accumulate=n > 0,
                     c3=mass if n == 0 else None, vec=vbar if n == 0 else None,
                 )  # fmt: skip
+            _nan_rows(out, bad, queries)
         ctx.save_for_backward(s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order)
-        ctx.valid, ctx.queries = valid, queries
+        ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
         return out.to(v.dtype)
 
     @staticmethod
@@ -343,8 +357,10 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
             v_dots.append(dots[0])
         dots, _ = stream(o_kbelow, g, s, weight=coef, y=v)
         v_lo, v_mid, v_hi = v_dots
-        grad_t = _mask(v_hi - v_mid + v_lo - dots[0], valid)
-        return _mask(grad_s, queries), grad_t, grad_v.to(v.dtype), grad_b, None, None
+        grad_t = _nan_rows(_mask(v_hi - v_mid + v_lo - dots[0], valid), ctx.bad, valid)
+        grad_s = _nan_rows(_mask(grad_s, queries), ctx.bad, queries)
+        grad_v = _nan_rows(grad_v, ctx.bad, valid).to(v.dtype)
+        return grad_s, grad_t, grad_v, _nan_rows(grad_b, ctx.bad), None, None
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from attnlab.data.common import DataError
-from attnlab.data.loaders import SPLITS, ShardedDataModule
+from attnlab.data.loaders import SPLITS, SampleDraw, ShardedDataModule, seeded_draws, unpack_draw
 from attnlab.data.pointcloud.modelnet import PointClouds
 from attnlab.data.pointcloud.transforms import AnisotropicScale, augmentation
 from attnlab.errors import ConfigError
@@ -64,14 +64,17 @@ class PointCloudDataset(Dataset):
         data = transform(data)
         return data.pos if points.shape[1] == 3 else torch.cat([data.pos, data.normal], dim=1)
 
-    def __getitem__(self, index: int) -> dict:
+    def __getitem__(self, key: int | SampleDraw) -> dict:
+        """Cloud and label; a `SampleDraw` key seeds the resampling and augmentation (exact resume)."""
+        index, seed = unpack_draw(key)
         cloud = self.points[self.indices[index]]
-        if self.resample and cloud.shape[0] > self.num_points:
-            cloud = cloud[torch.randperm(cloud.shape[0])[: self.num_points]]
-        else:
-            cloud = cloud[: self.num_points]
-        if self.transform is not None:
-            cloud = self._apply(self.transform, cloud)
+        with seeded_draws(seed):
+            if self.resample and cloud.shape[0] > self.num_points:
+                cloud = cloud[torch.randperm(cloud.shape[0])[: self.num_points]]
+            else:
+                cloud = cloud[: self.num_points]
+            if self.transform is not None:
+                cloud = self._apply(self.transform, cloud)
         if self.votes > 1:
             copies = [cloud]
             for vote in range(1, self.votes):
@@ -102,6 +105,11 @@ def split_indices(count: int, val_fraction: float, seed: int) -> tuple[np.ndarra
 
 
 class PointCloudDataModule(ShardedDataModule):
+    """Point-cloud batches; each training cloud's resampling and augmentation is seeded by (seed, epoch,
+    index) (``seeded_samples``), so a resumed run, with any number of loader workers, replays them."""
+
+    seeded_samples = True
+
     def __init__(
         self,
         source,
