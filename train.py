@@ -5,11 +5,16 @@ See README.md for the config groups (task, attn, trainer, logger, experiment) an
 
 import sys
 
-import hydra
-from omegaconf import DictConfig
+import attnlab.threads
 
-import attnlab  # noqa: F401  registers the config resolvers (hydra.run.dir of a resumed run)
-from attnlab.errors import user_error
+# first, before anything loads torch: OpenMP reads its wait policy once, when torch loads it
+attnlab.threads.configure()
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+import attnlab  # noqa: E402, F401  registers the config resolvers (hydra.run.dir of a resumed run)
+from attnlab.errors import user_error  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
@@ -39,6 +40,7 @@ from attnlab.resume import (
     resume_command,
 )
 from attnlab.summary import git_commit, interrupted_fields, write_summary
+from attnlab.threads import applied as thread_settings
 from attnlab.validation import check_config
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     check_slurm_layout(cfg)  # inside a SLURM job: does the allocation fit the trainer? fail before any work
     check_gpus(cfg.trainer)  # GPUs that this torch build and Triton can run on? fail before any work
     _route_lightning_logs_to_root()
+    _log_cpu_threads()
     run_dir = Path(cfg.paths.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)  # a bad checkpoint fails before any work
@@ -191,6 +194,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             print(f"{summary['signal']} at step {summary['steps']}: resume with {_resume_command(run_dir)}")
     _finish_wandb(trainer)
     return summary
+
+
+def _log_cpu_threads() -> None:
+    """Which thread settings this run uses and who chose them (`attnlab.threads`)."""
+    settings = thread_settings()
+    chosen = settings.describe() if settings else "CPU threads: as the calling program set them"
+    log.info("%s; torch uses %d intra-op threads", chosen, torch.get_num_threads())
 
 
 def _resume_command(run_dir: Path) -> str:

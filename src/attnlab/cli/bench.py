@@ -51,6 +51,8 @@ from pathlib import Path
 
 import torch
 
+from attnlab.cli import bench_threads
+
 DEFAULT_BACKENDS = [
     "softmax",
     "sliced_relu",
@@ -471,7 +473,7 @@ def _positive_float(text: str) -> float:
 
 def register(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks (attention ops)", description="Benchmarks.")
-    kinds = bench.add_subparsers(dest="bench_kind", metavar="{attention}")
+    kinds = bench.add_subparsers(dest="bench_kind", metavar="{attention,threads}")
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
 
     parser = kinds.add_parser(
@@ -503,6 +505,7 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     parser.set_defaults(func=main_attention)
+    bench_threads.register(kinds)
 
 
 def main_attention(args: argparse.Namespace) -> int:

@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from attnlab import threads
+
 SUBCOMMANDS = {
     "bench": "attnlab.cli.bench",
     "report": "attnlab.cli.report",
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    threads.configure()  # before the sub-commands load torch (attnlab.threads says why)
     parser = build_parser()
     # `key=value` config overrides may sit anywhere on the line; sub-commands that take them declare
     # an `overrides` argument, and anything else unrecognised is an error as usual

@@ -1,0 +1,55 @@
+"""Torch's CPU thread count follows the CPUs that other processes leave free (`attnlab.threads`)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from lightning.pytorch import Callback
+
+from attnlab.threads import ThreadGovernor, applied
+
+log = logging.getLogger(__name__)
+
+
+class CpuThreads(Callback):
+    """Ticks a `ThreadGovernor` at every batch of a CPU run; reports what it did at the end.
+
+    Active only when an entry point applied attnlab's thread defaults with an adaptive count (not the
+    user's ``OMP_NUM_THREADS``), on a CPU device, outside deterministic mode (a thread count that
+    moves can change float sums in the last bit, and deterministic runs promise the same bits).
+    """
+
+    def __init__(self, interval_s: float = 1.0):
+        self.interval_s = interval_s
+        self.governor: ThreadGovernor | None = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        settings = applied()
+        if self.governor is not None or settings is None or not settings.adaptive:
+            return
+        if trainer.strategy.root_device.type != "cpu":
+            return
+        if torch.are_deterministic_algorithms_enabled():
+            log.info("CPU threads: fixed at %d (deterministic mode)", torch.get_num_threads())
+            return
+        self.governor = ThreadGovernor(settings.cap, torch.set_num_threads, self.interval_s)
+
+    def _tick(self) -> None:
+        if self.governor is not None:
+            changed = self.governor.tick()
+            if changed is not None:
+                log.debug("CPU threads: now %d (other processes use the rest)", changed)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._tick()
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._tick()
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._tick()
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if self.governor is not None and trainer.is_global_zero:
+            log.info(self.governor.report())

@@ -1,0 +1,178 @@
+"""CPU thread defaults (attnlab.threads): the cap, the user's choices, the governor, and their order."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attnlab import threads
+from attnlab.threads import MARKER, ThreadGovernor, cgroup_cpu_quota, configure, usable_cpus
+from tiny_runs import REPO_ROOT, TINY_LISTOPS
+
+
+def test_defaults_fill_only_what_the_user_left_unset():
+    env: dict[str, str] = {}
+    settings = configure(env)
+    assert env["OMP_NUM_THREADS"] == str(usable_cpus()) and env["GOMP_SPINCOUNT"] == threads.SPIN_COUNT
+    assert settings.adaptive and settings.chosen_by == {"threads": "attnlab", "wait": "attnlab"}
+
+    env = {"OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "ACTIVE"}
+    settings = configure(env)
+    assert env["OMP_NUM_THREADS"] == "3" and "GOMP_SPINCOUNT" not in env
+    assert settings.cap == 3 and not settings.adaptive
+    assert "yours" in settings.describe() and "OMP_WAIT_POLICY=ACTIVE" in settings.describe()
+
+
+def test_inherited_defaults_are_decided_afresh_not_taken_for_the_users():
+    """A SLURM job submitted from a 2-core login node inherits OMP_NUM_THREADS=2: it is not the user's."""
+    parent: dict[str, str] = {}
+    configure(parent)
+    child = {**parent, "OMP_NUM_THREADS": parent["OMP_NUM_THREADS"]}
+    child[MARKER] = child[MARKER].replace(f"OMP_NUM_THREADS={usable_cpus()}", "OMP_NUM_THREADS=64")
+    child["OMP_NUM_THREADS"] = "64"  # the login node's count, inherited
+    settings = configure(child)
+    assert settings.adaptive and child["OMP_NUM_THREADS"] == str(usable_cpus())
+
+    user_changed = {**parent, "OMP_NUM_THREADS": "1"}  # set by the user after the parent's marker
+    assert not configure(user_changed).adaptive and user_changed["OMP_NUM_THREADS"] == "1"
+
+
+def test_off_switch_keeps_torchs_defaults_and_drops_inherited_ones():
+    env = {"ATTNLAB_THREADS": "off"}
+    configure(env)
+    assert "OMP_NUM_THREADS" not in env and "GOMP_SPINCOUNT" not in env
+
+    inherited: dict[str, str] = {}
+    configure(inherited)
+    inherited["ATTNLAB_THREADS"] = "off"
+    settings = configure(inherited)
+    assert settings.off and not settings.adaptive
+    assert "OMP_NUM_THREADS" not in inherited and "GOMP_SPINCOUNT" not in inherited
+    assert "torch's defaults" in settings.describe()
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_cgroup_quota_caps_the_threads(tmp_path, version):
+    """A container's --cpus=1.5 shows every host core to the affinity mask; only the quota tells."""
+    proc = tmp_path / "cgroup"
+    if version == "v2":
+        proc.write_text("0::/job/step\n")
+        (tmp_path / "job" / "step").mkdir(parents=True)
+        (tmp_path / "job" / "step" / "cpu.max").write_text("max 100000\n")
+        (tmp_path / "job" / "cpu.max").write_text("150000 100000\n")  # the parent's quota binds
+    else:
+        proc.write_text("4:memory:/x\n2:cpu,cpuacct:/job\n")
+        (tmp_path / "cpu,cpuacct" / "job").mkdir(parents=True)
+        (tmp_path / "cpu,cpuacct" / "job" / "cpu.cfs_quota_us").write_text("150000\n")
+        (tmp_path / "cpu,cpuacct" / "job" / "cpu.cfs_period_us").write_text("100000\n")
+        (tmp_path / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("-1\n")
+        (tmp_path / "cpu,cpuacct" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_quota(tmp_path, proc) == pytest.approx(1.5)
+    assert usable_cpus(tmp_path, proc) == 1
+
+    proc.write_text("0::/\n" if version == "v2" else "2:cpu,cpuacct:/\n")  # no quota at the root
+    assert cgroup_cpu_quota(tmp_path, proc) is None
+    assert usable_cpus(tmp_path, proc) == len(os.sched_getaffinity(0))
+
+
+class FakeMachine:
+    """A clock and CPU counters: ``run(seconds, others, own)`` advances them by that much use."""
+
+    def __init__(self):
+        self.now, self.total, self.own = 0.0, 0.0, 0.0
+
+    def run(self, seconds: float, others: float, own: float) -> None:
+        self.now += seconds
+        self.total += seconds * (others + own)
+        self.own += seconds * own
+
+
+def test_governor_follows_the_cpus_other_processes_leave_free():
+    machine, seen = FakeMachine(), []
+    governor = ThreadGovernor(
+        cap=2, set_threads=seen.append, interval_s=1.0, cpus={0, 1},
+        clock=lambda: machine.now, total_busy=lambda: machine.total, own_busy=lambda: machine.own,
+    )  # fmt: skip
+    machine.run(1.5, others=0.05, own=1.9)  # quiet: stay at the cap
+    assert governor.tick() is None and governor.threads == 2
+    machine.run(0.5, others=1.3, own=0.7)  # a window shorter than the interval: not read yet
+    assert governor.tick() is None
+    machine.run(1.0, others=1.3, own=0.7)  # two busy processes take most of the machine: down at once
+    assert governor.tick() == 1 and seen == [1]
+    for _ in range(2):  # the load is gone: up only after three free windows in a row
+        machine.run(1.0, others=0.1, own=1.0)
+        assert governor.tick() is None
+    machine.run(1.0, others=0.1, own=1.0)
+    assert governor.tick() == 2 and seen == [1, 2]
+    for _ in range(2):  # a lull of two windows between bursts does not bring the second thread back
+        machine.run(1.0, others=1.5, own=0.5)
+        assert governor.tick() in (None, 1)
+        machine.run(1.0, others=0.2, own=0.8)
+        machine.run(1.0, others=0.2, own=0.8)
+        assert governor.tick() is None and governor.threads == 1
+    assert seen == [1, 2, 1]
+    assert "3 changes" in governor.report()
+
+
+#: train.py as a user runs it, with an import hook that fails if torch loads before the defaults are set
+GUARDED_TRAIN_PY = """
+import builtins, os, runpy, sys
+real_import = builtins.__import__
+def guarded(name, *args, **kwargs):
+    first = name.split(".")[0] == "torch" and "torch" not in sys.modules
+    if first and "ATTNLAB_THREADS_SET" not in os.environ:
+        raise SystemExit("torch was imported before attnlab.threads.configure()")
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = guarded
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("user_threads", [None, "1"])
+def test_train_py_sets_threads_before_torch_loads_and_the_users_win(tmp_path, user_threads):
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", MARKER)}
+    env.pop("OMP_WAIT_POLICY", None)
+    if user_threads:
+        env["OMP_NUM_THREADS"] = user_threads
+    args = [
+        *TINY_LISTOPS, "trainer.fast_dev_run=true", "logger=none", "test=false",
+        f"paths.data_dir={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", GUARDED_TRAIN_PY, *args],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = out.stdout + out.stderr
+    line = next(line for line in log.splitlines() if "CPU threads:" in line)
+    if user_threads:
+        assert "1 threads (yours)" in line and "torch uses 1 intra-op threads" in line
+    else:
+        expected = usable_cpus()
+        assert f"{expected} threads (attnlab" in line and f"GOMP_SPINCOUNT={threads.SPIN_COUNT}" in line
+        assert f"torch uses {expected} intra-op threads" in line
+
+
+def test_bench_threads_runs_each_setting_beside_busy_processes(tmp_path):
+    out_file = tmp_path / "threads.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", MARKER)}
+    before = _busy_loops()
+    out = subprocess.run(
+        [sys.executable, "-m", "attnlab.cli.main", "bench", "threads", "--busy", "1", "--steps", "2",
+         "--warmup", "0", "--repeats", "1", "--settings", "attnlab", "one-thread", "--out", str(out_file)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "busy x1: attnlab runs" in out.stdout and "as fast as one-thread" in out.stdout
+    assert out_file.exists() and len(json.loads(out_file.read_text())) == 4
+    assert _busy_loops() == before  # the busy processes it started are gone
+
+
+def _busy_loops() -> int:
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return sum("while True: pass" in line for line in ps.splitlines())
