@@ -170,3 +170,35 @@ def test_loader_workers_leave_sigint_and_sigterm_to_the_training_process():
 
     assert [batch for batch in Probe().val_dataloader()] == [[True, True]] * 2
     assert signal.getsignal(signal.SIGINT) != signal.SIG_IGN  # the training process keeps its handlers
+
+
+class SigtermInTest(L.Callback):
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if batch_idx == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_in_the_test_stage_marks_the_run_interrupted(train_config, tmp_path):
+    """Training is over and saved; a SIGTERM while testing (Lightning's own handler there: it ended the
+    run with status 0 and no summary) leaves the summary marked interrupted; resuming only tests."""
+    run = [*TINY, "trainer.max_steps=4", "task.data.eval_batch_size=16"]
+    summary = train(train_config(*run, "+callbacks.sigterm._target_=test_interrupt.SigtermInTest"))
+    assert summary["interrupted"] and summary["signal"] == "SIGTERM" and summary["steps"] == 4
+    assert summary["test_acc"] is None and exit_status(summary) == 143
+    resumed = train(train_config(*run, "ckpt_path=auto"))
+    assert resumed["steps"] == 4 and resumed["test_acc"] is not None and "interrupted" not in resumed
+
+
+class SigtermInSanityCheck(L.Callback):
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if trainer.sanity_checking and batch_idx == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_before_the_first_step_marks_the_run_interrupted(train_config, tmp_path):
+    """In the sanity check, before `Interrupt` takes over: nothing trained, nothing to save; the run still
+    exits 143 with its summary marked interrupted (Lightning ended it with status 0 and no summary)."""
+    run = [*TINY, "trainer.max_steps=4", "trainer.num_sanity_val_steps=2", "task.data.eval_batch_size=16"]
+    summary = train(train_config(*run, "+callbacks.sigterm._target_=test_interrupt.SigtermInSanityCheck"))
+    assert summary["interrupted"] and summary["steps"] == 0 and exit_status(summary) == 143
+    assert summary["test_acc"] is None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -27,6 +28,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.attention.gpu_check import check_gpus
@@ -150,7 +152,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         seq_len,
     )
 
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    sigterm = None  # a SIGTERM that Lightning's handler took, before `Interrupt` takes over at the first step
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    except SIGTERMException:  # in the sanity check: nothing trained since the checkpoint it resumed from
+        sigterm = signal.SIGTERM
     requeue = _find(trainer.callbacks, SlurmRequeue)
     if requeue is not None and requeue.preempted:
         log.info(
@@ -166,7 +172,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         }
 
     interrupt = _find(trainer.callbacks, Interrupt)
-    signum = interrupt.received if interrupt is not None else None  # set: stopped, or at the very end
+    signum = interrupt.received if interrupt is not None and interrupt.received else sigterm
     # the run's own figures, before the test stage adds its batches to the evaluation counters
     throughput = _find(trainer.callbacks, ThroughputMonitor)
     perf = throughput.results(module.device) if throughput else {}
@@ -177,7 +183,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("test", True) and signum is None:
         if best_path:  # the weights only: restoring the whole checkpoint would rewind the callbacks too
             module.load_state_dict(read_checkpoint(best_path, "best checkpoint")["state_dict"])
-        results = trainer.test(module, datamodule=datamodule)
+        try:
+            results = trainer.test(module, datamodule=datamodule)
+        except SIGTERMException:  # training is over and saved
+            signum, results = signal.SIGTERM, []
         test_metrics = {
             "test_" + key.removeprefix("test/").replace("/", "_"): float(value)
             for key, value in (results[0] if results else {}).items()

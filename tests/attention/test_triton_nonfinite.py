@@ -122,3 +122,19 @@ def test_merge_is_a_permutation_even_with_nan():
         order, counts = triton_sliced.merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first)
         assert torch.equal(order.sort(dim=1).values, torch.arange(20, dtype=torch.int32).expand(3, -1))
         assert counts.min() >= 0 and counts.max() <= 10
+
+
+def test_stream_skips_slots_that_were_never_written(interpret):
+    """Defence in depth: an order slot left at -1 (never written) is neither a sink nor a source,
+    so the kernel neither reads nor writes through it (before, -1 counted as sink -1: a write one
+    row before ``out``)."""
+    gen = torch.Generator().manual_seed(0)
+    length, dim = 5, 3
+    x, score = torch.randn(1, length, dim, generator=gen), torch.randn(1, length, generator=gen)
+    order = torch.full((1, 2 * length), -1, dtype=torch.int32)
+    order[0, [0, 2, 3, 6]] = torch.tensor([length + 0, 1, length + 2, 3], dtype=torch.int32)
+    out = torch.full((1, length, dim), 7.0)
+    ones, zeros = torch.ones(1, length), torch.zeros(1, length)
+    triton_sliced.stream(order, x, score, c1=ones, c2=zeros, out=out)
+    assert torch.equal(out[0, 1], x[0, 0]) and torch.allclose(out[0, 3], x[0, 0] + x[0, 2])
+    assert (out[0, [0, 2, 4]] == 7.0).all()

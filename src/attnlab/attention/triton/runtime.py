@@ -112,7 +112,9 @@ def launch(op: str, impl: str, device: torch.device, call: Callable[[], Result])
     """Run the Triton path ``call()``. If Triton fails to build or launch a kernel (a
     ``TritonError``: compilation, ptxas, resources), ``impl="triton"`` raises
     ``TritonUnavailableError`` with the reason; ``auto`` warns once, remembers the device as unusable
-    (later calls go straight to torch) and returns None: the caller then runs the torch code."""
+    (later calls go straight to torch) and returns None: the caller then runs the torch code.
+    The forward's call builds its kernels; the backward's are built at the first backward pass,
+    after the device probe (``device_problem``) has shown that Triton builds and runs there."""
     from triton.errors import TritonError
 
     try:
@@ -129,8 +131,8 @@ def launch(op: str, impl: str, device: torch.device, call: Callable[[], Result])
 def _first_line(err: BaseException) -> str:
     """The telling line of a Triton error (ptxas's ``fatal`` line; its messages run to pages of PTX)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    telling = [line for line in lines if "fatal" in line.lower() or "error" in line.lower()]
-    return (telling[-1] if telling else lines[0] if lines else type(err).__name__)[:300]
+    fatal = [line for line in lines if "fatal" in line.lower()]
+    return (fatal[0] if fatal else lines[0] if lines else type(err).__name__)[:300]
 
 
 def device_problem(device: torch.device) -> str | None:
@@ -146,9 +148,10 @@ def _probe(device: torch.device) -> str | None:
     name = torch.cuda.get_device_name(device)
     major, minor = torch.cuda.get_device_capability(device)
     try:
-        x = torch.zeros(16, dtype=torch.float32, device=device)
-        kernels().probe_kernel[(1,)](x, 16, BLOCK=16)
-        ok = bool((x == 1).all())
+        with torch.cuda.device(device):  # triton launches on the current device
+            x = torch.zeros(16, dtype=torch.float32, device=device)
+            kernels().probe_kernel[(1,)](x, 16, BLOCK=16)
+            ok = bool((x == 1).all())
     except Exception as err:  # noqa: BLE001 - any failure here means "not on this device"
         return f"Triton cannot run on {device} ({name}, sm_{major}{minor}): {_first_line(err)}"
     if not ok:
