@@ -35,4 +35,11 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    from pathlib import Path
+
+    from attnlab.overrides import check_attention_options
+
+    problem = check_attention_options(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+    if problem:  # before Hydra, whose own message would point at `+attn....` instead of the spelling
+        sys.exit(f"error: {problem}")
     main()

@@ -25,7 +25,7 @@ FLOORS: list[set[str]] = [
     {"flops", "data"},
     {"models"},
     {"tasks", "callbacks", "reporting"},
-    {"pipeline", "loggers", "resolvers", "launcher"},
+    {"pipeline", "loggers", "resolvers", "launcher", "overrides"},
     {"cli", "__init__"},
 ]
 

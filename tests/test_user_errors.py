@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnlab.errors import ConfigError
 from attnlab.pipeline import train
@@ -91,3 +92,129 @@ def test_a_resolver_refusing_its_inputs_is_named_without_a_traceback(tmp_path):
     assert "error: trainer.accumulate_grad_batches:" in done.stderr
     assert "1024 sequences do not split evenly over 3 devices" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("task", "override", "expected"),
+    [
+        ("digits_vit", "task.model.patch_size=0", "task.model.patch_size=0: expected an integer >= 1"),
+        ("shapes", "task.data.num_points=abc", "task.data.num_points='abc': expected an integer >= 1"),
+        ("digits_vit", "task.module.ema_decay=abc", "task.module.ema_decay='abc': expected a number > 0.0"),
+        (
+            "digits_vit",
+            "task.module.ema_decay=1.0",
+            "task.module.ema_decay=1.0: expected a number > 0.0 and < 1.0",
+        ),
+        (
+            "digits_vit",
+            "task.module.mixup=5",
+            "task.module.mixup=5: expected null or a mapping of timm Mixup",
+        ),
+        ("mlm", "task.data.source.tokenizer.vocab_size=3", "vocab_size=3: expected an integer >= 261"),
+    ],
+)
+def test_task_options_are_checked_before_any_work(train_config, task, override, expected):
+    """Each of these failed deep in a constructor (ZeroDivisionError, TypeError) without the key."""
+    with pytest.raises(ConfigError, match="bad config value") as caught:
+        check_config(train_config(f"task={task}", override))
+    assert expected in str(caught.value)
+    assert "\n" not in str(caught.value), "one problem, one line"
+
+
+def test_a_missing_logger_package_is_named_with_how_to_install_it(train_config, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real_find_spec(n, *a)
+    )
+    with pytest.raises(
+        ConfigError, match=r"logger=wandb: needs the wandb package.*pip install -e '\.\[wandb\]'"
+    ):
+        check_config(train_config("logger=wandb"))
+
+
+def test_an_unreachable_mlflow_server_fails_in_seconds_naming_the_uri():
+    import socket
+    import time
+
+    from attnlab.loggers import MlflowStoreError, mlflow_logger
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(
+        MlflowStoreError, match=rf"tracking_uri=http://127.0.0.1:{port}: no MLflow server answers"
+    ):
+        mlflow_logger(tracking_uri=f"http://127.0.0.1:{port}", experiment_name="x")
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("plus", ["", "+"])
+def test_a_misspelt_backend_option_gets_one_line_with_the_accepted_ones(tmp_path, plus):
+    done = run_train_py(f"{plus}attn.projeciton=linear", cwd=tmp_path, timeout=120)
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("error: attn.projeciton: no such option")
+    assert "accepted options:" in lines[0] and "projection" in lines[0]
+
+
+def test_attention_options_are_checked_for_every_backend_of_a_sweep():
+    from attnlab.overrides import check_attention_options
+
+    conf = REPO_ROOT / "conf"
+    assert check_attention_options(["attn=softmax,sliced_relu", "attn.projection=linear"], conf) == (
+        check_attention_options(["attn=softmax", "attn.projection=linear"], conf)
+    )  # softmax has no slicing projection: refused, naming softmax
+    assert "'softmax'" in check_attention_options(["attn=softmax", "attn.projection=linear"], conf)
+    assert (
+        check_attention_options(["attn=sliced_relu", "attn.projection=linear", "attn.eps=1e-3"], conf) is None
+    )
+    assert check_attention_options(["experiment=lra/listops", "attn.foo=1"], conf) is None  # a preset decides
+
+
+def test_a_loader_worker_data_error_reaches_the_user_as_its_own_message():
+    """torch re-raises an error it cannot rebuild as RuntimeError("Caught DataError in DataLoader
+    worker process 0 ..."): the user must see the file and line, not that."""
+    from torch.utils.data import DataLoader
+
+    from attnlab.errors import user_error
+
+    with pytest.raises(RuntimeError) as caught:
+        next(iter(DataLoader(_BadRowDataset(), num_workers=1)))
+    found = user_error(caught.value)
+    assert found is not None and str(found) == "/data/train.tsv:3: a bad row"
+
+
+class _BadRowDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        from attnlab.data.common import DataError
+
+        raise DataError("/data/train.tsv", "a bad row", line=3)
+
+
+def test_a_missing_dataset_is_one_line_and_the_run_dir_keeps_its_config(train_config, tmp_path):
+    from attnlab.data.common import MissingDataError
+    from attnlab.errors import UserError
+
+    cfg = train_config("task=text")
+    with pytest.raises(MissingDataError) as caught:
+        train(cfg)
+    assert isinstance(caught.value, UserError)  # train.py prints `error: <message>`, no traceback
+    assert "dataset not found" in str(caught.value)
+    assert (Path(cfg.paths.run_dir) / "config.yaml").is_file()  # written when the run starts
+
+
+def test_a_default_run_prints_each_line_once_without_adverts(tmp_path):
+    done = run_train_py(*TINY_LISTOPS, "task.max_steps=12", cwd=tmp_path, timeout=300, single_thread=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    for line in ("GPU available:", "throughput (per device)", "Trainable params", "ListOps: reading"):
+        assert output.count(line) <= 1, line
+    assert output.count("GPU available:") == 1
+    for noise in ("Tip:", "litlogger", "LeafSpec", "srun"):
+        assert noise not in output, noise

@@ -3,6 +3,8 @@
 Each message names the bad key, value or file and says what is allowed.
 """
 
+import re
+
 
 class UserError(ValueError):
     """Bad config, bad input file or bad request; the message says what to change."""
@@ -17,11 +19,41 @@ class CheckpointError(UserError):
 
 
 def user_error(error: BaseException) -> UserError | None:
-    """The `UserError` behind ``error``, if any: Hydra's ``instantiate`` wraps what a constructor raises."""
+    """The `UserError` behind ``error``, if any.
+
+    Hydra's ``instantiate`` wraps what a constructor raises (``__cause__``), and a DataLoader worker
+    re-raises an error it cannot rebuild as ``RuntimeError("Caught DataError in DataLoader worker
+    process 0. Original Traceback ...")``: the original message is the traceback's last line.
+    """
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, UserError):
             return error
+        from_worker = _from_loader_worker(error)
+        if from_worker is not None:
+            return from_worker
         seen.add(id(error))
         error = error.__cause__
     return None
+
+
+_WORKER_ERROR = re.compile(r"^Caught (\w+) in DataLoader worker process \d+\.\nOriginal Traceback", re.S)
+
+
+def _from_loader_worker(error: BaseException) -> UserError | None:
+    """The `UserError` a DataLoader worker raised, rebuilt from torch's re-raised text."""
+    match = _WORKER_ERROR.match(str(error))
+    if match is None or match.group(1) not in _user_error_names():
+        return None
+    last = str(error).rstrip().splitlines()[-1]  # "attnlab.data.common.DataError: <file>:<line>: <why>"
+    message = last.split(f"{match.group(1)}: ", 1)[-1]
+    return UserError(message)
+
+
+def _user_error_names() -> set[str]:
+    names, todo = set(), [UserError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return names

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnlab.data.common import file_lock
+from attnlab.errors import UserError
 
 if TYPE_CHECKING:
     from lightning.pytorch.loggers import MLFlowLogger
@@ -23,8 +24,9 @@ if TYPE_CHECKING:
 SQLITE_PREFIX = "sqlite:///"
 
 
-class MlflowStoreError(RuntimeError):
-    """The MLflow store could not be opened or migrated; the message names the store and a way out."""
+class MlflowStoreError(UserError):
+    """The MLflow store could not be opened or migrated, or no tracking server answers; the message
+    names the store or server and a way out."""
 
 
 def sqlite_store_path(tracking_uri: str | None) -> Path | None:
@@ -82,8 +84,32 @@ def mlflow_logger(**kwargs: Any) -> MLFlowLogger:
     from lightning.pytorch.loggers import MLFlowLogger
 
     tracking_uri = kwargs.get("tracking_uri") or os.getenv("MLFLOW_TRACKING_URI")
-    if tracking_uri:
+    if tracking_uri and tracking_uri.startswith(("http://", "https://")):
+        check_tracking_server(tracking_uri)
+    elif tracking_uri:
         prepare_mlflow_store(
             tracking_uri, kwargs.get("experiment_name", "lightning_logs"), kwargs.get("artifact_location")
         )
     return MLFlowLogger(**kwargs)
+
+
+def check_tracking_server(tracking_uri: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, naming the URI, when no server answers there.
+
+    MLflow's client retries a refused connection with back-off for minutes before it gives up; one
+    plain request first turns that into one line. Any HTTP answer (even an error status) counts as a
+    server: only a connection that cannot be made is refused here.
+    """
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(tracking_uri.rstrip("/") + "/health", timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return  # something answers: MLflow will say what it thinks of the requests
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise MlflowStoreError(
+            f"logger.mlflow.tracking_uri={tracking_uri}: no MLflow server answers ({reason}); start one "
+            "(`mlflow server --host HOST --port 5000`) or log to the local store (leave tracking_uri unset)"
+        ) from None

@@ -15,8 +15,10 @@ lands in the summary as ``test_<name>``.
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
@@ -70,12 +73,31 @@ def hyperparameters(cfg: DictConfig, params: int, seq_len: int) -> dict[str, Any
     }
 
 
+#: Lightning's console lines that a user cannot act on: adverts for its cloud products, a note that
+#: ``srun`` exists on a machine with SLURM installed (shown on every local run there), and a
+#: deprecation inside Lightning itself
+NOISE = ("💡 Tip:", "command is available on your system but is not used", "isinstance(treespec, LeafSpec)")
+
+
 def _route_lightning_logs_to_root() -> None:
-    """Lightning installs its own console handler; under Hydra's root handler every line came twice."""
-    for name in ("lightning.pytorch", "lightning.fabric"):
+    """Lightning installs its own console handlers (on ``lightning`` and its two packages); under
+    Hydra's root handler every line came twice. Its adverts and warnings nobody can act on go."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNoise) for f in logger.filters):
+            logger.addFilter(_DropNoise())
+    for text in NOISE:
+        warnings.filterwarnings("ignore", message=f".*{re.escape(text)}")
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in NOISE)
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -95,6 +117,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run_dir = Path(cfg.paths.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)  # a bad checkpoint fails before any work
+    if rank_zero_only.rank == 0:  # from the start: an interrupted or failed run dir still says what it ran
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    # before the data: a logger that cannot start (no tracking server) fails before any work
+    loggers = [instantiate(lg) for lg in cfg.get("logger", {}).values() if lg is not None]
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.task.data)
@@ -107,7 +133,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), **datamodule.model_kwargs())
     module = instantiate(cfg.task.module, model=model)
     callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None] + [clock]
-    loggers = [instantiate(lg) for lg in cfg.get("logger", {}).values() if lg is not None]
     if ckpt_path is not None:  # one run across attempts: keep the metric rows up to the checkpoint
         for logger in loggers:
             if isinstance(logger, HistoryCSVLogger):
@@ -194,10 +219,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "dim": cfg.task.model.get("dim"),  # model width: the state size of recall comparisons
         **test_metrics,
         **(interrupted_fields(signum) if signum is not None else {}),
+        # Lightning's smoke test (a batch or a few of each stage): a check that the run works, not a result
+        **({"smoke_test": True} if trainer.fast_dev_run else {}),
     }
     if trainer.is_global_zero:
         path = write_summary(run_dir, summary)
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
         _print_closing_lines(summary, path)
         if signum is not None:
             print(f"{summary['signal']} at step {summary['steps']}: resume with {_resume_command(run_dir)}")

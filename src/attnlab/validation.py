@@ -35,16 +35,23 @@ def integer(minimum: int | None = None, also: tuple = ()) -> tuple[Check, str]:
     return (lambda v: v in also if not _is_int(v) else (minimum is None or v >= minimum or v in also)), text
 
 
-def number(low: float, high: float | None = None, low_open: bool = False, nullable: bool = False):
+def number(
+    low: float,
+    high: float | None = None,
+    low_open: bool = False,
+    nullable: bool = False,
+    high_open: bool = False,
+):
     def check(v: Any) -> bool:
         if v is None:
             return nullable
         if not _is_number(v):
             return False
-        return (v > low if low_open else v >= low) and (high is None or v <= high)
+        below = high is None or (v < high if high_open else v <= high)
+        return (v > low if low_open else v >= low) and below
 
     bound = f"> {low}" if low_open else f">= {low}"
-    text = f"a number {bound}" + (f" and <= {high}" if high is not None else "")
+    text = f"a number {bound}" + (f" and {'<' if high_open else '<='} {high}" if high is not None else "")
     return check, text + (" or null" if nullable else "")
 
 
@@ -74,6 +81,15 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "task.model.num_heads": POSITIVE,
     "task.model.mlp_dim": POSITIVE,
     "task.model.max_len": POSITIVE,
+    "task.model.patch_size": POSITIVE,
+    "task.data.num_points": POSITIVE,
+    "task.data.source.tokenizer.vocab_size": integer(minimum=261),  # 256 bytes + 5 specials (BPE)
+    "task.module.ema_decay": number(0.0, 1.0, low_open=True, nullable=True, high_open=True),
+    "task.module.label_smoothing": number(0.0, 1.0, high_open=True),
+    "task.module.mixup": (
+        lambda v: v is None or isinstance(v, DictConfig),
+        "null or a mapping of timm Mixup options (mixup_alpha, cutmix_alpha, prob, switch_prob, ...)",
+    ),
     "task.model.dropout": number(0.0, 1.0),
     "task.model.attn_dropout": number(0.0, 1.0),
     "task.module.optimizer.lr": number(0.0, low_open=True),
@@ -112,5 +128,27 @@ def check_config(cfg: DictConfig) -> None:
             continue
         if not ok(value):
             problems.append(f"{key}={value!r}: expected {expected}")
+    problems += _missing_logger_packages(cfg)
+    if len(problems) == 1:
+        raise ConfigError(f"bad config value {problems[0]}")
     if problems:
-        raise ConfigError("bad config value(s):\n  " + "\n  ".join(problems))
+        raise ConfigError("bad config values:\n  " + "\n  ".join(problems))
+
+
+#: loggers whose package is an optional extra: (class name in ``_target_``, module, how to install)
+OPTIONAL_LOGGERS = {"WandbLogger": ("wandb", ".venv/bin/pip install -e '.[wandb]'")}
+
+
+def _missing_logger_packages(cfg: DictConfig) -> list[str]:
+    """A logger chosen whose package is not installed, named before the run starts (not a traceback)."""
+    import importlib.util
+
+    problems = []
+    for name, node in (cfg.get("logger") or {}).items():
+        target = str(node.get("_target_", "")) if isinstance(node, DictConfig) else ""
+        for cls, (module, install) in OPTIONAL_LOGGERS.items():
+            if target.endswith(cls) and importlib.util.find_spec(module) is None:
+                problems.append(
+                    f"logger={name}: needs the {module} package, which is an optional extra: {install}"
+                )
+    return problems

@@ -110,3 +110,15 @@ def test_state_round_trip_keeps_counters_and_skips_warmup_again():
 def test_rejects_negative_warmup():
     with pytest.raises(ValueError, match="warmup_steps must be >= 0, got -1"):
         ThroughputMonitor(warmup_steps=-1)
+
+
+def test_peak_memory_is_the_runs_over_every_attempt():
+    """A resumed process has not seen the memory of the first attempt: the checkpoint carries it."""
+    monitor, module = ThroughputMonitor(warmup_steps=0), _Module()
+    _train(monitor, module, [_batch([3, 4])] * 2)
+    state = monitor.state_dict()
+    assert state["earlier_peak_mem_mb"] >= monitor.results(module.device)["peak_mem_mb"] > 0
+    state["earlier_peak_mem_mb"] = 1e9  # the first attempt took far more than this process has
+    resumed = ThroughputMonitor(warmup_steps=0)
+    resumed.load_state_dict(state)
+    assert resumed.results(module.device)["peak_mem_mb"] == 1e9

@@ -265,3 +265,24 @@ def test_eval_masks_are_fixed_and_the_baseline_scores_them(embedded):
     assert 4.0 < baseline["baseline_loss"] < np.log(1024)  # a unigram beats uniform
     batch = data._collate([test[i] for i in range(4)])
     assert batch["mask"].all() and set(batch) == {"input_ids", "labels", "mask"}
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("empty.txt", b"", r"empty.txt: the file holds no text"),
+        ("blank.txt", b"\n  \n", r"blank.txt: the train, val, test split has no text"),
+        ("binary.txt", b"one line\nsecond\n\xa5\xff\x00bin", r"binary.txt:3: not UTF-8 text \(byte 0xa5\)"),
+        (
+            "numbers.jsonl",
+            b'{"text": "hello world"}\n{"text": 42}\n',
+            r"document 1: field 'text' holds int '42', expected a string",
+        ),
+    ],
+)
+def test_bad_corpus_files_are_named_in_one_line(tmp_path, name, content, expected):
+    """`datasets` says only "An error occurred while generating the dataset"; the user needs the file."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=expected):
+        TextCorpus(data_dir=tmp_path / "data", files=str(path)).prepare()

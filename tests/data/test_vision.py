@@ -232,7 +232,7 @@ def test_datamodule_batches_and_answers_the_pipeline(tmp_path):
     assert [len(b["labels"]) for b in test] == [20]
     # evaluation images are normalised, not augmented: the same every time
     assert torch.equal(test[0]["images"], next(iter(dm.test_dataloader()))["images"])
-    with pytest.raises(ConfigError, match="task.data.patch_size=5 does not divide the 32 px images"):
+    with pytest.raises(ConfigError, match="task.model.patch_size=5 does not divide the 32 px images"):
         ImageDataModule(Cifar10Source(tmp_path), patch_size=5)
     with pytest.raises(ConfigError, match="task.data.randaugment='rand-zz' is not a timm RandAugment"):
         ImageDataModule(Cifar10Source(tmp_path), randaugment="rand-zz")

@@ -26,6 +26,7 @@ from attnlab.attention.layers import (
     SlicedReLUBumpAttention,
     SoftmaxAttention,
 )
+from attnlab.errors import ConfigError
 
 _BACKENDS: dict[str, type[AttentionLayer]] = {}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -151,7 +152,7 @@ def build_attention(
     accepted = backend_options(name)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"unknown option(s) {', '.join(unknown)} for attention backend {name!r}; "
             f"accepted options: {', '.join(accepted)}"
         )

@@ -76,9 +76,12 @@ class ThroughputMonitor(L.Callback):
         self._t0 = self._eval_t0 = 0.0
         self._seen_steps = 0
         self.total: dict[str, float] | None = None  # summed over ranks at the end of training
+        self.earlier_peak_mem_mb = 0.0  # the peak of the run's earlier attempts (from the checkpoint)
+        self._device = torch.device("cpu")
 
     # ---- FLOPs ------------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
+        self._device = trainer.strategy.root_device  # the model may not be on it yet
         if stage == "fit" and self.flop_counter is None:
             self.flop_counter = FlopCounter().attach(pl_module)
             if self.peak_flops is None and pl_module.device.type == "cuda":
@@ -147,14 +150,19 @@ class ThroughputMonitor(L.Callback):
         pl_module.log_dict(metrics)
 
     # ---- results ------------------------------------------------------------------------------
+    def peak_mem_mb(self, device: torch.device) -> float:
+        """The run's peak so far: this attempt's, or an earlier attempt's when that was higher (a
+        resumed run's process has not seen the memory its first attempt took)."""
+        return max(peak_memory_mb(device), self.earlier_peak_mem_mb)
+
     def train_metrics(self, device: torch.device) -> dict[str, float]:
         if self.train_steps == 0:
-            return {"perf/peak_mem_mb": peak_memory_mb(device)}
+            return {"perf/peak_mem_mb": self.peak_mem_mb(device)}
         metrics = {
             "perf/train_samples_per_sec": self.train_samples / self.train_time,
             "perf/train_tokens_per_sec": self.train_tokens / self.train_time,
             "perf/step_ms": 1000.0 * self.train_time / self.train_steps,
-            "perf/peak_mem_mb": peak_memory_mb(device),
+            "perf/peak_mem_mb": self.peak_mem_mb(device),
         }
         if self.train_flops > 0:
             metrics["perf/train_tflops_per_sec"] = self.train_flops / self.train_time / 1e12
@@ -215,7 +223,9 @@ class ThroughputMonitor(L.Callback):
             "_seen_steps",
             "train_flops",
         )
-        return {k: getattr(self, k) for k in keys}
+        state = {k: getattr(self, k) for k in keys}
+        state["earlier_peak_mem_mb"] = self.peak_mem_mb(self._device)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for key, value in state_dict.items():

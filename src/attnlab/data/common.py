@@ -96,8 +96,11 @@ def require_examples(dataset: TokenSequenceDataset, where: str | Path, what: str
         raise DataError(where, f"no {what} to read: this split would be empty")
 
 
-class MissingDataError(FileNotFoundError):
-    """A dataset is absent; the message says where it was expected and how to obtain it."""
+class MissingDataError(UserError):
+    """A dataset is absent; the message says where it was expected and how to obtain it.
+
+    A `UserError` (not a ``FileNotFoundError``): the user's to fix, so ``train.py`` prints the
+    message alone instead of a traceback."""
 
     def __init__(self, expected: str | Path, how_to_obtain: str):
         super().__init__(f"dataset not found at {expected}. {how_to_obtain}")

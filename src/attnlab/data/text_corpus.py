@@ -39,6 +39,7 @@ from attnlab.data.common import (
     MissingDataError,
     check_choice,
 )
+from attnlab.data.corpus_errors import document_texts, explain_load_failure
 from attnlab.data.loaders import SPLITS, ShardedDataModule
 from attnlab.data.tokenizer import MERGES_FILE, VOCAB_FILE, BPETokenizer, load_bpe, train_bpe
 from attnlab.errors import ConfigError
@@ -216,14 +217,13 @@ class TextCorpus:
                 dataset = loaded.to_iterable_dataset() if self.streaming else loaded
             else:
                 options = {"sample_by": self.sample_by} if kind == "text" else {}
-                dataset = datasets.load_dataset(
-                    kind,
-                    data_files=[str(p) for p in paths],
-                    split="train",
-                    streaming=self.streaming,
-                    cache_dir=cache,
-                    **options,
-                )
+                try:
+                    dataset = datasets.load_dataset(
+                        kind, data_files=[str(p) for p in paths], split="train",
+                        streaming=self.streaming, cache_dir=cache, **options,
+                    )  # fmt: skip
+                except datasets.exceptions.DatasetGenerationError as err:
+                    raise explain_load_failure(err, paths, kind) or err from err
         field = "text" if kind == "text" else self.text_field
         columns = dataset.column_names
         if columns is not None and field not in columns:
@@ -238,8 +238,9 @@ class TextCorpus:
         for batch in dataset.iter(batch_size=_MAP_BATCH):
             texts = batch["text"]
             split = split_of(np.arange(start, start + len(texts)), *self._split_args())
+            texts = document_texts(texts, range(start, start + len(texts)), self.short_name, self.text_field)
             start += len(texts)
-            yield [t.strip() for t, s in zip(texts, split, strict=True) if s == 0 and t and t.strip()]
+            yield [t.strip() for t, s in zip(texts, split, strict=True) if s == 0 and t.strip()]
 
     def _split_args(self) -> tuple:
         return self.split_seed, self.val_fraction, self.test_fraction
@@ -270,7 +271,8 @@ class TextCorpus:
 
         def tokenize(batch, indices):
             # a document's outer whitespace goes: the separator stands in for it
-            ids = tokenizer.encode_batch([t.strip() if t else "" for t in batch["text"]])
+            texts = document_texts(batch["text"], indices, self.short_name, self.text_field)
+            ids = tokenizer.encode_batch([t.strip() for t in texts])
             split = split_of(np.asarray(indices), *args)
             # an empty document adds nothing, not even a separator
             return {"ids": [i + [eos] if i else [] for i in ids], "split": split.tolist()}

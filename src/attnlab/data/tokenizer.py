@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from attnlab.data.common import DataError, MissingDataError
+from attnlab.errors import ConfigError
 
 PAD, BOS, EOS, UNK, MASK = "<pad>", "<s>", "</s>", "<unk>", "<mask>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK, MASK)  # the trained tokenizer's ids 0..4, in this order
@@ -119,9 +120,9 @@ def train_bpe(
 
     minimum = len(SPECIAL_TOKENS) + 256
     if vocab_size < minimum:
-        raise ValueError(
-            f"tokenizer.vocab_size={vocab_size} is too small: byte-level BPE needs the 256 bytes and "
-            f"{len(SPECIAL_TOKENS)} special tokens, so at least {minimum}"
+        raise ConfigError(
+            f"task.data.source.tokenizer.vocab_size={vocab_size} is too small: byte-level BPE needs the "
+            f"256 bytes and {len(SPECIAL_TOKENS)} special tokens, so at least {minimum}"
         )
     tokenizer = _assemble(BPE(unk_token=UNK))
     trainer = trainers.BpeTrainer(

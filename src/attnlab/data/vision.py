@@ -485,7 +485,7 @@ class ImageDataModule(ShardedDataModule):
             raise ConfigError(f"task.data.batch_size must be >= 1, got {batch_size}")
         if source.image_size % patch_size:
             raise ConfigError(
-                f"task.data.patch_size={patch_size} does not divide the {source.image_size} px images of "
+                f"task.model.patch_size={patch_size} does not divide the {source.image_size} px images of "
                 f"{source.name}"
             )
         for key, value in (("hflip", hflip), ("random_erasing", random_erasing)):

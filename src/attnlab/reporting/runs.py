@@ -131,6 +131,8 @@ def parse_summary(path: Path) -> RunSummary:
             f"{path}: the run was interrupted ({data.get('signal', 'a signal')} at step "
             f"{data.get('steps')}); resume it with ckpt_path=auto in its run dir to report it"
         )
+    if data.get("smoke_test"):
+        raise ReportError(f"{path}: a smoke test (trainer.fast_dev_run), not a result")
     for key in ("task", "attn"):
         value = data.get(key)
         if not isinstance(value, str) or not value:

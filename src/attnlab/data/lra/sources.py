@@ -59,6 +59,7 @@ class ListOpsSource:
         )
         self.max_tokens = max_tokens
         self.num_truncated = self.num_skipped = 0
+        self._announced = False
 
     @property
     def root(self) -> Path:
@@ -72,8 +73,9 @@ class ListOpsSource:
 
     def prepare(self) -> None:
         existed = all(path.is_file() for path in listops.split_paths(self.root).values())
-        if existed:
+        if existed and not self._announced:  # prepare() runs for each stage (Lightning calls it too)
             log.info("ListOps: reading %s (%s)", self.root, layout_of(self.root, self.data_dir))
+            self._announced = True
         listops.ensure_listops(self.root, generate=self.generate, **self.generator_args)
         if not existed:  # record what made these files, so later runs can say so
             self.provenance_file.write_text(
@@ -139,6 +141,7 @@ class _FileSource(abc.ABC):
         self.data_dir = Path(data_dir)
         self._origin = ""
         self.num_truncated = self.num_skipped = 0
+        self._announced = False
 
     @abc.abstractmethod
     def _load_split(self, split: str, on_bad_rows: str) -> tuple[TokenSequenceDataset, str]:
@@ -203,7 +206,9 @@ class RetrievalSource(_FileSource):
         if missing:
             raise MissingDataError(", ".join(missing), retrieval.HOW_TO_OBTAIN)
         folder = retrieval.aan_dir(self.data_dir)
-        log.info("Retrieval: reading %s (%s)", folder, layout_of(folder, self.data_dir))
+        if not self._announced:  # prepare() runs for each stage (Lightning calls it too)
+            log.info("Retrieval: reading %s (%s)", folder, layout_of(folder, self.data_dir))
+            self._announced = True
 
     def _load_split(self, split, on_bad_rows):
         dataset, _ = retrieval.load_retrieval(self.data_dir, split, self.max_length, on_bad_rows)
