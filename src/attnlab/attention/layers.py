@@ -30,6 +30,7 @@ from attnlab.attention.sliced.decode import (
 )
 from attnlab.attention.sliced.dispatch import sliced_relu_attention, sliced_relu_bump_attention
 from attnlab.attention.sliced.normaliser import check_bump_normaliser
+from attnlab.attention.sliced.path import check_path
 from attnlab.attention.softmax import softmax_attention
 
 
@@ -326,7 +327,9 @@ class SlicedReLUAttention(AttentionLayer):
     k to t, which are then standardised per sequence and head over valid tokens: `standardise="sequence"`
     with one mean and std over the whole sequence (`standardise_scores`), `"prefix"` with the running
     statistics of tokens j <= i (`standardise_scores_prefix`, sees no future), `"none"` not at all;
-    `"auto"` is "prefix" for a causal layer and "sequence" otherwise. Causal layers decode with `step`.
+    `"auto"` is "prefix" for a causal layer and "sequence" otherwise. `path` chooses the evaluation of
+    the kernel (`attnlab.attention.sliced.path`: "auto", dense O(T²) at short T; "dense"; "sorted"):
+    the same function, a speed choice. Causal layers decode with `step`.
     """
 
     name = "sliced_relu"
@@ -340,10 +343,12 @@ class SlicedReLUAttention(AttentionLayer):
         projection: str = "mlp",
         eps: float = 1e-4,
         standardise: str = "auto",
+        path: str = "auto",
         **common,
     ) -> None:
         super().__init__(dim, num_heads, **common)
         check_number("eps", eps, low=0.0, low_open=True)  # the floor of the normaliser
+        self.path = check_path(path)
         if standardise not in STANDARDISE:
             raise ValueError(f"standardise must be one of {', '.join(STANDARDISE)}; got {standardise!r}")
         if standardise == "auto":
@@ -372,7 +377,14 @@ class SlicedReLUAttention(AttentionLayer):
             s, t = standardise_scores_prefix(s, t, key_padding_mask)
         # scores stay in float32+
         o = sliced_relu_attention(
-            s, t, v, key_padding_mask, eps=self.eps, causal=self.causal, padded_queries=self.padded_queries
+            s,
+            t,
+            v,
+            key_padding_mask,
+            eps=self.eps,
+            causal=self.causal,
+            padded_queries=self.padded_queries,
+            path=self.path,
         )
         return self.output_dropout(o)
 
@@ -472,16 +484,25 @@ class SlicedReLUBumpAttention(AttentionLayer):
 
     `normaliser="count"` divides by the number of keys (the paper's bump); `"mass"` (causal layers only)
     by the hat weight seen plus `mass_eps`, so that a causal output does not shrink like 1/position
-    (`attnlab.attention.sliced.normaliser`). Causal layers decode with `step`.
+    (`attnlab.attention.sliced.normaliser`). `path` as in `SlicedReLUAttention`. Causal layers decode
+    with `step`.
     """
 
     name = "sliced_relu_bump"
     capabilities = Capabilities(causal=True, recurrent_step=True)
 
     def __init__(
-        self, dim: int, num_heads: int, *, normaliser: str = "count", mass_eps: float = 1e-2, **common
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        normaliser: str = "count",
+        mass_eps: float = 1e-2,
+        path: str = "auto",
+        **common,
     ) -> None:
         super().__init__(dim, num_heads, **common)
+        self.path = check_path(path)
         check_bump_normaliser("sliced_relu_bump", normaliser, mass_eps, self.causal)
         self.normaliser, self.mass_eps = normaliser, mass_eps
         self.slicer = nn.Linear(self.qkv_dim, num_heads, bias=False)
@@ -504,6 +525,7 @@ class SlicedReLUBumpAttention(AttentionLayer):
             normaliser=self.normaliser,
             mass_eps=self.mass_eps,
             padded_queries=self.padded_queries,
+            path=self.path,
         )
         return self.output_dropout(o)
 
