@@ -29,6 +29,12 @@ def main(cfg: DictConfig) -> float | None:
         if cause is None:
             raise
         sys.exit(f"error: {cause}")  # the user's to fix: the message says what, a traceback would bury it
+    except KeyboardInterrupt:  # Ctrl-C before training started (in training, the run saves and says so)
+        print(
+            "error: interrupted (Ctrl-C); nothing half-written was kept, the next run starts clean",
+            file=sys.stderr,
+        )
+        sys.exit(130)
     if summary.get("interrupted"):  # SIGTERM/SIGINT: last.ckpt saved, the closing lines say how to resume
         sys.exit(exit_status(summary))  # 143 or 130, as if the signal had ended the process
     return summary["val_acc"]  # the value a Hydra sweeper would optimise
