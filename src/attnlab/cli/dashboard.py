@@ -82,7 +82,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "the URL on a line of its own, then serves until Ctrl-C."
         ),
     )
-    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run or sweep directories")
+    parser.add_argument(
+        "dirs", nargs="*", type=Path, default=[Path("outputs")], metavar="DIR",
+        help="run or sweep directories (default: outputs/, as attnlab report)",
+    )  # fmt: skip
     parser.add_argument(
         "--host",
         default=DEFAULT_HOST,
