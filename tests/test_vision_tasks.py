@@ -216,7 +216,7 @@ def test_paper_scale_presets_name_the_source_of_every_value(train_config, preset
     ]
     assert not untagged, f"vit/{preset}.yaml: values without [P], [A], [CCT] or ours: {untagged}"
     cfg = train_config(f"experiment=vit/{preset}")
-    steps_per_epoch = {"cifar10": 45_000, "tinyimagenet": 90_000}[preset] // cfg.task.data.batch_size
+    steps_per_epoch = {"cifar10": 50_000, "tinyimagenet": 100_000}[preset] // cfg.task.data.batch_size
     assert cfg.task.max_steps == 300 * steps_per_epoch and cfg.task.val_check_interval == steps_per_epoch
     assert cfg.task.module.scheduler.warmup_steps == 10 * steps_per_epoch
     assert cfg.task.model.patch_size == 4 and cfg.task.module.optimizer._target_ == "torch.optim.AdamW"
@@ -248,7 +248,7 @@ def test_paper_protocol_sweep_and_its_median_report(vision_data, tmp_path):
         sys.executable, "train.py", "-m", "experiment=vit/cifar10",
         "attn=softmax,sliced_relu,sliced_relu_bump", "seed=0,1,2,3",
         "trainer.max_steps=1", "task.val_check_interval=1", "task.data.batch_size=8",
-        "task.data.eval_batch_size=50", "task.data.source.val_per_class=1",
+        "task.data.eval_batch_size=50",
         f"paths.data_dir={vision_data}", f"hydra.sweep.dir={sweep}",
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1500)

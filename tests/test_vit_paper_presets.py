@@ -117,3 +117,51 @@ def test_paper_presets_drop_where_the_authors_do_and_keep_ours_as_an_option(trai
     # presets other than the paper's keep the registry's defaults
     plain = _model(train_config("task=cifar10_vit", "attn=sliced_relu"), "cifar10").blocks[0].attn
     assert plain.dropout_site == "output" and plain.slicer[0].out_features == 256
+
+
+def test_val_per_class_zero_trains_on_every_training_image_and_validates_on_test(tmp_path):
+    from attnlab.data.vision import VAL_IS_TEST, Cifar10Source
+    from attnlab.errors import ConfigError
+    from data.test_vision import write_cifar
+
+    write_cifar(tmp_path)  # 5 x 20 training images, 20 test images
+    whole = Cifar10Source(tmp_path, val_per_class=0)
+    splits = whole.load()
+    assert len(splits["train"]) == 100 and splits["val"] is splits["test"] and len(splits["test"]) == 20
+    assert VAL_IS_TEST in whole.description and "train = all 100" in whole.description
+    held = Cifar10Source(tmp_path, val_per_class=2).load()
+    assert (len(held["train"]), len(held["val"])) == (80, 20)
+    with pytest.raises(ConfigError, match=r"val_per_class=-1 must be an integer >= 0"):
+        Cifar10Source(tmp_path, val_per_class=-1).load()
+
+
+@pytest.mark.parametrize("preset", ["cifar10", "tinyimagenet"])
+def test_paper_presets_train_on_the_whole_training_set_and_test_the_final_weights(train_config, preset):
+    cfg = train_config(f"experiment=vit/{preset}")
+    assert cfg.task.data.source.val_per_class == 0 and cfg.callbacks.model_checkpoint is None
+    images = {"cifar10": 50_000, "tinyimagenet": 100_000}[preset]
+    assert cfg.task.val_check_interval == images // cfg.task.data.batch_size
+
+
+def test_the_paper_preset_reports_the_test_curve(train_config, tmp_path):
+    """experiment=vit/cifar10 on the official pickles: val/acc is the test curve, no checkpoint is chosen
+    on it, and the test scores the final weights."""
+    import csv
+
+    from attnlab.data.vision import VAL_IS_TEST
+    from attnlab.pipeline import train
+    from data.test_vision import write_cifar
+    from test_vision_tasks import QUICK
+
+    write_cifar(tmp_path / "data")
+    cfg = train_config(
+        "experiment=vit/cifar10", "attn=sliced_relu", *QUICK, f"paths.data_dir={tmp_path / 'data'}"
+    )
+    summary = train(cfg)
+    assert VAL_IS_TEST in summary["data_source"] and summary["val_acc"] is None
+    assert summary["best_checkpoint"] is None and 0.0 <= summary["test_acc"] <= 1.0
+    rows = list(csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()))
+    curve = [float(r["val/acc"]) for r in rows if r.get("val/acc")]
+    final_test = [float(r["test/acc"]) for r in rows if r.get("test/acc")]
+    assert len(curve) == 2 and final_test == [summary["test_acc"]]
+    assert curve[-1] == pytest.approx(summary["test_acc"])  # the last point of the curve: the same images
