@@ -118,7 +118,7 @@ class StepBoundaryStop(Checkpoint):
     def __init__(self) -> None:
         self.stopped = False  # the pipeline reads it: the fit ended on a signal
         self.checkpoint_path: str | None = None
-        self.received: int | None = None  # the first signal received, if any
+        self.received: int | None = None  # the first signal received; after a stop, the ranks' agreed one
         self._requested = False
         self._previous: dict[int, Any] = {}  # signal -> handler at setup
         self._signals_to_install: list[int] = []
