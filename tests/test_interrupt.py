@@ -10,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 import lightning as L
 import pytest
@@ -202,3 +203,26 @@ def test_sigterm_before_the_first_step_marks_the_run_interrupted(train_config, t
     summary = train(train_config(*run, "+callbacks.sigterm._target_=test_interrupt.SigtermInSanityCheck"))
     assert summary["interrupted"] and summary["steps"] == 0 and exit_status(summary) == 143
     assert summary["test_acc"] is None
+
+
+@pytest.mark.slow
+def test_sigterm_to_rank_0_of_a_ddp_run_stops_every_rank_alike(tmp_path):
+    """Two gloo processes; the signal reaches rank 0 only. Every rank saves at the same step, skips the
+    test stage and exits 143 (rank 1 used to go on testing alone and die when rank 0 left)."""
+    run, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
+    process = _start(tmp_path, "trainer=ddp_cpu", "trainer.max_steps=3000")
+    _wait_for_step(process, last, KILL_AFTER, timeout=180)
+    children = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(process.pid)], capture_output=True, text=True
+    )
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 143, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] and summary["world_size"] == 2 and summary["steps"] == _step(last)
+    for pid in children.stdout.split():  # rank 1, started by Lightning's launcher, has exited too
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{pid}"), f"rank 1 (pid {pid}) still runs"

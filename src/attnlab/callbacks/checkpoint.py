@@ -118,7 +118,7 @@ class StepBoundaryStop(Checkpoint):
     def __init__(self) -> None:
         self.stopped = False  # the pipeline reads it: the fit ended on a signal
         self.checkpoint_path: str | None = None
-        self.received: int | None = None  # the first signal received, if any
+        self.received: int | None = None  # the first signal received; after a stop, the ranks' agreed one
         self._requested = False
         self._previous: dict[int, Any] = {}  # signal -> handler at setup
         self._signals_to_install: list[int] = []
@@ -181,9 +181,20 @@ class StepBoundaryStop(Checkpoint):
         return bool(trainer.strategy.reduce_boolean_decision(self._requested, all=False))
 
     def _stop(self, trainer: L.Trainer) -> None:
+        self.received = self._agreed_signal(trainer)
         self._act(trainer)
         self.stopped = True
         trainer.should_stop = True
+
+    def _agreed_signal(self, trainer: L.Trainer) -> int | None:
+        """The signal any rank received (the highest number), on every rank: a signal sent to one process
+        (rank 0, say) must make every rank skip the test stage and exit alike."""
+        received = torch.tensor(self.received or 0, device=trainer.strategy.root_device)
+        return int(trainer.strategy.reduce(received, reduce_op="max")) or None
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._previous and not self.stopped:  # a signal after the last boundary: the ranks agree on it
+            self.received = self._agreed_signal(trainer)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":
