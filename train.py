@@ -19,7 +19,8 @@ from attnlab.errors import user_error  # noqa: E402
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from attnlab.pipeline import train  # imported late so `--help` and config errors stay fast
+    # imported late so `--help` and config errors stay fast
+    from attnlab.pipeline import discard_unstarted_run_dir, train
     from attnlab.summary import exit_status
 
     try:
@@ -28,7 +29,17 @@ def main(cfg: DictConfig) -> float | None:
         cause = user_error(err)
         if cause is None:
             raise
+        discard_unstarted_run_dir(
+            cfg.paths.run_dir, cfg.paths.output_dir
+        )  # a bad command leaves no empty dir
         sys.exit(f"error: {cause}")  # the user's to fix: the message says what, a traceback would bury it
+    except KeyboardInterrupt:  # Ctrl-C before training started (in training, the run saves and says so)
+        discard_unstarted_run_dir(cfg.paths.run_dir, cfg.paths.output_dir)
+        print(
+            "error: interrupted (Ctrl-C); nothing half-written was kept, the next run starts clean",
+            file=sys.stderr,
+        )
+        sys.exit(130)
     if summary.get("interrupted"):  # SIGTERM/SIGINT: last.ckpt saved, the closing lines say how to resume
         sys.exit(exit_status(summary))  # 143 or 130, as if the signal had ended the process
     return summary["val_acc"]  # the value a Hydra sweeper would optimise

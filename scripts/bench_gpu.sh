@@ -9,11 +9,11 @@
 set -uo pipefail
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-bench_results/gpu}
-mkdir -p "$OUT"
 "$PY" -c 'import sys, torch
 if not torch.cuda.is_available():
     sys.exit("bench-gpu: no CUDA device here; run it on a GPU machine")
 print(f"GPU: {torch.cuda.get_device_name()} | torch {torch.__version__} | CUDA {torch.version.cuda}")' || exit 2
+mkdir -p "$OUT"  # only once a GPU is there: a machine without one is left no empty results folder
 
 OPS="softmax sliced_relu sliced_relu_torch sliced_relu_bump sliced_relu_bump_torch linear linear_causal linear_causal_torch"
 for spec in "bfloat16:1024 4096 16384 65536" "float16:4096 65536" "float32:4096 65536"; do

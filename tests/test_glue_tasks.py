@@ -240,11 +240,22 @@ def test_missing_or_non_mlm_checkpoint_is_a_clear_error(tmp_path, pretrained):
 
 
 def test_errors_are_user_errors():
-    with pytest.raises(ConfigError):
+    """train.py prints a UserError's message alone: both refusals of a pretrained checkpoint are ones."""
+    from attnlab.errors import UserError
+
+    with pytest.raises(ConfigError, match=r"attn: the model uses None but task.pretrained p .* with X"):
         GlueTask(_Fixed([[0.0]]), "sst2", None, optimizer=None).load_pretrained(
             type("P", (), {"shape": {"attention": "X"}, "path": "p"})()
         )
-    assert issubclass(CheckpointError, Exception)
+    assert issubclass(CheckpointError, UserError) and issubclass(ConfigError, UserError)
+
+
+def test_a_constant_prediction_scores_zero_correlation_not_nan():
+    """torchmetrics gives NaN for the correlation of a constant: a NaN val/acc would never be 'best'."""
+    got = _scores("stsb", [[2.5]] * 4, [0.5, 1.0, 3.0, 4.5])
+    assert got["test/spearman"] == 0.0 and got["test/pearson"] == 0.0 and got["test/acc"] == 0.0
+    got = _scores("cola", _logits([1, 1, 1, 1]), [1, 0, 0, 1])
+    assert got["test/mcc"] == 0.0
 
 
 # ------------------------------------------------------------------------------------------- report

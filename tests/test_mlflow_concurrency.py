@@ -85,7 +85,10 @@ def _start_together(script: str, node: dict, tmp_path: Path) -> None:
     ]
     try:
         for worker in workers:  # every worker has its imports done: the race is on opening the store
-            assert worker.stdout.readline().strip() == "ready", worker.communicate(timeout=60)[1][-3000:]
+            line = _readline(worker, timeout_s=300)  # a hung worker fails the test, not the suite
+            assert line.strip() == "ready", (
+                f"worker said {line!r}: " + worker.communicate(timeout=60)[1][-3000:]
+            )
         go.touch()
         errors = [w.communicate(timeout=300)[1] for w in workers]
     finally:
@@ -166,3 +169,15 @@ def test_a_damaged_store_is_named_in_the_error(tmp_path):
 )
 def test_sqlite_store_path(uri, path):
     assert sqlite_store_path(uri) == (Path(path) if path else None)
+
+
+def _readline(process: subprocess.Popen, timeout_s: float) -> str:
+    """The process's next stdout line, or "" once ``timeout_s`` has passed without one."""
+    import selectors
+
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout=timeout_s):
+            process.kill()
+            return ""
+    return process.stdout.readline()

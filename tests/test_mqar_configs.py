@@ -144,3 +144,40 @@ def test_the_python_example_in_the_doc_prints_what_it_says(capsys):
     printed = capsys.readouterr().out.strip()
     promised = [line.split("#", 1)[1].strip() for line in code.splitlines() if "print(" in line]
     assert printed == "\n".join(promised)
+
+
+@pytest.fixture
+def bidirectional_only():
+    """A registered backend with no causal form (every built-in one has one now), removed after."""
+    from attnlab.attention import AttentionLayer, Capabilities, register_backend, registry
+
+    saved = dict(registry._BACKENDS)
+
+    @register_backend("bidirectional_only")
+    class BidirectionalOnly(AttentionLayer):
+        capabilities = Capabilities(causal=False, reasons={"causal": "a test backend with no causal form"})
+
+        def attend(self, q, k, v, key_padding_mask):
+            return v
+
+    yield "bidirectional_only"
+    registry._BACKENDS.clear()
+    registry._BACKENDS.update(saved)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_mqar_refuses_a_backend_without_a_causal_form(train_config, config, bidirectional_only):
+    """The refusal branch above never runs with the built-in backends: it runs here."""
+    from functools import partial
+
+    from attnlab.attention import build_attention
+
+    assert bidirectional_only not in causal_backends()
+    cfg = train_config(config)
+    vocab = instantiate(cfg.task.data).model_kwargs()["vocab_size"]
+    with pytest.raises(InstantiationException) as caught:
+        instantiate(cfg.task.model, vocab_size=vocab, attention=partial(build_attention, bidirectional_only))
+    assert isinstance(caught.value.__cause__, NoCausalAttentionError)
+    message = str(caught.value.__cause__)
+    assert "backend 'bidirectional_only' cannot serve this request: causal: a test backend" in message
+    assert "backends with a causal form: softmax" in message

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra.errors import MissingConfigException
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from attnlab.errors import CheckpointError
 from attnlab.pipeline import train
+from attnlab.resume import read_checkpoint
 from attnlab.summary import SUMMARY_FIELDS
 from tiny_runs import REPO_ROOT, run_train_py
 from tiny_runs import TINY_LISTOPS as TINY
@@ -42,8 +45,6 @@ TINY_LISTOPS = [*TINY, "trainer.log_every_n_steps=2", "logger=csv"]
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("attn", ATTNS)
 def test_every_task_and_backend_composes_and_builds(train_config, task, attn):
-    from hydra.utils import instantiate
-
     cfg = train_config(f"task={task}", f"attn={attn}")
     assert cfg.task.name == task and cfg.attn.name == attn
     model = instantiate(cfg.task.model, vocab_size=32, attention=instantiate(cfg.attn))
@@ -68,7 +69,10 @@ def test_short_run_writes_summary_checkpoints_and_logs(train_config, tmp_path):
     for key in SUMMARY_FIELDS:
         assert key in written, key
     assert written["task"] == "listops" and written["attn"] == "sliced_relu" and written["steps"] == 12
-    assert 0.0 <= written["test_acc"] <= 1.0 and 0.1 <= written["baseline_acc"] <= 1.0
+    # the test accuracy is the best checkpoint's, over every test example: recomputed here by hand
+    assert written["test_acc"] == pytest.approx(_accuracy_of(cfg, written["best_checkpoint"]), abs=1e-6)
+    labels = np.concatenate([b["labels"].numpy() for b in _datamodule(cfg).test_dataloader()])
+    assert written["baseline_acc"] == pytest.approx(np.bincount(labels).max() / len(labels))
     assert written["train_samples_per_sec"] > 0 and written["eval_samples_per_sec"] > 0
     assert written["seq_len"] <= 60 and written["world_size"] == 1
     assert "generated" in written["data_source"] and "listops-short" in written["data_source"]
@@ -149,10 +153,31 @@ def test_train_py_runs_from_the_command_line(tmp_path):
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
 
+def _datamodule(cfg):
+    datamodule = instantiate(cfg.task.data)
+    datamodule.prepare_data()
+    datamodule.setup()
+    return datamodule
+
+
+def _accuracy_of(cfg, checkpoint: str) -> float:
+    """Test accuracy of ``checkpoint``'s weights, counted by hand over the test split."""
+    datamodule = _datamodule(cfg)
+    model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), **datamodule.model_kwargs())
+    module = instantiate(cfg.task.module, model=model)
+    module.load_state_dict(read_checkpoint(checkpoint)["state_dict"])
+    module.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for batch in datamodule.test_dataloader():
+            correct += int((module(batch).argmax(-1) == batch["labels"]).sum())
+            total += len(batch["labels"])
+    return correct / total
+
+
 @pytest.mark.parametrize("attn", ATTNS)
 def test_every_backend_trains_listops_by_name(train_config, attn):
-    summary = train(
-        train_config(*TINY_LISTOPS, f"attn={attn}", "trainer.max_steps=3", "task.val_check_interval=3")
-    )
+    cfg = train_config(*TINY_LISTOPS, f"attn={attn}", "trainer.max_steps=3", "task.val_check_interval=3")
+    summary = train(cfg)
     assert summary["attn"] == attn and summary["steps"] == 3
-    assert 0.0 <= summary["test_acc"] <= 1.0
+    assert summary["test_acc"] == pytest.approx(_accuracy_of(cfg, summary["best_checkpoint"]), abs=1e-6)

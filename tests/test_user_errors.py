@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def test_wrong_typed_override_names_the_key_without_a_traceback(tmp_path, overri
     assert message in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "data").exists(), "the check must come before any work"
+    assert not list((tmp_path / "outputs").rglob("*")), "no run dir left behind by a bad command"
 
 
 @pytest.mark.parametrize(
@@ -61,6 +63,8 @@ def test_fast_dev_run_as_lightning_users_type_it(tmp_path):
     done = _train_py(tmp_path, "trainer.fast_dev_run=true")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Running in `fast_dev_run` mode" in done.stdout + done.stderr
+    (summary,) = (tmp_path / "outputs").rglob("summary.json")
+    assert json.loads(summary.read_text())["smoke_test"] is True  # `attnlab report` leaves it out
 
 
 @pytest.mark.parametrize(
@@ -218,3 +222,33 @@ def test_a_default_run_prints_each_line_once_without_adverts(tmp_path):
     assert output.count("GPU available:") == 1
     for noise in ("Tip:", "litlogger", "LeafSpec", "srun"):
         assert noise not in output, noise
+
+
+def test_auto_refuses_a_last_ckpt_that_links_out_of_the_run_dir(tmp_path):
+    from attnlab.errors import CheckpointError
+    from attnlab.resume import resolve_ckpt_path
+
+    elsewhere = tmp_path / "another_run" / "checkpoints" / "last.ckpt"
+    elsewhere.parent.mkdir(parents=True)
+    torch.save({"global_step": 7}, elsewhere)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").symlink_to(elsewhere)
+    with pytest.raises(CheckpointError, match=r"ckpt_path=auto: .*last.ckpt leads to .*another_run.*outside"):
+        resolve_ckpt_path("auto", run)
+
+
+def test_a_checkpoint_of_another_model_is_named_with_both_runs(train_config, tmp_path):
+    """Lightning's answer was a state_dict traceback listing every tensor."""
+    from attnlab.errors import CheckpointError
+
+    first = train_config(*TINY_LISTOPS, "trainer.max_steps=2", "test=false")
+    train(first)
+    last = Path(first.paths.run_dir) / "checkpoints" / "last.ckpt"
+    wider = train_config(*TINY_LISTOPS, "task.model.dim=32", f"ckpt_path={last}")
+    with pytest.raises(CheckpointError) as caught:
+        train(wider)
+    message = str(caught.value)
+    assert f"ckpt_path {last} holds another model" in message and "of another shape" in message
+    assert "saved by task=listops, attn=sliced_relu, dim=16, depth=2" in message
+    assert "this run is task=listops, attn=sliced_relu, dim=32, depth=2" in message

@@ -202,7 +202,7 @@ def test_pos_embed_and_class_token_get_no_weight_decay():
 
 
 PRESETS = REPO_ROOT / "conf" / "experiment" / "vit"
-TAG = re.compile(r"\[P\]|\[CCT\]|\bours\b")
+TAG = re.compile(r"\[P\]|\[A\]|\[CCT\]|\bours\b")
 VALUE_LINE = re.compile(r"^\s+(\w+):\s*([^#\s][^#]*?)\s*(?:#\s*(.*))?$")
 
 
@@ -214,9 +214,9 @@ def test_paper_scale_presets_name_the_source_of_every_value(train_config, preset
         for line in lines
         if (m := VALUE_LINE.match(line)) and not TAG.search(m.group(3) or "") and m.group(1) != "max_time"
     ]
-    assert not untagged, f"vit/{preset}.yaml: values without [P], [CCT] or ours: {untagged}"
+    assert not untagged, f"vit/{preset}.yaml: values without [P], [A], [CCT] or ours: {untagged}"
     cfg = train_config(f"experiment=vit/{preset}")
-    steps_per_epoch = {"cifar10": 45_000, "tinyimagenet": 90_000}[preset] // cfg.task.data.batch_size
+    steps_per_epoch = {"cifar10": 50_000, "tinyimagenet": 100_000}[preset] // cfg.task.data.batch_size
     assert cfg.task.max_steps == 300 * steps_per_epoch and cfg.task.val_check_interval == steps_per_epoch
     assert cfg.task.module.scheduler.warmup_steps == 10 * steps_per_epoch
     assert cfg.task.model.patch_size == 4 and cfg.task.module.optimizer._target_ == "torch.optim.AdamW"
@@ -248,7 +248,7 @@ def test_paper_protocol_sweep_and_its_median_report(vision_data, tmp_path):
         sys.executable, "train.py", "-m", "experiment=vit/cifar10",
         "attn=softmax,sliced_relu,sliced_relu_bump", "seed=0,1,2,3",
         "trainer.max_steps=1", "task.val_check_interval=1", "task.data.batch_size=8",
-        "task.data.eval_batch_size=50", "task.data.source.val_per_class=1",
+        "task.data.eval_batch_size=50",
         f"paths.data_dir={vision_data}", f"hydra.sweep.dir={sweep}",
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1500)

@@ -39,10 +39,13 @@ from attnlab.data.common import file_lock
 from attnlab.history import AttemptClock, HistoryCSVLogger
 from attnlab.resume import (
     best_checkpoint_in_run,
+    check_checkpoint_fits,
     checkpoint_step,
     read_checkpoint,
     resolve_ckpt_path,
     resume_command,
+    run_description,
+    saved_run,
 )
 from attnlab.summary import git_commit, interrupted_fields, write_summary
 from attnlab.threads import applied as thread_settings
@@ -117,6 +120,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run_dir = Path(cfg.paths.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)  # a bad checkpoint fails before any work
+    saved = saved_run(ckpt_path) if ckpt_path is not None else {}  # before this run's config.yaml replaces it
     if rank_zero_only.rank == 0:  # from the start: an interrupted or failed run dir still says what it ran
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     # before the data: a logger that cannot start (no tracking server) fails before any work
@@ -132,6 +136,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     datamodule.setup()
     model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), **datamodule.model_kwargs())
     module = instantiate(cfg.task.module, model=model)
+    if ckpt_path is not None:  # another task's or size's checkpoint: one line, not a state_dict traceback
+        check_checkpoint_fits(ckpt_path, module.state_dict(), run_description(cfg), saved)
     callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None] + [clock]
     if ckpt_path is not None:  # one run across attempts: keep the metric rows up to the checkpoint
         for logger in loggers:
@@ -229,6 +235,38 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             print(f"{summary['signal']} at step {summary['steps']}: resume with {_resume_command(run_dir)}")
     _finish_wandb(trainer)
     return summary
+
+
+#: what a run dir holds before any training: Hydra's log and config copies, attnlab's config, loggers' dirs
+_STARTUP_FILES = {"train.log", ".hydra", "config.yaml", "csv", "tensorboard", "wandb"}
+
+
+def discard_unstarted_run_dir(run_dir: str | Path, output_dir: str | Path | None = None) -> bool:
+    """Remove the dir of a run that failed before it produced anything (no checkpoint, no summary).
+
+    Bad commands used to leave a folder holding only ``train.log`` behind each time, and folders of
+    runs that never ran pile up beside the real ones. Only a dir holding nothing but the files a run
+    writes as it starts is removed, so a resumed run's dir, or any dir with other files, stays; then
+    its parents, up to ``output_dir``, when that left them empty (``outputs/<task>/<attn>/``).
+    """
+    import shutil
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or any(entry.name not in _STARTUP_FILES for entry in run_dir.iterdir()):
+        return False
+    if any(
+        path.is_file() and path.stat().st_size
+        for sub in ("csv", "tensorboard")
+        for path in (run_dir / sub).rglob("*")
+    ):
+        return False  # metrics were logged: something ran
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if output_dir is not None:
+        top, parent = Path(output_dir).resolve(), run_dir.resolve().parent
+        while parent != top and parent.is_relative_to(top) and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    return True
 
 
 def _log_cpu_threads() -> None:

@@ -113,6 +113,12 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
         candidates = resume_candidates(run_dir)
         if not candidates:
             return None
+        outside = [p for p in candidates if not is_inside(p, run_dir)]
+        if outside:  # a link out of the run dir: what it would load is no checkpoint of this run
+            raise CheckpointError(
+                f"ckpt_path=auto: {outside[0]} leads to {outside[0].resolve()}, outside the run dir "
+                f"{run_dir}; refusing to resume from it (give that file as ckpt_path=<path> if you mean it)"
+            )
         newest = max(candidates, key=lambda p: (checkpoint_step(p), p.stat().st_mtime))
         log.info("ckpt_path=auto: resuming from %s (of %s)", newest, ", ".join(p.name for p in candidates))
         return str(newest)
@@ -180,3 +186,63 @@ def resume_command(run_dir: str | Path, overrides: list[str] | None = None) -> s
     kept = [o for o in overrides or [] if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
     words = ["python", "train.py", *kept, "ckpt_path=auto", f"hydra.run.dir={os.fspath(run_dir)}"]
     return " ".join(shlex.quote(word) for word in words)
+
+
+def check_checkpoint_fits(
+    ckpt_path: str | Path, state_dict: dict[str, Any], expected: dict[str, Any], saved: dict[str, Any]
+) -> None:
+    """Refuse, in one line, a checkpoint whose weights do not fit this run's model.
+
+    Lightning would stop with a state_dict traceback of every mismatched tensor. This names the
+    first differences, what the checkpoint's run was (``saved``: `saved_run`, read before this run
+    writes its own config.yaml) and what this run expects (``expected``: `run_description`).
+    """
+    held = read_checkpoint(ckpt_path, "ckpt_path")["state_dict"]
+    shapes = [
+        f"{key}: checkpoint {tuple(held[key].shape)}, this run {tuple(value.shape)}"
+        for key, value in state_dict.items()
+        if key in held and tuple(held[key].shape) != tuple(value.shape)
+    ]
+    missing = [key for key in state_dict if key not in held]
+    unexpected = [key for key in held if key not in state_dict]
+    if not (shapes or missing or unexpected):
+        return
+    found = []
+    if shapes:
+        found.append(f"{len(shapes)} weight(s) of another shape (first {shapes[0]})")
+    if missing:
+        found.append(f"{len(missing)} missing (first {missing[0]})")
+    if unexpected:
+        found.append(f"{len(unexpected)} this model does not have (first {unexpected[0]})")
+    describe = lambda run: ", ".join(f"{k}={v}" for k, v in run.items() if v is not None)  # noqa: E731
+    raise CheckpointError(
+        f"ckpt_path {ckpt_path} holds another model ({'; '.join(found)}): it was saved by "
+        f"{describe(saved) or 'a run whose config.yaml is not beside it'}, this run is "
+        f"{describe(expected)}"
+    )
+
+
+def saved_run(ckpt_path: str | Path) -> dict[str, Any]:
+    """Task, backend and model size of the run that saved ``ckpt_path``, from its run dir's config."""
+    run_dir = run_dir_of_checkpoint(ckpt_path)
+    config = run_dir / "config.yaml" if run_dir is not None else None
+    if config is None or not config.is_file():
+        return {}
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(config)
+    return run_description(cfg)
+
+
+def run_description(cfg) -> dict[str, Any]:
+    """What tells two runs' models apart, for messages: task, backend, width, depth, heads."""
+    from omegaconf import OmegaConf
+
+    pick = lambda key: OmegaConf.select(cfg, key, default=None)  # noqa: E731
+    return {
+        "task": pick("task.name"),
+        "attn": pick("attn.name"),
+        "dim": pick("task.model.dim"),
+        "depth": pick("task.model.depth"),
+        "num_heads": pick("task.model.num_heads"),
+    }

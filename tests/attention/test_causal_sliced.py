@@ -246,9 +246,19 @@ def test_outputs_and_gradients_ignore_the_future(kind):
     cut = 61
     changed = [torch.cat([a[:, :, :cut], b[:, :, cut:]], dim=2) for a, b in ((s, s2), (t, t2), (v, v2))]
     op = fast_op(kind)
-    out, out_changed = op(s, t, v, bandwidth, None), op(*changed, bandwidth, None)
+    inputs = [x.clone().requires_grad_() for x in (s, t, v)]
+    changed = [x.clone().requires_grad_() for x in changed]
+    out, out_changed = op(*inputs, bandwidth, None), op(*changed, bandwidth, None)
     assert torch.equal(out[:, :, :cut], out_changed[:, :, :cut])  # bit for bit: no shift from the future
     assert not torch.equal(out[:, :, cut:], out_changed[:, :, cut:])
+    # gradients of the past outputs reach the past inputs only, and the same whatever the future holds
+    grad = torch.randn(out[:, :, :cut].shape, generator=torch.Generator().manual_seed(5))
+    past = torch.autograd.grad(out[:, :, :cut], inputs, grad)
+    past_changed = torch.autograd.grad(out_changed[:, :, :cut], changed, grad)
+    for mine, theirs in zip(past, past_changed, strict=True):
+        assert torch.equal(mine[:, :, cut:], torch.zeros_like(mine[:, :, cut:]))
+        torch.testing.assert_close(mine[:, :, :cut], theirs[:, :, :cut], rtol=1e-5, atol=1e-6)
+        assert mine[:, :, :cut].abs().sum() > 0
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -405,11 +415,13 @@ def test_causal_layers_never_see_the_future(name, rope):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(2, 40, DIM, generator=gen, dtype=F64)
     out = layer(x)
-    for cut in (0, 1, 17, 39):
+    for cut in (0, 1, 17, 38):
         y = x.clone()
         y[:, cut + 1 :] = 10 * torch.randn(2, 39 - cut, DIM, generator=gen, dtype=F64)
-        torch.testing.assert_close(layer(y)[:, : cut + 1], out[:, : cut + 1], rtol=0, atol=1e-12)
-    assert not torch.allclose(layer(y)[:, -1], out[:, -1]) or cut == 39
+        changed = layer(y)
+        torch.testing.assert_close(changed[:, : cut + 1], out[:, : cut + 1], rtol=0, atol=1e-12)
+        # and the tokens changed do reach the later outputs (a layer that ignored its input would pass)
+        assert not torch.allclose(changed[:, cut + 1 :], out[:, cut + 1 :]), cut
 
 
 @pytest.mark.parametrize(

@@ -141,8 +141,8 @@ def test_kernel_compiles_for_sm90_without_spilling_much(name, monkeypatch):
             pytest.skip(f"cannot build for sm_90 here: {err}")
         raise
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    if not os.path.exists(cuobjdump):
-        return
+    if not os.path.exists(cuobjdump):  # the check reads the stack size with it: without it, say so
+        pytest.skip(f"no cuobjdump in this triton build ({cuobjdump}): spills not checked")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(compiled.asm["cubin"])
         handle.flush()

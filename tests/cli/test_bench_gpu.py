@@ -21,11 +21,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def test_make_bench_gpu_without_cuda_says_so(tmp_path):
     # -o: the venv is already built here; never let the test reinstall it
     done = subprocess.run(
-        ["make", "-o", ".venv/.installed", "bench-gpu", f"OUT={tmp_path}"],
+        ["make", "-o", ".venv/.installed", "bench-gpu", f"OUT={tmp_path / 'gpu'}"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode != 0
     assert "bench-gpu: no CUDA device here; run it on a GPU machine" in done.stdout + done.stderr
+    assert not (tmp_path / "gpu").exists(), "no empty results folder left behind"
 
 
 def test_torch_variants_and_causal_linear_are_bench_backends(tmp_path):

@@ -443,3 +443,15 @@ def test_address_of_another_machine_is_an_error_naming_it(outputs, capsys):
     # 192.0.2.1 (TEST-NET-1, RFC 5737) resolves but is no address of this machine: the bind fails
     assert main(["dashboard", str(outputs), "--host", "192.0.2.1", "--port", "0"]) == 2
     assert "cannot listen on 192.0.2.1:0" in capsys.readouterr().err
+
+
+def test_a_host_beyond_this_machine_is_warned_about(outputs, capsys):
+    """The runs (configs, metrics, paths) go to whoever can reach the address: say so before serving.
+    (192.0.2.1 is no address of this machine, so nothing is served here; see the test above.)"""
+    from attnlab.cli.dashboard import is_loopback
+    from attnlab.cli.main import main
+
+    assert main(["dashboard", str(outputs), "--host", "192.0.2.1", "--port", "0"]) == 2
+    assert "warning: --host 192.0.2.1 serves the runs" in capsys.readouterr().err
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.8.0.3", "::1", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.org"))

@@ -313,10 +313,30 @@ def test_console_script_wiring(sweep: Path, tmp_path: Path, capsys):
     assert "speed-up vs sliced_relu" in capsys.readouterr().out
 
 
-def test_cli_default_out_dir_is_report(sweep: Path, tmp_path: Path, monkeypatch, capsys):
+def test_cli_as_the_readme_writes_it_reads_outputs_and_writes_a_new_report_there(
+    sweep: Path, tmp_path: Path, monkeypatch, capsys
+):
+    """`attnlab report` with no argument stopped with "the following arguments are required: DIR"."""
     monkeypatch.chdir(tmp_path)
-    assert _run_cli(["report", str(sweep)]) == 0
-    assert (tmp_path / "report" / "accuracy.md").is_file()
+    sweep.rename(tmp_path / "outputs")
+    assert main(["report"]) == 0
+    (report,) = (tmp_path / "outputs" / "reports").iterdir()
+    assert (report / "accuracy.md").is_file() and not (tmp_path / "report").exists()
+    assert f"files written to {Path('outputs') / 'reports' / report.name}/" in capsys.readouterr().err
+
+
+def test_smoke_tests_and_interrupted_runs_stay_out_of_reports(sweep: Path, tmp_path: Path, capsys):
+    for name, extra in (
+        ("smoke", {"smoke_test": True}),
+        ("stopped", {"interrupted": True, "signal": "SIGTERM"}),
+    ):
+        run = sweep / name / "0"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({**_summary(*FAKE_RUNS[0]), **extra}))
+    assert _run_cli(["report", str(sweep), "--out-dir", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "smoke/0/summary.json: a smoke test (trainer.fast_dev_run), not a result" in err
+    assert "stopped/0/summary.json: the run was interrupted" in err
 
 
 def test_cli_no_summary_found(tmp_path: Path, capsys):

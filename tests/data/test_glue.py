@@ -164,6 +164,25 @@ def test_unreadable_label_is_a_bad_row(tmp_path):
     assert len(read_glue_tsv(path, TASKS["rte"], BadRows("skip"))) == 1
 
 
+def test_a_non_utf8_byte_is_a_bad_row_naming_file_and_line(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_bytes(b"sentence\tlabel\nfine\t1\ncaf\xe9\t0\nalso fine\t0\n")
+    with pytest.raises(DataError, match=r"train.tsv:3: not UTF-8 \(byte 0xe9 at column 4\)"):
+        read_glue_tsv(path, TASKS["sst2"], BadRows("error"))
+    assert read_glue_tsv(path, TASKS["sst2"], BadRows("skip")).first == ["fine", "also fine"]
+
+
+def test_stsb_scores_outside_zero_to_five_are_bad_rows(tmp_path):
+    path = tmp_path / "dev.tsv"
+    rows = [f"{i}\tg\tf\t2012\t{i}\ts\ts\ta\tb\t{score}" for i, score in enumerate(["4.2", "7.5", "-1"])]
+    path.write_text("\n".join([STSB, *rows]) + "\n")
+    with pytest.raises(
+        DataError, match=r"dev.tsv:3: label '7.5' in column 'score': expected a number from 0 to 5"
+    ):
+        read_glue_tsv(path, TASKS["stsb"], BadRows("error"))
+    assert read_glue_tsv(path, TASKS["stsb"], BadRows("skip")).labels.tolist() == [pytest.approx(4.2)]
+
+
 def test_a_wrong_header_names_the_missing_column(tmp_path):
     path = tmp_path / "train.tsv"
     path.write_text("sentence\tlabel\nx\t0\n")

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from attnlab.data.common import DataError, MissingDataError
+from attnlab.data.lra.sources import ImageSource
 from attnlab.data.vision import (
     Cifar10Source,
     DigitsSource,
@@ -119,6 +120,17 @@ def test_missing_cifar_names_the_path_and_where_to_get_it(tmp_path, monkeypatch)
         Cifar10Source(tmp_path).prepare()
     message = str(err.value)
     assert str(tmp_path / "cifar-10-batches-py") in message and "cifar-10-python.tar.gz" in message
+
+
+def test_an_incomplete_cifar_folder_names_the_missing_file(tmp_path):
+    """It used to fall through to the Hugging Face cache and never say that data_batch_5 is gone."""
+    folder = write_cifar(tmp_path)
+    (folder / "data_batch_5").unlink()
+    for source in (Cifar10Source(tmp_path), ImageSource(tmp_path)):
+        with pytest.raises(
+            MissingDataError, match=r"cifar-10-batches-py is incomplete: data_batch_5 missing"
+        ):
+            source.prepare()
 
 
 def test_cifar_from_a_cached_hugging_face_copy(tmp_path, monkeypatch):

@@ -84,12 +84,22 @@ class LinearAttentionState(NamedTuple):
     position: int
 
 
+DROPOUT_SITES = ("output", "projection")
+
+
+def check_dropout_site(value: object) -> None:
+    """`dropout_site` of the sliced layers: where their `dropout` acts (see `SlicedReLUAttention`)."""
+    if value not in DROPOUT_SITES:
+        raise ValueError(f"dropout_site must be one of {', '.join(DROPOUT_SITES)}; got {value!r}")
+
+
 class AttentionLayer(nn.Module):
     """Shared skeleton; subclasses implement `attend(q, k, v, key_padding_mask)` on (B, H, T, D)."""
 
     name: str = ""
     capabilities = Capabilities()
     padded_query_modes: tuple[str, ...] = COMMON_PADDED_QUERIES  # what `padded_queries` may be
+    dropout_site = "output"  # the sliced layers may move their dropout into the slicing projection
 
     def __init__(
         self,
@@ -188,6 +198,8 @@ class AttentionLayer(nn.Module):
 
     def output_dropout(self, o: torch.Tensor) -> torch.Tensor:
         """Dropout on the attention output, for backends without an attention matrix to drop from."""
+        if self.dropout_site != "output":
+            return o
         return F.dropout(o, p=self.dropout, training=self.training)
 
     def extra_repr(self) -> str:
@@ -331,6 +343,12 @@ class SlicedReLUAttention(AttentionLayer):
     with one mean and std over the whole sequence (`standardise_scores`), `"prefix"` with the running
     statistics of tokens j <= i (`standardise_scores_prefix`, sees no future), `"none"` not at all;
     `"auto"` is "prefix" for a causal layer and "sequence" otherwise. Causal layers decode with `step`.
+
+    `projection_hidden` is the MLP's hidden width (null: H·D, the authors' choice; a linear Π has
+    none and ignores it). `dropout_site`:
+    `"output"` (attnlab's default) drops the attention output at `dropout`; `"projection"` is the
+    authors' placement (SiwanB/Sliced_ReLU_Attention): dropout at `dropout / 2` after the MLP's GELU,
+    none on the output (a linear Π then has no dropout at all).
     """
 
     name = "sliced_relu"
@@ -342,12 +360,17 @@ class SlicedReLUAttention(AttentionLayer):
         num_heads: int,
         *,
         projection: str = "mlp",
+        projection_hidden: int | None = None,
         eps: float = 1e-4,
         standardise: str = "auto",
+        dropout_site: str = "output",
         **common,
     ) -> None:
         super().__init__(dim, num_heads, **common)
         check_number("eps", eps, low=0.0, low_open=True)  # the floor of the normaliser
+        check_int("projection_hidden", projection_hidden, 1, allow_none=True)
+        check_dropout_site(dropout_site)
+        self.dropout_site = dropout_site
         if standardise not in STANDARDISE:
             raise ValueError(f"standardise must be one of {', '.join(STANDARDISE)}; got {standardise!r}")
         if standardise == "auto":
@@ -360,8 +383,12 @@ class SlicedReLUAttention(AttentionLayer):
         self.standardise = standardise
         width = self.qkv_dim  # Π reads a token's concatenated heads
         if projection == "mlp":
-            self.slicer = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, num_heads))
-        elif projection == "linear":
+            hidden = width if projection_hidden is None else projection_hidden
+            act: nn.Module = nn.GELU()
+            if dropout_site == "projection":  # in the parameter-free slot: the same state_dict keys
+                act = nn.Sequential(act, nn.Dropout(self.dropout / 2))
+            self.slicer = nn.Sequential(nn.Linear(width, hidden), act, nn.Linear(hidden, num_heads))
+        elif projection == "linear":  # no hidden layer: projection_hidden does not apply
             self.slicer = nn.Linear(width, num_heads)
         else:
             raise ValueError(f"projection must be 'mlp' or 'linear', got {projection!r}")
@@ -476,17 +503,28 @@ class SlicedReLUBumpAttention(AttentionLayer):
 
     `normaliser="count"` divides by the number of keys (the paper's bump); `"mass"` (causal layers only)
     by the hat weight seen plus `mass_eps`, so that a causal output does not shrink like 1/position
-    (`attnlab.attention.sliced.normaliser`). Causal layers decode with `step`.
+    (`attnlab.attention.sliced.normaliser`). Causal layers decode with `step`. `dropout_site`:
+    `"output"` drops the attention output at `dropout`; `"projection"` is the authors' bump layer,
+    which has no dropout (its Π is linear).
     """
 
     name = "sliced_relu_bump"
     capabilities = Capabilities(causal=True, recurrent_step=True)
 
     def __init__(
-        self, dim: int, num_heads: int, *, normaliser: str = "count", mass_eps: float = 1e-2, **common
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        normaliser: str = "count",
+        mass_eps: float = 1e-2,
+        dropout_site: str = "output",
+        **common,
     ) -> None:
         super().__init__(dim, num_heads, **common)
         check_bump_normaliser("sliced_relu_bump", normaliser, mass_eps, self.causal)
+        check_dropout_site(dropout_site)
+        self.dropout_site = dropout_site
         self.normaliser, self.mass_eps = normaliser, mass_eps
         self.slicer = nn.Linear(self.qkv_dim, num_heads, bias=False)
         self.bandwidth_logit = nn.Parameter(torch.zeros(num_heads))  # θ_h; b_h = softplus(θ_h) + 1e-4

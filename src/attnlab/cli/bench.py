@@ -262,7 +262,9 @@ def _cpu_peak_bytes(call: Callable[[], None]) -> int:
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's own chatter is not our output
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+    # acc_events: one cycle only either way; without it torch warns that it clears events between cycles
+    options = {"profile_memory": True, "record_shapes": False, "acc_events": True}
+    with profile(activities=[ProfilerActivity.CPU], **options) as prof:
         call()
     events = sorted(
         (event.start_ns(), event.nbytes())

@@ -82,7 +82,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "the URL on a line of its own, then serves until Ctrl-C."
         ),
     )
-    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run or sweep directories")
+    parser.add_argument(
+        "dirs", nargs="*", type=Path, default=[Path("outputs")], metavar="DIR",
+        help="run or sweep directories (default: outputs/, as attnlab report)",
+    )  # fmt: skip
     parser.add_argument(
         "--host",
         default=DEFAULT_HOST,
@@ -108,8 +111,28 @@ def _port(text: str) -> int:
     return port
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: its addresses may be anyone's
+
+
 def run(args: argparse.Namespace) -> int:
     """Build the log dir, serve it, block until Ctrl-C or SIGTERM; 2 on bad input (message on stderr)."""
+    if not is_loopback(args.host):
+        print(
+            f"attnlab dashboard: warning: --host {args.host} serves the runs (configs, metrics, paths) to "
+            "every machine that can reach this one on the network, without a password; the default "
+            f"{DEFAULT_HOST} keeps them on this machine (reach it from elsewhere with `ssh -L`)",
+            file=sys.stderr,
+            flush=True,
+        )
     with tempfile.TemporaryDirectory(prefix="attnlab-dashboard-") as logdir:
         try:
             runs = load_runs(args.dirs, warn=_warn)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from attnlab.reporting import METRICS, ReportError, make_report
@@ -25,10 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "markdown tables are also printed."
         ),
     )
-    parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run or sweep directories")
     parser.add_argument(
-        "--out-dir", type=Path, default=Path("report"), help="output folder (default: report/)"
-    )
+        "dirs", nargs="*", type=Path, default=[Path("outputs")], metavar="DIR",
+        help="run or sweep directories (default: outputs/, every run of this checkout)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out-dir", type=Path, default=None,
+        help="output folder (default: a new <first DIR>/reports/<time>/, so no report overwrites another)",
+    )  # fmt: skip
     parser.add_argument(
         "--metric", choices=METRICS, default="test_acc", help="accuracy to tabulate (default: test_acc)"
     )
@@ -46,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         # `reason` starts with the file's path (see `attnlab.reporting.parse_summary`).
         print(f"attnlab report: warning: skipped {reason}", file=sys.stderr)
 
+    if args.out_dir is None:
+        args.out_dir = args.dirs[0] / "reports" / time.strftime("%Y-%m-%d_%H-%M-%S")
     try:
         report = make_report(
             args.dirs, args.out_dir, metric=args.metric, baseline=args.baseline, on_skip=warn

@@ -12,7 +12,10 @@ from __future__ import annotations
 import fcntl
 import logging
 import math
+import os
 import random
+import re
+import shutil
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -399,3 +402,45 @@ def file_lock(path: str | Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def removed_on_failure(*paths: Path) -> Iterator[None]:
+    """Files or folders being written: removed when the block does not finish (an error, Ctrl-C, a
+    SIGTERM that raises), so the next run finds nothing half-written."""
+    try:
+        yield
+    except BaseException:
+        for path in paths:
+            if Path(path).is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                Path(path).unlink(missing_ok=True)
+        raise
+
+
+def remove_orphans(folder: Path, pattern: str) -> list[Path]:
+    """Remove the entries of ``folder`` matching ``pattern`` (a regex whose group ``pid`` is the
+    writer's process id) whose writer is gone: what a kill -9 left behind. A live writer's are kept."""
+    removed = []
+    if not folder.is_dir():
+        return removed
+    for entry in folder.iterdir():
+        match = re.fullmatch(pattern, entry.name)
+        if match is None or _process_alive(int(match.group("pid"))):
+            continue
+        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        removed.append(entry)
+    if removed:
+        log.info("removed %d leftover(s) of interrupted writers in %s", len(removed), folder)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

@@ -54,6 +54,7 @@ class GlueSpec:
     columns: tuple[str, ...] | None = None  # a file without a header: its columns, in order
     dev: tuple[str, ...] = ("dev",)
     hf_dev: tuple[str, ...] = ("validation",)
+    score_range: tuple[float, float] | None = None  # a regression score's bounds (STS-B: 0 to 5)
 
     @property
     def num_outputs(self) -> int:
@@ -71,7 +72,10 @@ TASKS: dict[str, GlueSpec] = {
         GlueSpec(
             "mrpc", "MRPC", ("#1 String", "#2 String"), "Quality", ("0", "1"), ("sentence1", "sentence2")
         ),
-        GlueSpec("stsb", "STS-B", ("sentence1", "sentence2"), "score", None, ("sentence1", "sentence2")),
+        GlueSpec(
+            "stsb", "STS-B", ("sentence1", "sentence2"), "score", None, ("sentence1", "sentence2"),
+            score_range=(0.0, 5.0),
+        ),
         GlueSpec(
             "qqp", "QQP", ("question1", "question2"), "is_duplicate", ("0", "1"), ("question1", "question2")
         ),
@@ -109,10 +113,10 @@ def read_glue_tsv(path: str | Path, spec: GlueSpec, bad_rows: BadRows) -> Exampl
     path = Path(path)
     if not path.is_file():
         raise MissingDataError(path, _how_to_obtain(spec))
-    lines = path.read_bytes().decode("utf-8", errors="strict").split("\n")
+    lines = path.read_bytes().split(b"\n")  # decoded line by line: a bad byte is a bad row, named
     start = 0
     if spec.columns is None:
-        header = lines[0].rstrip("\r").split("\t")
+        header = _decode(lines[0], path, 1).rstrip("\r").split("\t")
         start = 1
     else:
         header = list(spec.columns)
@@ -127,8 +131,12 @@ def read_glue_tsv(path: str | Path, spec: GlueSpec, bad_rows: BadRows) -> Exampl
     where = [header.index(c) for c in spec.text]
     at_label = header.index(spec.label)
     first, second, labels = [], [] if len(where) == 2 else None, []
-    for number, line in enumerate(lines[start:], start=start + 1):
-        line = line.rstrip("\r")
+    for number, raw_line in enumerate(lines[start:], start=start + 1):
+        try:
+            line = _decode(raw_line, path, number).rstrip("\r")
+        except DataError as err:
+            bad_rows.add(err)
+            continue
         if not line.strip():
             continue
         fields = line.split("\t")
@@ -140,7 +148,9 @@ def read_glue_tsv(path: str | Path, spec: GlueSpec, bad_rows: BadRows) -> Exampl
         raw = fields[at_label].strip()
         label = _parse_label(raw, spec)
         if label is None:
-            allowed = "a finite number" if spec.labels is None else "one of " + ", ".join(spec.labels)
+            allowed = "one of " + ", ".join(spec.labels) if spec.labels is not None else "a finite number"
+            if spec.score_range is not None:
+                allowed = "a number from {:g} to {:g}".format(*spec.score_range)
             bad_rows.add(
                 DataError(path, f"label {raw!r} in column {spec.label!r}: expected {allowed}", number)
             )
@@ -163,7 +173,18 @@ def _parse_label(raw: str, spec: GlueSpec) -> float | int | None:
         value = float(raw)
     except ValueError:
         return None
+    if spec.score_range is not None and not spec.score_range[0] <= value <= spec.score_range[1]:
+        return None
     return value if math.isfinite(value) else None
+
+
+def _decode(line: bytes, path: Path, number: int) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            path, f"not UTF-8 (byte 0x{line[err.start]:02x} at column {err.start + 1})", number
+        ) from None
 
 
 def _how_to_obtain(spec: GlueSpec) -> str:

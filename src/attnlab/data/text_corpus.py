@@ -34,11 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from attnlab.data.common import (
-    DataError,
-    MissingDataError,
-    check_choice,
-)
+from attnlab.data.common import DataError, MissingDataError, check_choice, removed_on_failure
 from attnlab.data.corpus_errors import document_texts, explain_load_failure
 from attnlab.data.loaders import SPLITS, ShardedDataModule
 from attnlab.data.tokenizer import MERGES_FILE, VOCAB_FILE, BPETokenizer, load_bpe, train_bpe
@@ -289,8 +285,9 @@ class TextCorpus:
         )
         folder.mkdir(parents=True, exist_ok=True)
         counts = {s: {"documents": 0, "tokens": 0} for s in SPLITS}
-        with contextlib.ExitStack() as stack:
-            handles = {s: stack.enter_context(open(folder / f"{s}.bin.partial", "wb")) for s in SPLITS}
+        partials = {s: folder / f"{s}.bin.partial" for s in SPLITS}  # gone if this does not finish
+        with removed_on_failure(*partials.values()), contextlib.ExitStack() as stack:
+            handles = {s: stack.enter_context(open(partials[s], "wb")) for s in SPLITS}
             for batch in tokenized.iter(batch_size=_MAP_BATCH):
                 for ids, split in zip(batch["ids"], batch["split"], strict=True):
                     if ids:
@@ -298,15 +295,16 @@ class TextCorpus:
                         np.asarray(ids, dtype=dtype).tofile(handles[name])
                         counts[name]["documents"] += 1
                         counts[name]["tokens"] += len(ids)
-        empty = [s for s in SPLITS if counts[s]["tokens"] == 0]
-        if empty:
-            raise DataError(
-                self.short_name,
-                f"the {', '.join(empty)} split has no text ({sum(c['documents'] for c in counts.values())} "
-                "non-empty documents in all): give more documents or raise val_fraction/test_fraction",
-            )
+            empty = [s for s in SPLITS if counts[s]["tokens"] == 0]
+            if empty:
+                documents = sum(c["documents"] for c in counts.values())
+                raise DataError(
+                    self.short_name,
+                    f"the {', '.join(empty)} split has no text ({documents} non-empty documents in all): "
+                    "give more documents or raise val_fraction/test_fraction",
+                )
         for split in SPLITS:
-            (folder / f"{split}.bin.partial").replace(folder / f"{split}.bin")
+            partials[split].replace(folder / f"{split}.bin")
         meta = {
             "dtype": np.dtype(dtype).name,
             "splits": counts,

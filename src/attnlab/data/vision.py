@@ -9,6 +9,10 @@ Splits. None of these datasets has an official validation split that is also lab
 test split, so ``val`` is always a seeded, class-stratified hold-out of the training images
 (``split_seed``, the same for every run seed so runs stay comparable):
 
+``val_per_class: 0`` holds nothing out: train = every training image and val = the test split, so the
+validation curve is the test curve (the paper presets: train on the training set, report the test curve;
+they select no checkpoint on it). Selection runs on a hold-out (``experiment=vit/grid``).
+
 - CIFAR-10 (``<data_dir>/cifar-10-batches-py/``, the official python pickles read with the LRA Image
   reader's restricted unpickler): train = data_batch_1..5 minus ``val_per_class`` images per class
   (default 500: 45,000 / 5,000), test = test_batch (10,000).
@@ -172,6 +176,39 @@ def split_per_class(
     return {name: np.sort(np.concatenate(chunks)) for name, chunks in parts.items()}
 
 
+#: how `ImageSource.description` (and so ``data_source`` in summary.json) marks a run whose val is the test
+#: split: its validation curve is a test curve (`attnlab.reporting.vit` reads it)
+VAL_IS_TEST = "val = the test split"
+
+
+def hold_out(
+    train: ImageDataset, test: ImageDataset, val_per_class: int, split_seed: int, what: str, origin: str
+) -> tuple[dict[str, ImageDataset], str]:
+    """The train / val / test splits of a source and their description.
+
+    ``val_per_class`` > 0: val = that many training images per class (seeded by ``split_seed``), train =
+    the rest. 0: train = every training image and val = the test split (nothing to select on).
+    """
+    if isinstance(val_per_class, bool) or not isinstance(val_per_class, int) or val_per_class < 0:
+        raise ConfigError(
+            f"task.data.source.val_per_class={val_per_class!r} must be an integer >= 0 "
+            "(0: train on every training image, val = the test split)"
+        )
+    if val_per_class == 0:
+        return {
+            "train": train,
+            "val": test,
+            "test": test,
+        }, f"{origin}; {VAL_IS_TEST} (train = all {len(train):,})"
+    splits = split_per_class(train.labels, {"val": val_per_class}, split_seed, what)
+    description = f"{origin}; val = {val_per_class} training images per class (split_seed {split_seed})"
+    return {
+        "train": train.subset(splits["train"]),
+        "val": train.subset(splits["val"]),
+        "test": test,
+    }, description
+
+
 # ------------------------------------------------------------------------------------------------
 # Sources
 
@@ -246,11 +283,8 @@ class Cifar10Source(ImageSource):
                 for split in ("train", "test")
             )
             origin = f"huggingface:{self.hf_name} (local cache)"
-        splits = split_per_class(train.labels, {"val": self.val_per_class}, self.split_seed, "cifar10")
-        self._origin = (
-            f"{origin}; val = {self.val_per_class} training images per class (split_seed {self.split_seed})"
-        )
-        return {"train": train.subset(splits["train"]), "val": train.subset(splits["val"]), "test": test}
+        splits, self._origin = hold_out(train, test, self.val_per_class, self.split_seed, "cifar10", origin)
+        return splits
 
 
 def _hf_split(name, split, image_column, label_column, expected, how_to_obtain, size) -> HFImageDataset:
@@ -353,11 +387,10 @@ class TinyImageNetSource(ImageSource):
                 for split in ("train", "valid")
             )
             origin = f"huggingface:{self.hf_name} (local cache; test = its valid split)"
-        splits = split_per_class(train.labels, {"val": self.val_per_class}, self.split_seed, "tinyimagenet")
-        self._origin = (
-            f"{origin}; val = {self.val_per_class} training images per class (split_seed {self.split_seed})"
+        splits, self._origin = hold_out(
+            train, test, self.val_per_class, self.split_seed, "tinyimagenet", origin
         )
-        return {"train": train.subset(splits["train"]), "val": train.subset(splits["val"]), "test": test}
+        return splits
 
 
 class DigitsSource(ImageSource):

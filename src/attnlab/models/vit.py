@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from timm.layers import HybridEmbed
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 
+from attnlab.attention.registry import available_backends
 from attnlab.models.classifier import resolve_attention
 from attnlab.models.encoder import AttentionFactory
 
@@ -89,6 +90,39 @@ def conv_stem(in_chans: int, channels: Sequence[int], patch_size: int) -> nn.Seq
     return nn.Sequential(*layers)
 
 
+def backend_name(attention: AttentionFactory | str) -> str | None:
+    """The registry name an attention factory builds: a name, or hydra's partial of build_attention."""
+    if isinstance(attention, str):
+        return attention
+    if isinstance(attention, functools.partial):
+        return attention.keywords.get("name", attention.args[0] if attention.args else None)
+    return None
+
+
+def with_backend_options(
+    attention: AttentionFactory | str, backend_options: Mapping[str, Mapping] | None
+) -> AttentionFactory:
+    """The factory with the options a preset states for its backend (``backend_options[name]``).
+
+    A preset compares several backends under one ``attn=...`` sweep, yet some sizes are per backend
+    (the sliced ReLU projection's width, where each backend drops): those live in the model config,
+    keyed by backend name. An option the attention config itself sets (``+attn.<key>=...``) wins.
+    """
+    factory = resolve_attention(attention)
+    if not backend_options:
+        return factory
+    unknown = sorted(set(backend_options) - set(available_backends()))
+    if unknown:
+        raise ValueError(
+            f"task.model.backend_options names unknown backend(s) {', '.join(unknown)}; "
+            f"known: {', '.join(available_backends())}"
+        )
+    options = dict(backend_options.get(backend_name(attention), None) or {})
+    given = factory.keywords if isinstance(factory, functools.partial) else {}
+    options = {key: value for key, value in options.items() if given.get(key) is None}
+    return functools.partial(factory, **options) if options else factory
+
+
 def tiny_vit(
     attention: AttentionFactory | str,
     num_classes: int,
@@ -106,13 +140,15 @@ def tiny_vit(
     drop_path: float = 0.1,
     head_dropout: float = 0.0,
     layer_scale: float | None = None,
+    backend_options: Mapping[str, Mapping] | None = None,
 ) -> VisionTransformer:
     """timm's `VisionTransformer` with a convolutional stem and registry attention (see the module doc).
 
     pooling: ``cls`` reads a class token, ``mean`` averages the patch tokens (timm's ``avg``, with the
     final norm after pooling). dropout: timm's ``proj_drop_rate`` (MLP and attention output);
     attn_dropout: the attention layer's own; drop_path: stochastic depth rate (timm's linear rule over
-    depth); layer_scale: LayerScale init value (null: off).
+    depth); layer_scale: LayerScale init value (null: off); backend_options: per backend name, options
+    for its attention layer (`with_backend_options`).
     """
     if pooling not in POOLINGS:
         raise ValueError(f"pooling={pooling!r} is not supported; choose one of {', '.join(POOLINGS)}")
@@ -139,7 +175,7 @@ def tiny_vit(
         attn_drop_rate=attn_dropout,
         drop_path_rate=drop_path,
         embed_layer=functools.partial(HybridEmbed, backbone=stem),
-        block_fn=functools.partial(RegistryBlock, attention=resolve_attention(attention)),
+        block_fn=functools.partial(RegistryBlock, attention=with_backend_options(attention, backend_options)),
     )
     hidden = model.blocks[0].mlp.fc1.out_features
     if hidden != mlp_dim:  # timm takes a ratio and rounds dim * ratio down

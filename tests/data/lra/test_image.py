@@ -160,7 +160,8 @@ def test_missing_batch_names_the_path(data_dir):
         image.load_cifar10_grey(data_dir, "val")
     assert str(data_dir / "cifar-10-batches-py" / "data_batch_3") in str(info.value)
     assert "cifar-10-python.tar.gz" in str(info.value)
-    assert image.find_cifar10(data_dir) is None
+    with pytest.raises(MissingDataError, match="incomplete: data_batch_3 missing"):
+        image.find_cifar10(data_dir)  # not None: the Hugging Face cache must not stand in for it
     assert len(image.load_cifar10_grey(data_dir, "test")) == 3  # the test split does not need it
 
 

@@ -74,8 +74,12 @@ def test_truncated_file_names_the_file_and_what_is_missing(tmp_path):
         (SQUARE.replace("3 0 2 3", "3 0 2 9"), r":8: face '3 0 2 9' refers to a vertex outside 0..3"),
         (SQUARE.replace("3 0 2 3", "2 0 2"), r":8: bad face '2 0 2'"),
         (SQUARE.replace("1 1 0", "1 nan 0"), r":5: vertex coordinate is not a finite number"),
+        (
+            SQUARE.replace("4 2 0", "4 1 0"),
+            r":8: the header announces 4 vertices and 1 faces, but the file holds 1 more",
+        ),
     ],
-    ids=["empty", "not-off", "counts", "vertex", "face-index", "face-size", "nan"],
+    ids=["empty", "not-off", "counts", "vertex", "face-index", "face-size", "nan", "fewer-faces-declared"],
 )
 def test_broken_files_stop_with_file_and_line(tmp_path, text, message):
     path = tmp_path / "lamp_0001.off"

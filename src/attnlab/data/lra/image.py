@@ -70,8 +70,8 @@ HF_NAME = "uoft-cs/cifar10"
 HOW_TO_OBTAIN = (
     "Download the CIFAR-10 python version cifar-10-python.tar.gz from "
     "https://www.cs.toronto.edu/~kriz/cifar.html and extract it into data_dir (it creates "
-    "cifar-10-batches-py/), or install the `datasets` library and cache the Hugging Face dataset "
-    f"{HF_NAME!r} on a machine with network access."
+    "cifar-10-batches-py/), or cache the Hugging Face dataset "
+    f"{HF_NAME!r} with `datasets` (installed with attnlab) on a machine with network access."
 )
 
 # TensorFlow's constants (tf.image.rgb_to_grayscale and convert_image_dtype), in float32 as TF uses them
@@ -226,9 +226,20 @@ def load_cifar10_hf(
 
 
 def find_cifar10(data_dir: str | Path) -> Path | None:
-    """The cifar-10-batches-py folder when all six batch files are there, else None."""
+    """The cifar-10-batches-py folder when all six batch files are there; None when there is no folder
+    (the Hugging Face cache is tried next). A folder that lacks some files is an error naming them:
+    falling through to another source would hide a broken extraction."""
     folder = cifar_dir(data_dir)
-    return folder if all((folder / f).is_file() for f in TRAIN_FILES + TEST_FILES) else None
+    if not folder.is_dir():
+        return None
+    missing = [f for f in TRAIN_FILES + TEST_FILES if not (folder / f).is_file()]
+    if missing:
+        raise MissingDataError(
+            folder / missing[0],
+            f"{folder} is incomplete: {', '.join(missing)} missing. Extract cifar-10-python.tar.gz "
+            "into data_dir again (it holds data_batch_1..5 and test_batch).",
+        )
+    return folder
 
 
 def ensure_image(data_dir: str | Path, name: str = HF_NAME) -> str:

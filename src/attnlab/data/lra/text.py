@@ -53,8 +53,8 @@ LABELS = {"neg": 0, "pos": 1}
 HF_NAME = "stanfordnlp/imdb"
 HOW_TO_OBTAIN = (
     "Download aclImdb_v1.tar.gz from https://ai.stanford.edu/~amaas/data/sentiment/ and extract it "
-    "into data_dir (it creates aclImdb/), or install the `datasets` library and cache the Hugging "
-    f"Face dataset {HF_NAME!r} on a machine with network access."
+    "into data_dir (it creates aclImdb/), or cache the Hugging Face dataset "
+    f"{HF_NAME!r} with `datasets` (installed with attnlab) on a machine with network access."
 )
 
 

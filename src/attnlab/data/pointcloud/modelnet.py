@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.data.common import DataError, MissingDataError, check_choice
+from attnlab.data.common import DataError, MissingDataError, check_choice, removed_on_failure
 from attnlab.data.pointcloud import h5
 from attnlab.data.pointcloud.off import read_off
 
@@ -229,8 +229,9 @@ class ModelNetSource:
                 self.root, list(self._counts), split, transform, self.seed, self.normals
             )
             partial = self.cache_dir / f"{split}.tmp.npz"
-            np.savez(partial, points=points, labels=labels)  # plain arrays: nothing to unpickle
-            partial.replace(self.cache_dir / f"{split}.npz")
+            with removed_on_failure(partial):
+                np.savez(partial, points=points, labels=labels)  # plain arrays: nothing to unpickle
+                partial.replace(self.cache_dir / f"{split}.npz")
         (self.cache_dir / MANIFEST).write_text(json.dumps(self._manifest(), indent=2) + "\n")
 
     def load(self) -> dict[str, PointClouds]:

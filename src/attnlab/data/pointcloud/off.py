@@ -108,6 +108,14 @@ def parse_off(text: str, path: str | Path = "<string>") -> tuple[np.ndarray, np.
             f"{max(0, have - num_vertices)} faces",
             last,
         )
+    if have > num_vertices + num_faces:  # a wrong count would silently drop part of the mesh
+        extra = rows[start + num_vertices + num_faces]
+        raise DataError(
+            path,
+            f"the header announces {num_vertices} vertices and {num_faces} faces, but the file holds "
+            f"{have - num_vertices - num_faces} more line(s) after them, from {extra[1][:40]!r}",
+            extra[0],
+        )
     vertex_rows = rows[start : start + num_vertices]
     try:
         vertices = np.array([row.split()[:3] for _, row in vertex_rows], dtype=np.float32)

@@ -19,11 +19,13 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 
+from attnlab.data.common import remove_orphans, removed_on_failure
 from attnlab.data.pointcloud.modelnet import ModelNetSource, PointClouds
 from attnlab.data.pointcloud.off import write_off
 
@@ -176,19 +178,23 @@ def generate_shapes(
         if json.loads(marker.read_text()) == json.loads(json.dumps(params)):
             return root
         raise ValueError(f"{root} holds a set generated with other parameters ({marker}); remove it")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphans(root.parent, rf"{re.escape(root.name)}\.tmp-(?P<pid>\d+)")  # left by a kill -9
     tmp = root.with_name(f"{root.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    for label, name in enumerate(CLASSES):
-        for split_index, (split, count) in enumerate((("train", train_per_class), ("test", test_per_class))):
-            folder = tmp / name / split
-            folder.mkdir(parents=True)
-            for index in range(count):
-                rng = np.random.default_rng([seed, label, split_index, index])
-                vertices, faces = random_solid(name, rng, noise, tilt_degrees)
-                write_off(
-                    folder / f"{name}_{index + 1:04d}.off", vertices, faces, fused_header=index % 5 == 4
-                )
-    (tmp / GENERATOR_FILE).write_text(json.dumps(params, indent=2) + "\n")
+    with removed_on_failure(tmp):
+        for label, name in enumerate(CLASSES):
+            for split_index, (split, count) in enumerate(
+                (("train", train_per_class), ("test", test_per_class))
+            ):
+                folder = tmp / name / split
+                folder.mkdir(parents=True)
+                for index in range(count):
+                    rng = np.random.default_rng([seed, label, split_index, index])
+                    vertices, faces = random_solid(name, rng, noise, tilt_degrees)
+                    path = folder / f"{name}_{index + 1:04d}.off"
+                    write_off(path, vertices, faces, fused_header=index % 5 == 4)
+        (tmp / GENERATOR_FILE).write_text(json.dumps(params, indent=2) + "\n")
     if root.exists():
         shutil.rmtree(root)
     tmp.rename(root)

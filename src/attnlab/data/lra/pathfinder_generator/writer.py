@@ -11,6 +11,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from attnlab.data.common import remove_orphans, removed_on_failure
 from attnlab.data.lra.pathfinder_generator.params import (
     PathfinderParams,
     dataset_dir,
@@ -52,8 +53,9 @@ def _write_batch(job: tuple[str, PathfinderParams, int, int, int, int]) -> tuple
     metadata = directory / "metadata"
     metadata.mkdir(exist_ok=True)
     temporary = metadata / f".{batch}.npy.{os.getpid()}.tmp"
-    temporary.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
-    os.replace(temporary, metadata / f"{batch}.npy")
+    with removed_on_failure(temporary):
+        temporary.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
+        os.replace(temporary, metadata / f"{batch}.npy")
     return batch, count, positives
 
 
@@ -119,6 +121,8 @@ def generate_pathfinder(
         "num_images": num_images,
     }
     _check_generator_file(directory, record)
+    for folder in (directory, directory / "metadata"):  # what killed writers left: .<name>.<pid>.tmp
+        remove_orphans(folder, r"\..+\.(?P<pid>\d+)\.tmp")
     jobs, start = [], 0
     for batch, count in enumerate(_batch_sizes(num_images, images_per_batch)):
         if not batch_is_complete(directory, batch, count):
