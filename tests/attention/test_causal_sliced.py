@@ -26,6 +26,7 @@ F64 = torch.float64
 OUT_TOL = 1e-9
 GRAD_TOL = 1e-7
 KINDS = ["relu", "bump", "bump_mass"]  # bump_mass: the bump with normaliser="mass"
+PATHS = ["sorted", "dense"]  # the two evaluations of the same kernels (attnlab.attention.sliced.path)
 
 
 def normaliser(kind):
@@ -41,13 +42,13 @@ def random_inputs(batch, heads, length, dim, seed=0, dtype=F64):
     return s.to(dtype), t.to(dtype), v.to(dtype), bandwidth.to(dtype)
 
 
-def fast_op(kind, chunk=None):
-    """The causal op through the public entry point (default chunk) or with a given chunk."""
+def fast_op(kind, chunk=None, path="sorted"):
+    """The causal op through the public entry point (default chunk, on ``path``) or with a given chunk."""
     if chunk is None:
         if kind == "relu":
-            return lambda s, t, v, b, mask: sliced_relu_attention(s, t, v, mask, causal=True)
+            return lambda s, t, v, b, mask: sliced_relu_attention(s, t, v, mask, causal=True, path=path)
         return lambda s, t, v, b, mask: sliced_relu_bump_attention(
-            s, t, v, b, mask, causal=True, normaliser=normaliser(kind)
+            s, t, v, b, mask, causal=True, normaliser=normaliser(kind), path=path
         )
     if kind == "relu":
         return lambda s, t, v, b, mask: causal_sliced_relu_attention(s, t, v, mask, chunk=chunk)
@@ -75,13 +76,16 @@ def outputs_and_grads(op, kind, s, t, v, bandwidth, mask, grad_seed=1):
 
 
 def assert_matches_reference(kind, s, t, v, bandwidth, mask=None, chunk=None):
-    out, grads = outputs_and_grads(fast_op(kind, chunk), kind, s, t, v, bandwidth, mask)
+    """The public op on both paths (sorted with the default chunk, and dense), or ``chunk``'s sorted op."""
     ref_out, ref_grads = outputs_and_grads(ref_op(kind), kind, s, t, v, bandwidth, mask)
-    assert torch.isfinite(out).all()
-    assert (out - ref_out).abs().max().item() <= OUT_TOL
-    for name, got, expected in zip(["s", "t", "v", "bandwidth"], grads, ref_grads, strict=False):
-        err = (got - expected).abs().max().item()
-        assert err <= GRAD_TOL, f"{kind}: gradient of {name} off by {err:.3g}"
+    ops = {"sorted": fast_op(kind, chunk)} if chunk is not None else {p: fast_op(kind, path=p) for p in PATHS}
+    for path, op in ops.items():
+        out, grads = outputs_and_grads(op, kind, s, t, v, bandwidth, mask)
+        assert torch.isfinite(out).all()
+        assert (out - ref_out).abs().max().item() <= OUT_TOL, f"{kind} ({path}): output"
+        for name, got, expected in zip(["s", "t", "v", "bandwidth"], grads, ref_grads, strict=False):
+            err = (got - expected).abs().max().item()
+            assert err <= GRAD_TOL, f"{kind} ({path}): gradient of {name} off by {err:.3g}"
 
 
 # ---- against the reference ---------------------------------------------------------------------

@@ -52,11 +52,15 @@ def outputs_and_grads(op, args, **kw):
     return out, torch.autograd.grad(out, leaves, grad_out)
 
 
-@pytest.mark.parametrize("name", OPS)
-def test_op_matches_reference_outputs_and_gradients(name):
+@pytest.mark.parametrize(
+    "name, path",
+    [(n, None) for n in OPS if n not in ("relu", "bump")]
+    + [(n, p) for n in ("relu", "bump") for p in ("sorted", "dense")],
+)
+def test_op_matches_reference_outputs_and_gradients(name, path):
     fast, naive, make = OPS[name]
     args = make(1)
-    out, grads = outputs_and_grads(fast, args)
+    out, grads = outputs_and_grads(fast, args, **({} if path is None else {"path": path}))
     want, want_grads = outputs_and_grads(naive, args)
     assert (out - want).abs().max() <= 1e-9
     assert out[1, :, 5:].abs().amax() > 0, "padded queries must attend, not output zeros"

@@ -1,7 +1,8 @@
 """The O(T log T) sliced ReLU / ReLU-bump ops against the naive float64 references.
 
 Outputs must agree to 1e-9 and every gradient (s, t, v and the bandwidth) to 1e-7, on awkward
-shapes, padded batches, tied scores and random shapes; plus precision at long T in float32,
+shapes, padded batches, tied scores and random shapes, for both evaluations (``path="sorted"`` and
+the short-sequence ``path="dense"``, every comparison runs each); plus precision at long T in float32,
 half-precision inputs, input validation, gradcheck and a memory bound that rules out T×T.
 """
 
@@ -31,29 +32,33 @@ def random_inputs(batch, heads, length, dim, seed=0, dtype=F64):
     return s.to(dtype), t.to(dtype), v.to(dtype), bandwidth.to(dtype)
 
 
-def run_both(kind, s, t, v, bandwidth, mask, grad_seed=1):
-    """Outputs and gradients (w.r.t. s, t, v [, bandwidth]) of the fast op and the reference."""
+PATHS = ["sorted", "dense"]  # the two evaluations of the same kernels (attnlab.attention.sliced.path)
+
+
+def run_both(kind, s, t, v, bandwidth, mask, grad_seed=1, path="sorted"):
+    """Outputs and gradients (w.r.t. s, t, v [, bandwidth]) of the fast op on ``path`` and the reference."""
     fast_op, ref_op = {
         "relu": (sliced_relu_attention, ref.sliced_relu_attention),
         "bump": (sliced_relu_bump_attention, ref.sliced_relu_bump_attention),
     }[kind]
     args = (s, t, v) if kind == "relu" else (s, t, v, bandwidth)
     results = []
-    for op in (fast_op, ref_op):
+    for op, kw in ((fast_op, {"path": path}), (ref_op, {})):
         inputs = [x.detach().clone().requires_grad_() for x in args]
-        out = op(*inputs, key_padding_mask=mask)
+        out = op(*inputs, key_padding_mask=mask, **kw)
         grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=out.dtype)
         results.append((out, torch.autograd.grad(out, inputs, grad_out)))
     return results
 
 
 def assert_matches_reference(kind, s, t, v, bandwidth, mask=None):
-    (out, grads), (ref_out, ref_grads) = run_both(kind, s, t, v, bandwidth, mask)
-    assert torch.isfinite(out).all()
-    assert (out - ref_out).abs().max().item() <= OUT_TOL
-    for name, got, expected in zip(["s", "t", "v", "bandwidth"], grads, ref_grads, strict=False):
-        err = (got - expected).abs().max().item()
-        assert err <= GRAD_TOL, f"{kind}: gradient of {name} off by {err:.3g}"
+    for path in PATHS:
+        (out, grads), (ref_out, ref_grads) = run_both(kind, s, t, v, bandwidth, mask, path=path)
+        assert torch.isfinite(out).all()
+        assert (out - ref_out).abs().max().item() <= OUT_TOL, f"{kind} ({path}): output"
+        for name, got, expected in zip(["s", "t", "v", "bandwidth"], grads, ref_grads, strict=False):
+            err = (got - expected).abs().max().item()
+            assert err <= GRAD_TOL, f"{kind} ({path}): gradient of {name} off by {err:.3g}"
 
 
 KINDS = ["relu", "bump"]
@@ -289,17 +294,37 @@ def test_gradcheck_bump():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_double_backward_is_refused_by_name(kind):
+def test_double_backward_is_refused_by_name_on_the_sorted_path(kind):
     s, t, v, bandwidth = random_inputs(1, 2, 5, 3, seed=13)
     inputs = [x.requires_grad_() for x in (s, t, v)]
     if kind == "relu":
-        out, name = sliced_relu_attention(*inputs), "sliced_relu_attention"
+        out, name = sliced_relu_attention(*inputs, path="sorted"), "sliced_relu_attention"
     else:
-        out, name = sliced_relu_bump_attention(*inputs, bandwidth), "sliced_relu_bump_attention"
+        out, name = (
+            sliced_relu_bump_attention(*inputs, bandwidth, path="sorted"),
+            "sliced_relu_bump_attention",
+        )
     torch.autograd.grad(out.square().sum(), inputs)  # first order: fine
-    out = sliced_relu_attention(*inputs) if kind == "relu" else sliced_relu_bump_attention(*inputs, bandwidth)
-    with pytest.raises(RuntimeError, match=rf"{name}: double backward .* not supported.*reference\.{name}"):
+    if kind == "relu":
+        out = sliced_relu_attention(*inputs, path="sorted")
+    else:
+        out = sliced_relu_bump_attention(*inputs, bandwidth, path="sorted")
+    with pytest.raises(RuntimeError, match=rf"{name}: double backward .* path='dense'.*reference\.{name}"):
         torch.autograd.grad(out.square().sum(), inputs, create_graph=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dense_path_has_second_derivatives(kind):
+    """The dense path is plain autograd: gradgradcheck passes (away from kinks)."""
+    s, t, v, bandwidth = random_inputs(1, 2, 6, 2, seed=14)
+    mask = torch.tensor([[True] * 5 + [False]])
+    if kind == "relu":
+        fn = lambda a, b, c: sliced_relu_attention(a, b, c, mask, path="dense")  # noqa: E731
+        inputs = [x.requires_grad_() for x in (s, t, v)]
+    else:
+        fn = lambda a, b, c, d: sliced_relu_bump_attention(a, b, c, d, mask, path="dense")  # noqa: E731
+        inputs = [x.requires_grad_() for x in (s, t, v, 2 * bandwidth)]
+    assert torch.autograd.gradgradcheck(fn, inputs)
 
 
 # ---- input validation -------------------------------------------------------------------------

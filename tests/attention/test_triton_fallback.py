@@ -21,10 +21,14 @@ from attnlab.attention.triton import runtime  # noqa: E402
 from attnlab.attention.triton import sliced as triton_sliced  # noqa: E402
 
 PTXAS = "ptxas fatal   : Value 'sm_70a' is not defined for option 'gpu-name'"
+# the sliced ops on their sorted path: at this length path="auto" would take the dense torch path
+# (attnlab.attention.sliced.path), which never asks for Triton
 CALLS = {
-    "sliced_relu_attention": lambda s, t, q, k, v, **kw: ops.sliced_relu_attention(s, t, v, **kw),
+    "sliced_relu_attention": lambda s, t, q, k, v, **kw: ops.sliced_relu_attention(
+        s, t, v, path="sorted", **kw
+    ),
     "sliced_relu_bump_attention": lambda s, t, q, k, v, **kw: ops.sliced_relu_bump_attention(
-        s, t, v, torch.ones(2), **kw
+        s, t, v, torch.ones(2), path="sorted", **kw
     ),
     "linear_attention": lambda s, t, q, k, v, **kw: ops.linear_attention(q, k, v, causal=True, **kw),
 }

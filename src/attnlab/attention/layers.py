@@ -30,6 +30,7 @@ from attnlab.attention.sliced.decode import (
 )
 from attnlab.attention.sliced.dispatch import sliced_relu_attention, sliced_relu_bump_attention
 from attnlab.attention.sliced.normaliser import check_bump_normaliser
+from attnlab.attention.sliced.path import check_path
 from attnlab.attention.softmax import softmax_attention
 
 
@@ -342,7 +343,9 @@ class SlicedReLUAttention(AttentionLayer):
     k to t, which are then standardised per sequence and head over valid tokens: `standardise="sequence"`
     with one mean and std over the whole sequence (`standardise_scores`), `"prefix"` with the running
     statistics of tokens j <= i (`standardise_scores_prefix`, sees no future), `"none"` not at all;
-    `"auto"` is "prefix" for a causal layer and "sequence" otherwise. Causal layers decode with `step`.
+    `"auto"` is "prefix" for a causal layer and "sequence" otherwise. `path` chooses the evaluation of
+    the kernel (`attnlab.attention.sliced.path`: "auto", dense O(T²) at short T; "dense"; "sorted"):
+    the same function, a speed choice. Causal layers decode with `step`.
 
     `projection_hidden` is the MLP's hidden width (null: H·D, the authors' choice; a linear Π has
     none and ignores it). `dropout_site`:
@@ -364,6 +367,7 @@ class SlicedReLUAttention(AttentionLayer):
         eps: float = 1e-4,
         standardise: str = "auto",
         dropout_site: str = "output",
+        path: str = "auto",
         **common,
     ) -> None:
         super().__init__(dim, num_heads, **common)
@@ -371,6 +375,7 @@ class SlicedReLUAttention(AttentionLayer):
         check_int("projection_hidden", projection_hidden, 1, allow_none=True)
         check_dropout_site(dropout_site)
         self.dropout_site = dropout_site
+        self.path = check_path(path)
         if standardise not in STANDARDISE:
             raise ValueError(f"standardise must be one of {', '.join(STANDARDISE)}; got {standardise!r}")
         if standardise == "auto":
@@ -403,7 +408,14 @@ class SlicedReLUAttention(AttentionLayer):
             s, t = standardise_scores_prefix(s, t, key_padding_mask)
         # scores stay in float32+
         o = sliced_relu_attention(
-            s, t, v, key_padding_mask, eps=self.eps, causal=self.causal, padded_queries=self.padded_queries
+            s,
+            t,
+            v,
+            key_padding_mask,
+            eps=self.eps,
+            causal=self.causal,
+            padded_queries=self.padded_queries,
+            path=self.path,
         )
         return self.output_dropout(o)
 
@@ -503,7 +515,8 @@ class SlicedReLUBumpAttention(AttentionLayer):
 
     `normaliser="count"` divides by the number of keys (the paper's bump); `"mass"` (causal layers only)
     by the hat weight seen plus `mass_eps`, so that a causal output does not shrink like 1/position
-    (`attnlab.attention.sliced.normaliser`). Causal layers decode with `step`. `dropout_site`:
+    (`attnlab.attention.sliced.normaliser`). `path` as in `SlicedReLUAttention`. Causal layers decode
+    with `step`. `dropout_site`:
     `"output"` drops the attention output at `dropout`; `"projection"` is the authors' bump layer,
     which has no dropout (its Π is linear).
     """
@@ -519,9 +532,11 @@ class SlicedReLUBumpAttention(AttentionLayer):
         normaliser: str = "count",
         mass_eps: float = 1e-2,
         dropout_site: str = "output",
+        path: str = "auto",
         **common,
     ) -> None:
         super().__init__(dim, num_heads, **common)
+        self.path = check_path(path)
         check_bump_normaliser("sliced_relu_bump", normaliser, mass_eps, self.causal)
         check_dropout_site(dropout_site)
         self.dropout_site = dropout_site
@@ -546,6 +561,7 @@ class SlicedReLUBumpAttention(AttentionLayer):
             normaliser=self.normaliser,
             mass_eps=self.mass_eps,
             padded_queries=self.padded_queries,
+            path=self.path,
         )
         return self.output_dropout(o)
 

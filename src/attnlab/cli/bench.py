@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli import bench_threads
+from attnlab.cli import bench_threads, bench_training
 
 DEFAULT_BACKENDS = [
     "softmax",
@@ -149,6 +149,22 @@ def state_bytes(obj) -> int:
 VARIANTS: dict[str, tuple[str, dict]] = {
     "sliced_relu_attention_torch": ("sliced_relu_attention", {"impl": "torch"}),
     "sliced_relu_bump_attention_torch": ("sliced_relu_bump_attention", {"impl": "torch"}),
+    # the two evaluations of the sliced kernels (attnlab.attention.sliced.path): the plain names
+    # take path="auto" (dense up to the crossover); these force one, to measure the crossover
+    "sliced_relu_attention_dense": ("sliced_relu_attention", {"path": "dense"}),
+    "sliced_relu_attention_sorted": ("sliced_relu_attention", {"path": "sorted"}),
+    "sliced_relu_bump_attention_dense": ("sliced_relu_bump_attention", {"path": "dense"}),
+    "sliced_relu_bump_attention_sorted": ("sliced_relu_bump_attention", {"path": "sorted"}),
+    "sliced_relu_attention_causal_dense": ("sliced_relu_attention", {"causal": True, "path": "dense"}),
+    "sliced_relu_attention_causal_sorted": ("sliced_relu_attention", {"causal": True, "path": "sorted"}),
+    "sliced_relu_bump_attention_causal_dense": (
+        "sliced_relu_bump_attention",
+        {"causal": True, "path": "dense"},
+    ),
+    "sliced_relu_bump_attention_causal_sorted": (
+        "sliced_relu_bump_attention",
+        {"causal": True, "path": "sorted"},
+    ),
     "linear_attention_causal": ("linear_attention", {"causal": True}),
     "linear_attention_causal_torch": ("linear_attention", {"causal": True, "impl": "torch"}),
 }
@@ -196,6 +212,12 @@ BACKENDS: dict[str, tuple[str, Callable]] = {
     "sliced_relu_causal": ("causal:sliced_relu_attention", _score_inputs),
     "sliced_relu_bump_causal": ("causal:sliced_relu_bump_attention", _bump_inputs),
 }
+# <backend>_dense / <backend>_sorted: one evaluation forced (the plain name takes path="auto")
+for _name in ("sliced_relu", "sliced_relu_bump", "sliced_relu_causal", "sliced_relu_bump_causal"):
+    _base = _name.replace("_causal", "")
+    _suffix = "_causal" if _name.endswith("_causal") else ""
+    for _path in ("dense", "sorted"):
+        BACKENDS[f"{_name}_{_path}"] = (f"{_base}_attention{_suffix}_{_path}", BACKENDS[_base][1])
 INFERENCE_ONLY = {"linear_decode", "sliced_relu_decode", "softmax_decode"}
 
 
@@ -475,7 +497,7 @@ def _positive_float(text: str) -> float:
 
 def register(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks (attention ops)", description="Benchmarks.")
-    kinds = bench.add_subparsers(dest="bench_kind", metavar="{attention,threads}")
+    kinds = bench.add_subparsers(dest="bench_kind", metavar="{attention,threads,training}")
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
 
     parser = kinds.add_parser(
@@ -508,6 +530,7 @@ def register(subparsers) -> None:
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     parser.set_defaults(func=main_attention)
     bench_threads.register(kinds)
+    bench_training.register(kinds)
 
 
 def main_attention(args: argparse.Namespace) -> int:

@@ -165,6 +165,17 @@ def _centre_scores(s, t, valid, count, queries):
     differences, kinks and ties included) while the centred scores stay of the order of the spread.
     The statistics read the real positions only (padded slots may hold anything, inf included).
     """
+    centre = _score_centre(s, t, valid, count)
+    s, t = s - centre, t - centre
+    if valid is not None:
+        t = t.masked_fill(~valid, 0.0)
+    if queries is not None:
+        s = s.masked_fill(~queries, 0.0)
+    return s, t
+
+
+def _score_centre(s, t, valid, count):
+    """The per-row constant ``_centre_scores`` subtracts, ``(N, 1)`` (see there)."""
     s_real, t = (s, t) if valid is None else (s.masked_fill(~valid, 0.0), t.masked_fill(~valid, 0.0))
     mean = ((s_real.sum(dim=1) + t.sum(dim=1)) / (2 * count))[:, None]
     spread = (s_real - mean).square() + (t - mean).square()
@@ -173,13 +184,7 @@ def _centre_scores(s, t, valid, count, queries):
     std = (spread.sum(dim=1, keepdim=True) / (2 * count[:, None])).sqrt()
     step = torch.exp2(torch.floor(torch.log2(std)))  # 0 when all scores are equal
     ok = (step > 0) & torch.isfinite(step)
-    centre = torch.where(ok, torch.round(mean / torch.where(ok, step, 1.0)) * step, mean)
-    s, t = s - centre, t - centre
-    if valid is not None:
-        t = t.masked_fill(~valid, 0.0)
-    if queries is not None:
-        s = s.masked_fill(~queries, 0.0)
-    return s, t
+    return torch.where(ok, torch.round(mean / torch.where(ok, step, 1.0)) * step, mean)
 
 
 def _finite_rows(s, t):
@@ -227,7 +232,8 @@ def _first_order_only(op_name: str):
                     f"{op_name}: double backward (create_graph=True, e.g. gradient penalties, "
                     "Hessian-vector products, gradgradcheck) is not supported: its O(T log T) "
                     "backward pass is hand-written and first order only. For higher-order "
-                    f"gradients use attnlab.attention.reference.{op_name} (O(T²) memory)."
+                    f"gradients use {op_name}(..., path='dense') or "
+                    f"attnlab.attention.reference.{op_name} (O(T²) memory)."
                 )
             return backward(ctx, *grads)
 

@@ -1,8 +1,10 @@
 """The public sliced ops: input checks, then which implementation runs, in one place.
 
-``causal=True`` → ``attnlab.attention.sliced.causal``; ``impl`` (``auto``/``triton``/``torch``, see
-``attnlab.attention.triton``) chooses between the Triton kernels and the sorted torch ops
-(``relu``, ``bump``). Nothing below this module imports it back.
+``path`` (``auto``/``dense``/``sorted``, see ``attnlab.attention.sliced.path``) chooses between the
+dense O(T²) evaluation (``attnlab.attention.sliced.dense``, short sequences) and the sorted ops;
+on the sorted path ``causal=True`` → ``attnlab.attention.sliced.causal``, and ``impl``
+(``auto``/``triton``/``torch``, see ``attnlab.attention.triton``) chooses between the Triton kernels
+and the sorted torch ops (``relu``, ``bump``). Nothing below this module imports it back.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ from attnlab.attention.precision import accumulation_dtype
 from attnlab.attention.sliced.bump import _SlicedReLUBump
 from attnlab.attention.sliced.causal import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
 from attnlab.attention.sliced.common import _check_inputs, _rows, _valid_rows
+from attnlab.attention.sliced.dense import (
+    dense_causal_sliced_relu,
+    dense_causal_sliced_relu_bump,
+    dense_sliced_relu,
+    dense_sliced_relu_bump,
+)
 from attnlab.attention.sliced.normaliser import check_bump_normaliser
+from attnlab.attention.sliced.path import choose_path
 from attnlab.attention.sliced.relu import _SlicedReLU
 from attnlab.attention.triton.runtime import IMPLS, launch, resolve_impl
 
@@ -38,6 +47,7 @@ def sliced_relu_attention(
     causal: bool = False,
     impl: str = "auto",
     padded_queries: str = "zero",
+    path: str = "auto",
 ) -> torch.Tensor:
     """Exact sliced ReLU attention in O(T log T): ``(B, H, T, D)`` output.
 
@@ -50,20 +60,31 @@ def sliced_relu_attention(
     ``causal=True``: keys j <= i only, every statistic over that prefix, in O(T log² T)
     (``attnlab.attention.sliced.causal``; torch code only, no Triton kernel yet). ``impl``:
     ``"auto"`` (Triton kernels for CUDA tensors, this torch code otherwise), ``"triton"`` or
-    ``"torch"`` (see ``attnlab.attention.triton``).
+    ``"torch"`` (see ``attnlab.attention.triton``). ``path``: ``"auto"`` (dense O(T²) evaluation up
+    to a measured crossover length, sorted above), ``"dense"`` or ``"sorted"``
+    (``attnlab.attention.sliced.path``); the same function either way.
     """
     _check_inputs("sliced_relu_attention", s, t, v, key_padding_mask)
     if not eps > 0:
         raise ValueError(f"sliced_relu_attention: eps must be > 0, got {eps}")
     check_padded_queries("sliced_relu_attention", padded_queries, causal)
-    if causal:
-        _torch_only_causal("sliced_relu_attention", impl)
-        return causal_sliced_relu_attention(s, t, v, key_padding_mask, eps)
-    use = resolve_impl("sliced_relu_attention", impl, s, t, v)
     batch, heads, length, dim = v.shape
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
+    op = "causal_relu" if causal else "relu"
+    dense = choose_path("sliced_relu_attention", op, path, impl, length, v.device, acc) == "dense"
+    if causal:
+        _torch_only_causal("sliced_relu_attention", impl)
+        if dense:
+            valid = _valid_rows(key_padding_mask, heads, v.device)
+            out = dense_causal_sliced_relu(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, float(eps))
+            return out.view(batch, heads, length, dim).to(v.dtype)
+        return causal_sliced_relu_attention(s, t, v, key_padding_mask, eps)
     valid = _valid_rows(key_padding_mask, heads, v.device)
     queries = _valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
+    if dense:
+        out = dense_sliced_relu(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, queries, float(eps))
+        return out.view(batch, heads, length, dim).to(v.dtype)
+    use = resolve_impl("sliced_relu_attention", impl, s, t, v)
     if use == "triton":
         from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
 
@@ -90,6 +111,7 @@ def sliced_relu_bump_attention(
     normaliser: str = "count",
     mass_eps: float = 1e-2,
     padded_queries: str = "zero",
+    path: str = "auto",
 ) -> torch.Tensor:
     """Exact sliced ReLU-bump attention in O(T log T): ``(B, H, T, D)`` output.
 
@@ -106,7 +128,7 @@ def sliced_relu_bump_attention(
     ``"mass"``: divide by the hat weight seen, ``Σ_{j≤i} hat(s_i − t_j) + mass_eps``, so a causal
     output does not shrink like 1/i with its position i. ``mass_eps`` is relative to one fully
     matching key (hat = 1); it bounds the ratio's gradient (about 1 / (4 b mass_eps)) where a query's
-    window holds almost no weight. ``padded_queries`` as in ``sliced_relu_attention``.
+    window holds almost no weight. ``padded_queries`` and ``path`` as in ``sliced_relu_attention``.
     """
     _check_inputs("sliced_relu_bump_attention", s, t, v, key_padding_mask)
     batch, heads, length, dim = v.shape
@@ -128,16 +150,27 @@ def sliced_relu_bump_attention(
         raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
     check_bump_normaliser("sliced_relu_bump_attention", normaliser, mass_eps, causal)
     check_padded_queries("sliced_relu_bump_attention", padded_queries, causal)
+    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
+    op = "causal_bump" if causal else "bump"
+    dense = choose_path("sliced_relu_bump_attention", op, path, impl, length, v.device, acc) == "dense"
+    valid = _valid_rows(key_padding_mask, heads, v.device)
+    width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
     if causal:
         _torch_only_causal("sliced_relu_bump_attention", impl)
+        if dense:
+            mass = None if normaliser == "count" else float(mass_eps)
+            out = dense_causal_sliced_relu_bump(
+                _rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, mass
+            )
+            return out.view(batch, heads, length, dim).to(v.dtype)
         return causal_sliced_relu_bump_attention(
             s, t, v, bandwidth, key_padding_mask, normaliser=normaliser, mass_eps=mass_eps
         )
-    use = resolve_impl("sliced_relu_bump_attention", impl, s, t, v)
-    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
-    valid = _valid_rows(key_padding_mask, heads, v.device)
     queries = _valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
-    width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
+    if dense:
+        out = dense_sliced_relu_bump(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, queries)
+        return out.view(batch, heads, length, dim).to(v.dtype)
+    use = resolve_impl("sliced_relu_bump_attention", impl, s, t, v)
     if use == "triton":
         from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
 

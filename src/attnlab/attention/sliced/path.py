@@ -1,0 +1,79 @@
+"""Which evaluation of a sliced kernel runs (``path``): dense O(T²) or sorted O(T log T).
+
+``path="dense"`` evaluates the kernel on all T×T pairs (``attnlab.attention.sliced.dense``),
+``"sorted"`` runs the sorted ops (torch or Triton, as ``impl`` says), ``"auto"`` takes dense for
+``T <= crossover`` and sorted above. Both give the same function to float rounding, outputs and
+gradients; only speed and memory differ (dense keeps O(B·H·T²) for the backward).
+
+The crossovers were measured, not guessed; each entry says with what. Where none was measured
+(CUDA, where the Triton kernels run the sorted path) ``auto`` always takes the sorted path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.attention.triton.runtime import IMPLS
+
+PATHS = ("auto", "dense", "sorted")
+
+# (op, device type, accumulation dtype) -> the longest T at which ``auto`` takes the dense path.
+# op: "relu" / "bump" (bidirectional), "causal_relu" / "causal_bump". Half inputs accumulate in
+# float32 and share its entry.
+#
+# CPU: the longest measured T at which dense fwd+bwd was at least as fast as sorted, at it and at
+# every shorter T (best of 9 calls, twice; 2-core VM shared with other work, load average 2.1-4.3):
+#   MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 attnlab bench attention --mode fwdbwd \
+#     --backends sliced_relu_dense sliced_relu_sorted sliced_relu_bump_dense sliced_relu_bump_sorted \
+#     sliced_relu_causal_dense sliced_relu_causal_sorted sliced_relu_bump_causal_dense \
+#     sliced_relu_bump_causal_sorted --seq-lens 32 64 96 128 192 256 -B 32 --heads 2 --dim 32 \
+#     --threads 1 --repeats 9 [--dtype float64]      (causal bump: also --seq-lens 256 384 512 768)
+# float32, ms dense/sorted: relu 2.1/2.6 at T=64, 4.8/7.0 at 96, 7.4/5.1 at 128; bump 4.0/7.0 at 96,
+# 9.7/8.7 at 128; causal relu 3.3/9.3 at 64, 14.4/9.3 at 96; causal bump 85/138 at 384, 193/197
+# at 512. float64: relu 1.8/1.8 at 32, 4.6/2.9 at 64; bump 5.3/9.2 at 64, 8.7/8.7 at 96; causal
+# relu 16.5/17.5 at 96, 29/26 at 128; causal bump 114/167 at 256 (longest measured).
+# The dense path does O(T²) work whatever the batch; a larger B·H moves the crossover little.
+CROSSOVER: dict[tuple[str, str, torch.dtype], int] = {
+    ("relu", "cpu", torch.float32): 96,
+    ("bump", "cpu", torch.float32): 96,
+    ("causal_relu", "cpu", torch.float32): 64,
+    ("causal_bump", "cpu", torch.float32): 384,
+    ("relu", "cpu", torch.float64): 32,
+    ("bump", "cpu", torch.float64): 64,
+    ("causal_relu", "cpu", torch.float64): 96,
+    ("causal_bump", "cpu", torch.float64): 256,
+}
+
+
+def check_path(path: str) -> str:
+    """``path`` itself, or a one-line ValueError naming the allowed values (the layers' option)."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {', '.join(map(repr, PATHS))}, got {path!r}")
+    return path
+
+
+def crossover(op: str, device: torch.device, dtype: torch.dtype) -> int:
+    """The longest T at which ``path="auto"`` runs ``op`` densely on ``device`` (0: never)."""
+    return CROSSOVER.get((op, device.type, dtype), 0)
+
+
+def choose_path(name: str, op: str, path: str, impl: str, length: int, device, dtype) -> str:
+    """``"dense"`` or ``"sorted"`` for a call of the public op ``name`` (checked here, one line each).
+
+    ``impl="triton"`` asks for the Triton kernels, which are sorted: ``auto`` then runs them and
+    ``dense`` is refused.
+    """
+    if path not in PATHS:
+        raise ValueError(f"{name}: path must be one of {', '.join(map(repr, PATHS))}, got {path!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"{name}: impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
+    if path == "dense" and impl == "triton":
+        raise ValueError(
+            f"{name}: path='dense' runs torch ops, impl='triton' the sorted Triton kernels; "
+            "use impl='auto' or impl='torch' with path='dense'"
+        )
+    if path != "auto":
+        return path
+    if impl == "triton":
+        return "sorted"
+    return "dense" if length <= crossover(op, torch.device(device), dtype) else "sorted"

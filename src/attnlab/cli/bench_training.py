@@ -1,0 +1,192 @@
+"""``attnlab bench training``: training samples/s per attention backend at each task's real length.
+
+What a user choosing a backend for a task wants to know: how many training samples per second the
+model trains on, at that task's sequence length. The workload is the shared encoder every task
+builds on (``SequenceClassifier``: 2 layers, width 64, 2 heads, MLP 128, RoPE, mean pooling; the
+LRA default), trained with AdamW on random tokens of the task's length (no padding), with a batch
+sized to the length (about 8K tokens a step): forward, backward and optimizer step, the data
+pipeline left out. Lengths (``TASKS``): ViT on CIFAR-10 (64 patches + CLS = 65 tokens), MLM (128
+and 512), ModelNet40 (1,024 points), ListOps (2K), Text (4K), Path-X (16K).
+
+The machine may be shared, so the backends are interleaved: each repeat runs every backend in turn
+(``--steps`` timed steps after ``--warmup`` untimed ones, at most ``--max-seconds``), a run's figure
+is its median step, and the table shows the best run of each backend (``--stat median`` for the
+median over runs). The load average is printed before and after. It prints figures; it asserts
+nothing. The sliced backends take ``--path`` (``attnlab.attention.sliced.path``; ``auto`` is what
+training uses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+#: task -> (sequence length, batch size): the real lengths, about 8K tokens a step
+TASKS: dict[str, tuple[int, int]] = {
+    "vit_cifar10": (65, 128),
+    "mlm_128": (128, 64),
+    "mlm_512": (512, 16),
+    "modelnet40": (1024, 8),
+    "listops": (2048, 4),
+    "text": (4096, 2),
+    "pathx": (16384, 1),
+}
+BACKENDS = ("softmax", "sliced_relu", "sliced_relu_bump", "linear")
+SLICED = ("sliced_relu", "sliced_relu_bump")
+
+
+def load_average() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def build(backend: str, length: int, path: str, seed: int = 0):
+    """The shared encoder with ``backend`` attention, its AdamW optimizer and one random batch."""
+    import functools
+
+    import torch
+
+    from attnlab.attention import build_attention
+    from attnlab.models.classifier import SequenceClassifier
+
+    torch.manual_seed(seed)
+    options = {"path": path} if backend in SLICED else {}
+    attention = functools.partial(build_attention, backend, **options)
+    model = SequenceClassifier(
+        vocab_size=256, num_classes=10, dim=64, depth=2, num_heads=2, mlp_dim=128, max_len=length,
+        positions="rope", pooling="mean", dropout=0.0, attention=attention,
+    )  # fmt: skip
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def run_steps(
+    model, optimizer, batch: int, length: int, steps: int, warmup: int, max_seconds: float
+) -> float:
+    """Median seconds per training step (forward, backward, optimizer step) on random tokens."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(1, 256, (batch, length), generator=gen)
+    labels = torch.randint(0, 10, (batch,), generator=gen)
+    times = []
+    deadline = time.perf_counter() + max_seconds
+    for step in range(warmup + steps):
+        start = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(tokens), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+            if time.perf_counter() > deadline:
+                break
+    return statistics.median(times)
+
+
+def run(args: argparse.Namespace, log=print) -> list[dict]:
+    """Samples/s per (task, backend); prints the progress, the table and the ratios to softmax."""
+    import torch
+
+    from attnlab.attention.sliced.path import crossover
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    cross = {op: crossover(op, torch.device("cpu"), torch.float32) for op in ("relu", "bump")}
+    log(
+        f"attnlab bench training: {torch.get_num_threads()} threads, load average before {load_average()}; "
+        f"path={args.path} (CPU float32 crossover: dense up to T={cross['relu']} for sliced_relu, "
+        f"T={cross['bump']} for sliced_relu_bump); {args.steps} steps (+{args.warmup} warm-up) per run, "
+        f"{args.repeats} interleaved repeats, {args.stat} of runs"
+    )
+    rows = []
+    for task in args.tasks:
+        length, batch = TASKS[task]
+        built = {name: build(name, length, args.path) for name in args.backends}
+        runs: dict[str, list[float]] = {name: [] for name in args.backends}
+        for _ in range(args.repeats):
+            for name in args.backends:
+                seconds = run_steps(*built[name], batch, length, args.steps, args.warmup, args.max_seconds)
+                runs[name].append(seconds)
+                log(f"  {task:>12} T={length:<6} B={batch:<4} {name:>17}: {1000 * seconds:9.1f} ms/step")
+        del built
+        pick = min if args.stat == "best" else statistics.median
+        for name in args.backends:
+            seconds = pick(runs[name])
+            rows.append(
+                {"task": task, "length": length, "batch": batch, "backend": name,
+                 "ms_per_step": 1000 * seconds, "samples_per_s": batch / seconds,
+                 "runs_ms": [1000 * x for x in runs[name]]}
+            )  # fmt: skip
+    log(f"load average after {load_average()}")
+    log("")
+    log(table(rows, args.backends))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+        log(f"wrote {args.out}")
+    return rows
+
+
+def table(rows: list[dict], backends) -> str:
+    """Markdown: one row per task, samples/s per backend, and each backend's ratio to softmax."""
+    by = {(r["task"], r["backend"]): r for r in rows}
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    others = [b for b in backends if b != "softmax"] if "softmax" in backends else []
+    head = ["task", "T", "batch", *(f"{b} samples/s" for b in backends), *(f"{b} / softmax" for b in others)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for task in tasks:
+        first = by[(task, backends[0])]
+        cells = [task, str(first["length"]), str(first["batch"])]
+        cells += [f"{by[(task, b)]['samples_per_s']:.1f}" for b in backends]
+        soft = by[(task, "softmax")]["samples_per_s"] if others else None
+        cells += [f"{by[(task, b)]['samples_per_s'] / soft:.2f}x" for b in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def register(kinds) -> None:
+    parser = kinds.add_parser(
+        "training",
+        help="training samples/s per attention backend at each task's real sequence length",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--tasks", nargs="+", default=list(TASKS), choices=list(TASKS), metavar="TASK",
+        help=f"tasks (lengths) to run (known: {', '.join(TASKS)}; default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS), metavar="NAME",
+        help=f"attention backends (known: {', '.join(BACKENDS)}; default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--path", choices=("auto", "dense", "sorted"), default="auto", help="sliced backends' path"
+    )
+    parser.add_argument("--steps", type=_positive_int, default=5, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--repeats", type=_positive_int, default=3, help="interleaved runs per backend")
+    parser.add_argument(
+        "--stat", choices=("best", "median"), default="best", help="which run of each backend"
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, default=20.0, help="a run stops timing after this long (slow backends)"
+    )
+    parser.add_argument(
+        "--threads", type=_positive_int, default=None,
+        help="CPU threads for torch (default: attnlab's cap); 1 gives steadier figures on a busy machine",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("bench_results/training.json"))
+    parser.set_defaults(func=lambda args: (run(args), 0)[1])

@@ -1,0 +1,52 @@
+"""`attnlab bench training` and the bench's dense/sorted variants: they run and report, nothing timed
+is asserted (a benchmark, not a timed test)."""
+
+from __future__ import annotations
+
+import json
+
+from attnlab.cli import bench, bench_training
+from attnlab.cli.main import main
+
+
+def test_training_bench_reports_every_backend_and_the_ratios(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(bench_training.TASKS, "vit_cifar10", (9, 2))  # tiny stand-ins for the real sizes
+    monkeypatch.setitem(bench_training.TASKS, "pathx", (40, 1))
+    out = tmp_path / "training.json"
+    code = main(
+        ["bench", "training", "--tasks", "vit_cifar10", "pathx", "--steps", "1", "--warmup", "0",
+         "--repeats", "2", "--threads", "1", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    rows = json.loads(out.read_text())
+    assert {(r["task"], r["backend"]) for r in rows} == {
+        (task, name) for task in ("vit_cifar10", "pathx") for name in bench_training.BACKENDS
+    }
+    assert all(r["samples_per_s"] > 0 and len(r["runs_ms"]) == 2 for r in rows)
+    printed = capsys.readouterr().out
+    assert "load average before" in printed and "load average after" in printed
+    assert "crossover: dense up to T=96 for sliced_relu" in printed
+    assert "| vit_cifar10 | 9 | 2 |" in printed and "sliced_relu_bump / softmax" in printed
+
+
+def test_training_bench_path_reaches_the_sliced_layers():
+    model, _ = bench_training.build("sliced_relu_bump", 16, "sorted")
+    assert {m.path for m in model.modules() if hasattr(m, "path")} == {"sorted"}
+    model, _ = bench_training.build("softmax", 16, "dense")  # ignored by other backends
+    assert not any(hasattr(m, "path") for m in model.modules())
+
+
+def test_dense_and_sorted_variants_run_in_the_attention_bench(tmp_path):
+    names = [
+        f"{base}_{path}"
+        for base in ("sliced_relu", "sliced_relu_bump_causal")
+        for path in ("dense", "sorted")
+    ]
+    code = main(
+        ["bench", "attention", "--out-dir", str(tmp_path), "--heads", "2", "--dim", "4",
+         "--seq-lens", "16", "--repeats", "1", "--mode", "fwdbwd", "--backends", *names]
+    )  # fmt: skip
+    assert code == 0
+    rows = (tmp_path / bench.CSV_NAME).read_text().splitlines()[1:]
+    assert sorted(r.split(",")[0] for r in rows) == sorted(names)
+    assert all(",ok," in r for r in rows)
