@@ -23,11 +23,27 @@ class FeedForward(nn.Sequential):
         )
 
 
+def init_like_roberta(module: nn.Module, std: float = 0.02) -> None:
+    """Hugging Face's RoBERTa initialisation, which the paper authors' models get from ``post_init``:
+    every Linear and Embedding weight normal(0, std), biases 0, LayerNorm weight 1 and bias 0. Other
+    parameters (a ReLU-bump bandwidth, Performer's projection) keep their own initialisation."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear | nn.Embedding):
+            nn.init.normal_(layer.weight, std=std)
+            if getattr(layer, "bias", None) is not None:
+                nn.init.zeros_(layer.bias)
+        elif isinstance(layer, nn.LayerNorm) and layer.elementwise_affine:
+            nn.init.ones_(layer.weight)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+
+
 class EncoderBlock(nn.Module):
     """x + Attn(LN(x)), then x + MLP(LN(x)); dropout on both residual branches.
 
-    ``dropout`` acts on the residual branches and inside the MLP; ``attn_dropout`` is the attention
-    layer's own (attention weights for softmax, the attention output for the others).
+    ``dropout`` acts on the residual branches and (``mlp_dropout``) inside the MLP; ``attn_dropout`` is
+    the attention layer's own (attention weights for softmax, the attention output for the others).
+    ``mlp_dropout=False`` and ``norm_eps=1e-12`` are the paper authors' block (RoBERTa's settings).
     """
 
     def __init__(
@@ -40,13 +56,15 @@ class EncoderBlock(nn.Module):
         attn_dropout: float = 0.0,
         rope: bool = False,
         qkv_dim: int | None = None,
+        mlp_dropout: bool = True,
+        norm_eps: float = 1e-5,
     ):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         width = {} if qkv_dim is None else {"qkv_dim": qkv_dim}
         self.attn = attention(dim=dim, num_heads=num_heads, rope=rope, dropout=attn_dropout, **width)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = FeedForward(dim, mlp_dim, dropout)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = FeedForward(dim, mlp_dim, dropout if mlp_dropout else 0.0)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -62,7 +80,7 @@ class Encoder(nn.Module):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.blocks = nn.ModuleList(EncoderBlock(dim=dim, **block_kwargs) for _ in range(depth))
-        self.norm = nn.LayerNorm(dim)
+        self.norm = nn.LayerNorm(dim, eps=block_kwargs.get("norm_eps", 1e-5))
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         for block in self.blocks:
