@@ -105,6 +105,7 @@ class SequenceClassifier(nn.Module):
         head_dropout: float = 0.0,
         pair_features: str = "nli",
         cls_mask: str = "real",
+        short_conv: int = 0,
     ):
         super().__init__()
         _check_choice("cls_mask", cls_mask, CLS_MASKS)
@@ -144,6 +145,7 @@ class SequenceClassifier(nn.Module):
             attn_dropout=attn_dropout,
             rope=positions == "rope",
             qkv_dim=qkv_dim,
+            short_conv=short_conv,  # centred: a classifier sees the whole sequence
         )
         head_in = (4 if pair_features == "nli" else 2) * dim if dual else dim
         self.head = classifier_head(head_in, hidden, num_classes, head_activation, head_dropout)

@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from attnlab.models.short_conv import ShortConv
+
 AttentionFactory = Callable[..., nn.Module]
 
 
@@ -39,7 +41,8 @@ def init_like_roberta(module: nn.Module, std: float = 0.02) -> None:
 
 
 class EncoderBlock(nn.Module):
-    """x + Attn(LN(x)), then x + MLP(LN(x)); dropout on both residual branches.
+    """x + Attn(LN(x)), then x + MLP(LN(x)); dropout on both residual branches. With ``short_conv=k``
+    the attention reads ShortConv(LN(x)) (causal when ``causal``), the "previous token" step of recall.
 
     ``dropout`` acts on the residual branches and (``mlp_dropout``) inside the MLP; ``attn_dropout`` is
     the attention layer's own (attention weights for softmax, the attention output for the others).
@@ -58,9 +61,13 @@ class EncoderBlock(nn.Module):
         qkv_dim: int | None = None,
         mlp_dropout: bool = True,
         norm_eps: float = 1e-5,
+        short_conv: int = 0,
+        causal: bool = False,
     ):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        # k taps over time on the attention's input (attnlab.models.short_conv); 0: none (the paper's)
+        self.short_conv = ShortConv(dim, short_conv, causal) if short_conv else None
         width = {} if qkv_dim is None else {"qkv_dim": qkv_dim}
         self.attn = attention(dim=dim, num_heads=num_heads, rope=rope, dropout=attn_dropout, **width)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
@@ -68,8 +75,24 @@ class EncoderBlock(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), key_padding_mask=key_padding_mask))
+        h = self.norm1(x)
+        if self.short_conv is not None:
+            h = self.short_conv(h, key_padding_mask)
+        x = x + self.drop(self.attn(h, key_padding_mask=key_padding_mask))
         return x + self.drop(self.mlp(self.norm2(x)))
+
+    def step(self, x_t: torch.Tensor, state: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+        """One token of causal decoding, x_t (B, dim) -> (y_t, state): the attention layer's own
+        recurrent step (`step`), and the short convolution's last k−1 inputs. Same weights as `forward`."""
+        conv_state, attn_state = state if state is not None else (None, None)
+        h = self.norm1(x_t)
+        if self.short_conv is not None:
+            h, conv_state = self.short_conv.step(h, conv_state)
+        if not hasattr(self.attn, "step"):
+            raise ValueError(f"attention backend {getattr(self.attn, 'name', '?')!r} has no recurrent step")
+        a, attn_state = self.attn.step(h, attn_state)
+        x = x_t + self.drop(a)
+        return x + self.drop(self.mlp(self.norm2(x))), (conv_state, attn_state)
 
 
 class Encoder(nn.Module):
@@ -86,3 +109,11 @@ class Encoder(nn.Module):
         for block in self.blocks:
             x = block(x, key_padding_mask=key_padding_mask)
         return self.norm(x)
+
+    def step(self, x_t: torch.Tensor, state: list | None = None) -> tuple[torch.Tensor, list]:
+        """One token through every block (`EncoderBlock.step`) and the final LayerNorm."""
+        states = []
+        for block, block_state in zip(self.blocks, state or [None] * len(self.blocks), strict=True):
+            x_t, block_state = block.step(x_t, block_state)
+            states.append(block_state)
+        return self.norm(x_t), states
