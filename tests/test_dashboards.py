@@ -154,6 +154,7 @@ def _wandb_records(path: Path):
 
 def test_wandb_offline_run_gets_history_and_config(train_config, tmp_path, monkeypatch):
     import wandb  # in the dev extras: logger=wandb is offered by the README, so CI runs it
+
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}.items():
         monkeypatch.setenv(name, value)

@@ -15,7 +15,7 @@ from attnlab.pipeline import train
 from attnlab.resume import read_checkpoint
 from attnlab.tasks.mlm import CHECKPOINT_KEY
 from conftest import compose_train_config
-from tiny_runs import run_train_py
+from tiny_runs import REPO_ROOT, run_train_py
 
 VOCAB = 512
 # data-size overrides only: a small tokenizer, short blocks, a small model, a short budget
@@ -173,3 +173,13 @@ def test_paper_preset_refuses_a_global_batch_it_cannot_keep(tmp_path):
     cfg = compose_train_config(["experiment=mlm/paper", "trainer=ddp", "trainer.devices=3"], tmp_path)
     with pytest.raises(Exception, match=r"trainer.devices=3 .* do not split evenly over 3 devices"):
         _ = cfg.trainer.accumulate_grad_batches
+
+
+def test_paper_preset_claims_only_what_the_paper_states():
+    """Warm-up and bf16 are not in the paper; its corpus is FineWeb + Wikipedia + BookCorpus, and the
+    preset's tokenizer is the paper's only when RoBERTa's files are given."""
+    text = (REPO_ROOT / "conf" / "experiment" / "mlm" / "paper.yaml").read_text()
+    lines = {line.split(":")[0].strip(): line for line in text.splitlines() if ":" in line and "#" in line}
+    for key in ("warmup_steps", "precision"):
+        assert "ours (not stated in the paper)" in lines[key] and "[P]" not in lines[key], key
+    assert "FineWeb, Wikipedia, BookCorpus" in text and "trains a new byte-level BPE" in text

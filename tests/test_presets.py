@@ -435,5 +435,33 @@ def test_official_pixel_presets_mask_black_pixels_like_lra(train_config, task):
     """LRA's encoder derives its padding mask from ``inputs > 0`` (lra_benchmarks/models/transformer)."""
     official = train_config(f"experiment=lra/{task}")
     assert official.task.data.zero_pixels == "padding"
-    assert official.attn.padded_queries == "attend"  # `inputs > 0` masks keys; black pixels still query
+    # softmax: LRA's uniform row for black-pixel queries; the others: black pixels query the white ones
+    assert official.attn.padded_queries == "attend"
+    assert train_config(f"experiment=lra/{task}", "attn=softmax").attn.padded_queries == "lra"
     assert train_config(f"task={task}").task.data.zero_pixels == "token"
+    if task == "image":  # the CLS token takes pixel 0's mask, as LRA's prepended id does
+        assert (
+            official.task.model.cls_mask == "first"
+            and train_config("task=image").task.model.get("cls_mask", "real") == "real"
+        )
+
+
+def test_cls_takes_the_first_pixels_mask_under_lras_rule():
+    """An image whose first pixel is black: LRA's CLS is padding, its softmax row uniform over all T."""
+    from functools import partial
+
+    from attnlab.attention import build_attention
+    from attnlab.models.classifier import SequenceClassifier
+
+    torch.manual_seed(0)
+    ids = torch.tensor([[0, 3, 5, 0, 7], [2, 3, 5, 0, 7]])
+    mask = ids > 0
+    lra_softmax = partial(build_attention, "softmax", padded_queries="lra")
+    build = lambda cls_mask: SequenceClassifier(  # noqa: E731
+        vocab_size=9, num_classes=2, attention=lra_softmax, dim=8, depth=1, num_heads=2, pooling="cls",
+        dropout=0.0, cls_mask=cls_mask,
+    )  # fmt: skip
+    real, first = build("real"), build("first")
+    first.load_state_dict(real.state_dict())
+    a, b = real.eval().encode(ids, mask), first.eval().encode(ids, mask)
+    assert torch.allclose(a[1], b[1]) and not torch.allclose(a[0], b[0])  # only where pixel 0 is black

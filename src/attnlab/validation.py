@@ -82,6 +82,10 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "task.model.mlp_dim": POSITIVE,
     "task.model.max_len": POSITIVE,
     "task.model.patch_size": POSITIVE,
+    "task.model.short_conv": (
+        lambda v: _is_int(v) and (v == 0 or v >= 2),
+        "0 (off) or a number of taps >= 2",
+    ),
     "task.data.num_points": POSITIVE,
     "task.data.source.tokenizer.vocab_size": integer(minimum=261),  # 256 bytes + 5 specials (BPE)
     "task.module.ema_decay": number(0.0, 1.0, low_open=True, nullable=True, high_open=True),

@@ -99,3 +99,22 @@ def test_widths_of_the_options():
 def test_bad_options_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PointCloudClassifier(5, "softmax", **kwargs)
+
+
+def test_the_modelnet40_preset_builds_the_authors_blocks(train_config):
+    """No dropout inside the FFN, LayerNorm eps 1e-12, RoBERTa's normal(0, 0.02) init (their code)."""
+    from hydra.utils import instantiate
+
+    cfg = train_config("task=modelnet40")
+    model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), in_channels=3)
+    block = model.encoder.blocks[0]
+    assert all(m.p == 0 for m in block.mlp if isinstance(m, torch.nn.Dropout))
+    assert block.drop.p == cfg.task.model.dropout > 0  # the residual dropout stays
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert norms and all(m.eps == 1e-12 for m in norms)
+    weights = torch.cat([m.weight.flatten() for m in model.modules() if isinstance(m, torch.nn.Linear)])
+    assert abs(weights.std().item() - 0.02) < 0.002 and abs(weights.mean().item()) < 0.002
+    assert all(
+        (m.bias == 0).all() for m in model.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None
+    )
+    assert cfg.task.module.label_smoothing == 0.2 and cfg.task.data.val_fraction == 0

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.attention.linear import DEFAULT_CHUNK_SIZE, linear_attention, linear_attention_step
-from attnlab.attention.padding import check_padded_queries
+from attnlab.attention.padding import COMMON_PADDED_QUERIES, PADDED_QUERIES, check_padded_queries
 from attnlab.attention.performer import PerformerFeatureMap, performer_attention
 from attnlab.attention.precision import FLOAT_DTYPES, accumulation_dtype
 from attnlab.attention.rope import RotaryEmbedding
@@ -99,6 +99,7 @@ class AttentionLayer(nn.Module):
 
     name: str = ""
     capabilities = Capabilities()
+    padded_query_modes: tuple[str, ...] = COMMON_PADDED_QUERIES  # what `padded_queries` may be
     dropout_site = "output"  # the sliced layers may move their dropout into the slicing projection
 
     def __init__(
@@ -143,7 +144,9 @@ class AttentionLayer(nn.Module):
             ("out_bias", out_bias),
         ):
             check_flag(key, value)
-        check_padded_queries("attention layer", padded_queries, causal)
+        check_padded_queries(
+            f"attention backend {self.name!r}", padded_queries, causal, self.padded_query_modes
+        )
         check_number("dropout", dropout, low=0.0, low_open=False, high=1.0)
         check_number("rope_base", rope_base, low=0.0, low_open=True)
         if causal and not self.capabilities.causal:
@@ -212,6 +215,7 @@ class SoftmaxAttention(AttentionLayer):
 
     name = "softmax"
     capabilities = Capabilities(causal=True, reasons={"recurrent_step": "no constant-size state (KV cache)"})
+    padded_query_modes = PADDED_QUERIES  # with LRA's rule (attnlab.attention.padding)
 
     def attend(self, q, k, v, key_padding_mask):
         p = self.dropout if self.training else 0.0

@@ -6,31 +6,42 @@ Padded *queries* are a choice (``padded_queries``):
 - ``"zero"`` (the default): a padded position outputs zeros and gets no gradient, as a padded
   token in a batch of sentences should;
 - ``"attend"``: a padded position is still a query and attends to the real keys like any other
-  position. The official LRA encoder does this for the black pixels of Image, Pathfinder and
-  Path-X (``inputs > 0`` masks keys only) and then averages every position, black ones included.
+  position (every backend);
+- ``"lra"`` (softmax only): the official LRA encoder's function. It passes its one mask
+  (``inputs > 0``) to flax's attention as both query and key mask, so a (query, key) pair gets a
+  −1e10 bias when *either* is padding: a real query attends to the real keys, and a padded query's
+  row is −1e10 + score everywhere, which rounds to exactly −1e10 in float32 (|score| < 512). Its
+  weights are uniform: its output is the mean of V over all T positions, padding included, and
+  JAX still back-propagates through that row (the softmax's Jacobian at the uniform point).
+  Image, Pathfinder and Path-X then read (CLS) or average (MEAN) those rows.
 
 For bidirectional attention a query's output depends only on its own score or vector and on the
-real keys, so ``"attend"`` needs no other change than not zeroing those rows. Causal ops refuse it:
-a causal sequence is padded at its end, where no real token ever looks.
+real keys, so ``"attend"`` needs no other change than not zeroing those rows. Causal ops refuse
+``"attend"`` and ``"lra"``: a causal sequence is padded at its end, where no real token ever looks.
 """
 
 from __future__ import annotations
 
 import torch
 
-PADDED_QUERIES = ("zero", "attend")
+PADDED_QUERIES = ("zero", "attend", "lra")
+#: the modes every op implements; "lra" is softmax's alone (the rule is about softmax's weights)
+COMMON_PADDED_QUERIES = ("zero", "attend")
 
 
-def check_padded_queries(op: str, padded_queries: str, causal: bool = False) -> None:
-    """Refuse an unknown mode, and ``"attend"`` with ``causal=True`` (see the module docstring)."""
-    if padded_queries not in PADDED_QUERIES:
+def check_padded_queries(
+    op: str, padded_queries: str, causal: bool = False, allowed: tuple[str, ...] = COMMON_PADDED_QUERIES
+) -> None:
+    """Refuse an unknown mode, one ``op`` lacks, and ``"attend"``/``"lra"`` with ``causal=True``."""
+    if padded_queries not in allowed:
+        softmax_only = " ('lra' is softmax's alone)" if padded_queries == "lra" else ""
         raise ValueError(
-            f"{op}: padded_queries must be one of {', '.join(map(repr, PADDED_QUERIES))}, "
-            f"got {padded_queries!r}"
+            f"{op}: padded_queries must be one of {', '.join(map(repr, allowed))}, "
+            f"got {padded_queries!r}{softmax_only}"
         )
-    if causal and padded_queries == "attend":
+    if causal and padded_queries != "zero":
         raise ValueError(
-            f"{op}: padded_queries='attend' is for bidirectional attention (causal=False); "
+            f"{op}: padded_queries={padded_queries!r} is for bidirectional attention (causal=False); "
             "a causal sequence is padded at its end, where no real query looks"
         )
 

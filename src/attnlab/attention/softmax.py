@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention.padding import check_padded_queries, query_mask
+from attnlab.attention.padding import PADDED_QUERIES, check_padded_queries, query_mask
 
 
 def check_qkv(
@@ -48,11 +48,16 @@ def softmax_attention(
     `key_padding_mask` is a bool (B, T), True = real token; padded keys get zero weight. A query that
     sees no key at all (a fully padded sequence, or a causal row before the first real token) would
     be a 0/0 softmax, so its output is set to zero instead of NaN, and so is the output of every padded
-    query (`padded_queries="attend"`: padded queries attend to the real keys, see
-    `attnlab.attention.padding`). `dropout_p` is attention dropout (pass 0 at evaluation).
+    query (`padded_queries="attend"`: padded queries attend to the real keys; ``"lra"``: LRA's rule,
+    a padded query's output is the mean of V over all T positions, see `attnlab.attention.padding`
+    and `lra_padded_rows`). `dropout_p` is attention dropout (pass 0 at evaluation).
     """
     check_qkv(q, k, v, key_padding_mask)
-    check_padded_queries("softmax_attention", padded_queries, causal)
+    check_padded_queries("softmax_attention", padded_queries, causal, allowed=PADDED_QUERIES)
+    if padded_queries == "lra" and key_padding_mask is not None:
+        real = softmax_attention(q, k, v, key_padding_mask, dropout_p=dropout_p, padded_queries="zero")
+        padded_rows = lra_padded_rows(q, k, v)
+        return torch.where(key_padding_mask[:, None, :, None], real, padded_rows.to(real.dtype))
     b, _, t, _ = q.shape
     if key_padding_mask is None:
         # No mask lets SDPA pick the flash kernel; `is_causal` keeps it on that path.
@@ -70,3 +75,21 @@ def softmax_attention(
     if (queries := query_mask(key_padding_mask, padded_queries)) is not None:
         keep = keep & queries[:, None, :, None]  # (B, 1, T, 1)
     return out.masked_fill(~keep, 0.0)
+
+
+def lra_padded_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """What LRA's softmax gives a padded query, for every query (B, H, T, Dv), in O(T·D·Dv).
+
+    Its logits are −1e10 + s_ij, rounded to −1e10 in float32, so the weights are uniform: the value
+    is v̄, the mean of V over all T positions. JAX's gradient is still the softmax's Jacobian at that
+    uniform point, applied to s_ij = q_i·k_j/√D: ∂/∂s_ij = (g_i·(v_j − v̄))/T. With δs = s − s
+    (value 0, gradient that of s) the output is, to first order, v̄ + Σ_j δs_ij (v_j − v̄)/T, and
+    Σ_j s_ij (v_j − v̄) = q_i·M/√D with M = Σ_j k_j (v_j − v̄)ᵀ: no T×T matrix. V enters M without
+    gradient (in the exact function v_j's weight is 1/T, whatever the scores).
+    """
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    mean = v.mean(dim=2, keepdim=True)  # (B, H, 1, Dv): every position, padding included
+    moment = torch.einsum("bhtd,bhte->bhde", k, (v - mean).detach())  # M (B, H, D, Dv)
+    linear = torch.einsum("bhtd,bhde->bhte", q, moment) * q.shape[-1] ** -0.5 / v.shape[2]
+    return mean + (linear - linear.detach())  # the value is v̄; the gradient is LRA's

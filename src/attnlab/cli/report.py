@@ -22,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "Collect every summary.json under the given run or sweep directories and write "
             "accuracy.{md,csv}, throughput.{md,csv}, runs.csv, acc_vs_throughput.png and "
             "throughput_vs_seqlen.png into --out-dir (with MQAR runs, also mqar_vs_width.png and "
-            "mqar_vs_seqlen.png: recall accuracy against model width and sequence length); the two "
+            "mqar_vs_seqlen.png: recall accuracy against model width and sequence length; with tiny-ViT "
+            "runs, vit_grid.md, vit_curves.csv and vit_curves.png: the configuration chosen per backend "
+            "on the hold-out and the median test curve over seeds); the two "
             "markdown tables are also printed."
         ),
     )
@@ -64,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     print(report.throughput_md)
     if report.glue_md:  # GLUE runs present: the paper's Table 4 shape
         print(report.glue_md)
+    if report.vit_md:  # ViT runs present: the chosen configuration per backend, the median test curves
+        print(report.vit_md)
     summary = f"{len(report.runs)} run(s) reported, {len(report.skipped)} skipped"
     print(f"{summary}; files written to {args.out_dir}/", file=sys.stderr)
     return 0

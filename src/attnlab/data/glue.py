@@ -9,7 +9,8 @@ bare quotes). A row with the wrong number of fields or an unreadable label (QQP 
 a bad row, stopping the run or skipped and counted by ``on_bad_rows`` (`attnlab.data.common.BadRows`).
 
 Splits: ``dev`` is the test split (GLUE's test labels are private, so ``test.tsv`` is never read); the
-validation split is a seeded slice of train (``val_fraction``), the rest trains. Examples are framed as
+validation split is the dev set (``val_fraction=0``, as the GLUE papers select) or a seeded slice of
+train (``val_fraction`` > 0), the rest trains. Examples are framed as
 RoBERTa's: ``<s> A </s>`` or ``<s> A </s></s> B </s>``, the longer sentence truncated first.
 """
 
@@ -339,8 +340,11 @@ class GlueDataModule(ShardedDataModule):
         super().__init__()
         if batch_size < 1:
             raise ConfigError(f"task.data.batch_size={batch_size}: expected an integer >= 1")
-        if not 0 < val_fraction < 1:
-            raise ConfigError(f"task.data.val_fraction={val_fraction}: expected a fraction in (0, 1)")
+        if not 0 <= val_fraction < 1:
+            raise ConfigError(
+                f"task.data.val_fraction={val_fraction}: expected a fraction in [0, 1) (0: select on the "
+                "dev set, as the GLUE papers do)"
+            )
         check_choice("task.data.on_bad_rows", on_bad_rows, ON_BAD_ROWS)
         self.pretrained = read_pretrained(pretrained)
         self.tokenizer = self.pretrained.tokenizer
@@ -366,23 +370,29 @@ class GlueDataModule(ShardedDataModule):
         train, devs = self.source.read(self.on_bad_rows)
         encode = lambda ex: encode_pairs(self.tokenizer, ex.first, ex.second, self.max_tokens)  # noqa: E731
         ids = encode(train)
-        order = np.random.default_rng(self.split_seed).permutation(len(ids))
-        n_val = max(1, round(self.val_fraction * len(ids)))
-        if n_val >= len(ids):
-            raise DataError(
-                self.source.description, f"train has {len(ids)} examples: too few to hold out val"
-            )
-        val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
         test_ids, test_labels, subset = [], [], []
         for code, dev in enumerate(devs):
             test_ids += encode(dev)
             test_labels.append(dev.labels)
             subset += [code] * len(dev)
-        self.datasets = {
-            "train": GlueDataset([ids[i] for i in train_idx], train.labels[train_idx]),
-            "val": GlueDataset([ids[i] for i in val_idx], train.labels[val_idx]),
-            "test": GlueDataset(test_ids, np.concatenate(test_labels), np.asarray(subset, dtype=np.int64)),
-        }
+        test = GlueDataset(test_ids, np.concatenate(test_labels), np.asarray(subset, dtype=np.int64))
+        if self.val_fraction == 0:  # select on dev and report dev, as the GLUE papers do (MNLI: matched)
+            first = test.subset == 0
+            val = GlueDataset(
+                [x for x, keep in zip(test_ids, first, strict=True) if keep], test.labels[first]
+            )
+            train_set = GlueDataset(ids, train.labels)
+        else:  # a seeded slice of train, to tune without looking at dev
+            order = np.random.default_rng(self.split_seed).permutation(len(ids))
+            n_val = max(1, round(self.val_fraction * len(ids)))
+            if n_val >= len(ids):
+                raise DataError(
+                    self.source.description, f"train has {len(ids)} examples: too few to hold out val"
+                )
+            val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
+            val = GlueDataset([ids[i] for i in val_idx], train.labels[val_idx])
+            train_set = GlueDataset([ids[i] for i in train_idx], train.labels[train_idx])
+        self.datasets = {"train": train_set, "val": val, "test": test}
         sizes = ", ".join(f"{s} {len(self.datasets[s]):,}" for s in SPLITS)
         log.info("data: %s (%s; at most %d tokens)", self.source.description, sizes, self.max_tokens)
 
@@ -397,10 +407,10 @@ class GlueDataModule(ShardedDataModule):
 
     def baselines(self, split: str = "test") -> dict[str, float]:
         """What always answering train's most frequent class scores on ``split``'s main metric
-        (``test_acc``): its accuracy; 0 for CoLA's Matthews correlation and STS-B's Spearman (a
-        constant has no correlation)."""
+        (``test_acc``): its accuracy (CoLA included: Table 4 reports accuracy); 0 for STS-B's
+        Spearman (a constant has no correlation)."""
         self.setup()
-        if self.spec.labels is None or self.spec.name == "cola":
+        if self.spec.labels is None:
             return {"baseline_acc": 0.0}
         majority = np.bincount(self.datasets["train"].labels).argmax()
         test = self.datasets[split]

@@ -20,7 +20,9 @@ from attnlab.resume import read_checkpoint
 
 CHECKPOINT_KEY = "attnlab_mlm"
 #: the constructor values a fine-tuned model must share with the pretrained one
-SHAPE_KEYS = ("vocab_size", "dim", "depth", "num_heads", "mlp_dim", "max_len", "qkv_dim", "pad_id")
+SHAPE_KEYS = (
+    "vocab_size", "dim", "depth", "num_heads", "mlp_dim", "max_len", "qkv_dim", "pad_id", "short_conv"
+)  # fmt: skip
 BACKBONE = "model.backbone."
 
 

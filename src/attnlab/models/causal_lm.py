@@ -53,6 +53,7 @@ class CausalLM(nn.Module):
         dropout: float = 0.0,
         attn_dropout: float = 0.0,
         qkv_dim: int | None = None,
+        short_conv: int = 0,
     ):
         super().__init__()
         _check_choice("positions", positions, POSITIONS)
@@ -82,6 +83,8 @@ class CausalLM(nn.Module):
                 attn_dropout=attn_dropout,
                 rope=positions == "rope",
                 qkv_dim=qkv_dim,
+                short_conv=short_conv,
+                causal=True,
             )
         except UnsupportedAttentionError as err:
             raise NoCausalAttentionError(
@@ -104,3 +107,17 @@ class CausalLM(nn.Module):
         if self.pos_table is not None:
             x = x + self.pos_table[:, :length].to(x.dtype)
         return self.head(self.encoder(self.drop(x)))
+
+    def step(self, token: torch.Tensor, state: tuple[int, list] | None = None) -> tuple[torch.Tensor, tuple]:
+        """Next-token logits (B, vocab) after ``token`` (B,), and the new state: recurrent decoding with
+        each layer's own step (linear and sliced backends), equal to `forward`'s logits at that position."""
+        position, blocks = state if state is not None else (0, None)
+        if position >= self.max_len:
+            raise ValueError(f"decoding past the model's max_len={self.max_len}")
+        x = self.embed(token)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed[0, position]
+        if self.pos_table is not None:
+            x = x + self.pos_table[0, position].to(x.dtype)
+        x, blocks = self.encoder.step(self.drop(x), blocks)
+        return self.head(x), (position + 1, blocks)

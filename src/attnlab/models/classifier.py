@@ -24,6 +24,7 @@ from attnlab.models.encoder import AttentionFactory, Encoder
 
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
 POOLINGS = ("mean", "mean_all", "cls", "first")
+CLS_MASKS = ("real", "first")
 HEAD_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 PAIR_FEATURES = ("nli", "concat")
 
@@ -78,6 +79,8 @@ class SequenceClassifier(nn.Module):
     the first input token (the official LRA dual encoder, which adds no CLS token).
     qkv_dim: width of q, k, v (null: dim). head_dims: hidden widths of the head (null: [mlp_dim]).
     embed_norm: LayerNorm on embeddings + positions before the encoder (RoBERTa-style embeddings).
+    cls_mask: with ``pooling="cls"``, the CLS token is a real token (``real``) or takes the first input
+    token's mask (``first``: LRA's encoder, which masks the ids after prepending CLS to them).
     """
 
     def __init__(
@@ -101,8 +104,12 @@ class SequenceClassifier(nn.Module):
         head_activation: str = "gelu",
         head_dropout: float = 0.0,
         pair_features: str = "nli",
+        cls_mask: str = "real",
+        short_conv: int = 0,
     ):
         super().__init__()
+        _check_choice("cls_mask", cls_mask, CLS_MASKS)
+        self.cls_mask = cls_mask
         _check_choice("positions", positions, POSITIONS)
         _check_choice("pooling", pooling, POOLINGS)
         _check_choice("head_activation", head_activation, tuple(HEAD_ACTIVATIONS))
@@ -138,6 +145,7 @@ class SequenceClassifier(nn.Module):
             attn_dropout=attn_dropout,
             rope=positions == "rope",
             qkv_dim=qkv_dim,
+            short_conv=short_conv,  # centred: a classifier sees the whole sequence
         )
         head_in = (4 if pair_features == "nli" else 2) * dim if dual else dim
         self.head = classifier_head(head_in, hidden, num_classes, head_activation, head_dropout)
@@ -155,7 +163,8 @@ class SequenceClassifier(nn.Module):
         x = self.embed(input_ids)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(batch, -1, -1), x], dim=1)
-            mask = torch.cat([mask.new_ones(batch, 1), mask], dim=1)
+            cls = mask[:, :1] if self.cls_mask == "first" else mask.new_ones(batch, 1)
+            mask = torch.cat([cls, mask], dim=1)
         if self.pos_embed is not None:
             x = x + self.pos_embed[:, : x.shape[1]]
         if self.pos_table is not None:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from attnlab.models.short_conv import ShortConv
+
 AttentionFactory = Callable[..., nn.Module]
 
 
@@ -23,11 +25,28 @@ class FeedForward(nn.Sequential):
         )
 
 
-class EncoderBlock(nn.Module):
-    """x + Attn(LN(x)), then x + MLP(LN(x)); dropout on both residual branches.
+def init_like_roberta(module: nn.Module, std: float = 0.02) -> None:
+    """Hugging Face's RoBERTa initialisation, which the paper authors' models get from ``post_init``:
+    every Linear and Embedding weight normal(0, std), biases 0, LayerNorm weight 1 and bias 0. Other
+    parameters (a ReLU-bump bandwidth, Performer's projection) keep their own initialisation."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear | nn.Embedding):
+            nn.init.normal_(layer.weight, std=std)
+            if getattr(layer, "bias", None) is not None:
+                nn.init.zeros_(layer.bias)
+        elif isinstance(layer, nn.LayerNorm) and layer.elementwise_affine:
+            nn.init.ones_(layer.weight)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
 
-    ``dropout`` acts on the residual branches and inside the MLP; ``attn_dropout`` is the attention
-    layer's own (attention weights for softmax, the attention output for the others).
+
+class EncoderBlock(nn.Module):
+    """x + Attn(LN(x)), then x + MLP(LN(x)); dropout on both residual branches. With ``short_conv=k``
+    the attention reads ShortConv(LN(x)) (causal when ``causal``), the "previous token" step of recall.
+
+    ``dropout`` acts on the residual branches and (``mlp_dropout``) inside the MLP; ``attn_dropout`` is
+    the attention layer's own (attention weights for softmax, the attention output for the others).
+    ``mlp_dropout=False`` and ``norm_eps=1e-12`` are the paper authors' block (RoBERTa's settings).
     """
 
     def __init__(
@@ -40,18 +59,40 @@ class EncoderBlock(nn.Module):
         attn_dropout: float = 0.0,
         rope: bool = False,
         qkv_dim: int | None = None,
+        mlp_dropout: bool = True,
+        norm_eps: float = 1e-5,
+        short_conv: int = 0,
+        causal: bool = False,
     ):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        # k taps over time on the attention's input (attnlab.models.short_conv); 0: none (the paper's)
+        self.short_conv = ShortConv(dim, short_conv, causal) if short_conv else None
         width = {} if qkv_dim is None else {"qkv_dim": qkv_dim}
         self.attn = attention(dim=dim, num_heads=num_heads, rope=rope, dropout=attn_dropout, **width)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = FeedForward(dim, mlp_dim, dropout)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = FeedForward(dim, mlp_dim, dropout if mlp_dropout else 0.0)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), key_padding_mask=key_padding_mask))
+        h = self.norm1(x)
+        if self.short_conv is not None:
+            h = self.short_conv(h, key_padding_mask)
+        x = x + self.drop(self.attn(h, key_padding_mask=key_padding_mask))
         return x + self.drop(self.mlp(self.norm2(x)))
+
+    def step(self, x_t: torch.Tensor, state: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+        """One token of causal decoding, x_t (B, dim) -> (y_t, state): the attention layer's own
+        recurrent step (`step`), and the short convolution's last k−1 inputs. Same weights as `forward`."""
+        conv_state, attn_state = state if state is not None else (None, None)
+        h = self.norm1(x_t)
+        if self.short_conv is not None:
+            h, conv_state = self.short_conv.step(h, conv_state)
+        if not hasattr(self.attn, "step"):
+            raise ValueError(f"attention backend {getattr(self.attn, 'name', '?')!r} has no recurrent step")
+        a, attn_state = self.attn.step(h, attn_state)
+        x = x_t + self.drop(a)
+        return x + self.drop(self.mlp(self.norm2(x))), (conv_state, attn_state)
 
 
 class Encoder(nn.Module):
@@ -62,9 +103,17 @@ class Encoder(nn.Module):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.blocks = nn.ModuleList(EncoderBlock(dim=dim, **block_kwargs) for _ in range(depth))
-        self.norm = nn.LayerNorm(dim)
+        self.norm = nn.LayerNorm(dim, eps=block_kwargs.get("norm_eps", 1e-5))
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         for block in self.blocks:
             x = block(x, key_padding_mask=key_padding_mask)
         return self.norm(x)
+
+    def step(self, x_t: torch.Tensor, state: list | None = None) -> tuple[torch.Tensor, list]:
+        """One token through every block (`EncoderBlock.step`) and the final LayerNorm."""
+        states = []
+        for block, block_state in zip(self.blocks, state or [None] * len(self.blocks), strict=True):
+            x_t, block_state = block.step(x_t, block_state)
+            states.append(block_state)
+        return self.norm(x_t), states

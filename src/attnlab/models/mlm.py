@@ -32,6 +32,7 @@ class TextEncoder(nn.Module):
         attn_dropout: float = 0.0,
         qkv_dim: int | None = None,
         pad_id: int = 0,
+        short_conv: int | None = 0,
     ):
         super().__init__()
         self.max_len, self.pad_id = max_len, pad_id
@@ -49,6 +50,7 @@ class TextEncoder(nn.Module):
             attn_dropout=attn_dropout,
             rope=True,
             qkv_dim=qkv_dim,
+            short_conv=short_conv or 0,  # None: a checkpoint saved before the option existed
         )
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -85,10 +87,11 @@ class _OnTextEncoder(nn.Module):
         attn_dropout: float = 0.0,
         qkv_dim: int | None = None,
         pad_id: int = 0,
+        short_conv: int | None = 0,
     ):
         super().__init__()
         shape = dict(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim)
-        shape.update(max_len=max_len, qkv_dim=qkv_dim, pad_id=pad_id)
+        shape.update(max_len=max_len, qkv_dim=qkv_dim, pad_id=pad_id, short_conv=short_conv or 0)
         self.backbone = TextEncoder(attention=attention, dropout=dropout, attn_dropout=attn_dropout, **shape)
         self.config = _config(**shape, attention=type(self.backbone.encoder.blocks[0].attn).__name__)
 

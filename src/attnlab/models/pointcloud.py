@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from attnlab.models.classifier import HEAD_ACTIVATIONS, _check_choice, classifier_head, resolve_attention
-from attnlab.models.encoder import AttentionFactory, Encoder
+from attnlab.models.encoder import AttentionFactory, Encoder, init_like_roberta
 
 FEATURES = ("last", "concat")
 POOLINGS = ("mean", "max", "max_mean")
@@ -51,7 +51,12 @@ class PointCloudClassifier(nn.Module):
         head_dims: Sequence[int] | None = None,
         head_activation: str = "gelu",
         head_dropout: float = 0.1,
+        mlp_dropout: bool = True,
+        norm_eps: float = 1e-5,
+        init_std: float | None = None,
     ):
+        """``mlp_dropout=False``, ``norm_eps=1e-12`` and ``init_std=0.02`` are the authors' blocks
+        (their RoBERTa config's settings and ``post_init``); the defaults are PyTorch's."""
         super().__init__()
         _check_choice("features", features, FEATURES)
         _check_choice("pooling", pooling, POOLINGS)
@@ -65,7 +70,7 @@ class PointCloudClassifier(nn.Module):
             raise ValueError(f"head_dims={hidden} must be positive widths (or null for [4 * dim])")
         self.in_channels, self.features, self.pooling = in_channels, features, pooling
         self.embed = nn.Sequential(nn.Linear(in_channels, dim), nn.GELU(), nn.Linear(dim, dim))
-        self.embed_norm = nn.LayerNorm(dim)
+        self.embed_norm = nn.LayerNorm(dim, eps=norm_eps)
         self.drop = nn.Dropout(dropout)
         self.encoder = Encoder(
             depth=depth,
@@ -77,9 +82,13 @@ class PointCloudClassifier(nn.Module):
             attn_dropout=attn_dropout,
             rope=False,  # a set has no order
             qkv_dim=qkv_dim,
+            mlp_dropout=mlp_dropout,
+            norm_eps=norm_eps,
         )
         width = dim * (depth if features == "concat" else 1) * (2 if pooling == "max_mean" else 1)
         self.head = classifier_head(width, hidden, num_classes, head_activation, head_dropout)
+        if init_std is not None:
+            init_like_roberta(self, init_std)
 
     def encode(self, points: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Per-point features ``(B, N, width)``."""

@@ -13,23 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.reporting.plots import clipped_error, panel_grid, style_by_backend
-from attnlab.reporting.runs import RunSummary, backend_sort_key
+from attnlab.reporting.runs import RunSummary, backend_sort_key, load_run_config
 from attnlab.reporting.stats import Stat
 
 MQAR_TASK = "mqar"
-
-
-def _run_config(run: RunSummary) -> Any:
-    """The resolved `config.yaml` the pipeline writes beside `summary.json` (None: absent, unreadable)."""
-    path = run.path.parent / "config.yaml"
-    if not path.is_file():
-        return None
-    from omegaconf import OmegaConf
-
-    try:
-        return OmegaConf.load(path)
-    except Exception:  # a damaged config must not stop the report; the run then has no width
-        return None
 
 
 def _positive_int(value: Any) -> int | None:
@@ -43,7 +30,7 @@ def run_width(run: RunSummary) -> int | None:
     width = _positive_int(run.get("dim"))
     if width is not None:
         return width
-    config = _run_config(run)
+    config = load_run_config(run)
     if config is None:
         return None
     from omegaconf import OmegaConf

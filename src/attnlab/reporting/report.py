@@ -20,6 +20,7 @@ from attnlab.reporting.tables import (
     throughput_markdown,
     throughput_table,
 )
+from attnlab.reporting.vit import vit_markdown, vit_runs, write_vit_curves
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Report:
     runs: list[RunSummary]
     skipped: list[tuple[Path, str]]
     glue_md: str = ""  # Table 4's shape when GLUE runs are present (also written to glue.md)
+    vit_md: str = ""  # ViT selection and median test curves when ViT runs are present (vit_grid.md)
 
 
 def write_report(
@@ -92,4 +94,10 @@ def make_report(
     if glue_md:
         files["glue.md"] = Path(out_dir) / "glue.md"
         files["glue.md"].write_text(glue_md, encoding="utf-8")
-    return Report(acc_md, thr_md, files, loaded.runs, loaded.skipped, glue_md)
+    vit = vit_runs(loaded.runs)
+    vit_md = vit_markdown(vit)
+    if vit_md:
+        files["vit_grid.md"] = Path(out_dir) / "vit_grid.md"
+        files["vit_grid.md"].write_text(vit_md, encoding="utf-8")
+        files.update(write_vit_curves(vit, Path(out_dir)))
+    return Report(acc_md, thr_md, files, loaded.runs, loaded.skipped, glue_md, vit_md)

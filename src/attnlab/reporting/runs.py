@@ -181,6 +181,19 @@ def load_runs(dirs: Iterable[str | Path], on_skip: Callable[[Path, str], None] |
     return result
 
 
+def load_run_config(run: RunSummary) -> Any:
+    """The resolved `config.yaml` the pipeline writes beside `summary.json` (None: absent, unreadable)."""
+    path = run.path.parent / "config.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.load(path)
+    except Exception:  # a damaged config must not stop the report; the run then lacks what it would give
+        return None
+
+
 def split_by_length(task_runs: Sequence[RunSummary]) -> list[tuple[int | None, list[RunSummary]]]:
     """One task's runs as [(None, all)] when they share one seq_len, else one chunk per seq_len.
 

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from attnlab.errors import ConfigError
+
 MODEL_INPUTS = ("input_ids", "mask", "input_ids2", "mask2")
 
 
@@ -28,11 +30,16 @@ class ClassificationTask(L.LightningModule):
         weight_decay_exclude_norm_bias: bool = True,
         inputs: Sequence[str] | None = None,
         mean_class_acc: bool = False,
+        label_smoothing: float = 0.0,
     ):
         """``inputs``: the batch keys passed to the model (default `MODEL_INPUTS`, those present);
         ``mean_class_acc``: also log ``val/mean_class_acc`` and ``test/mean_class_acc`` (the mean of
-        per-class accuracies, ModelNet's usual second metric)."""
+        per-class accuracies, ModelNet's usual second metric); ``label_smoothing``: of the training
+        loss only (PCT uses 0.2), so val/test losses stay comparable across settings."""
         super().__init__()
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ConfigError(f"task.module.label_smoothing={label_smoothing!r} must be in [0, 1)")
+        self.label_smoothing = label_smoothing
         self.model = model
         self.inputs = tuple(inputs) if inputs is not None else MODEL_INPUTS
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -52,7 +59,8 @@ class ClassificationTask(L.LightningModule):
 
     def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         logits = self(batch)
-        loss = F.cross_entropy(logits.float(), batch["labels"])
+        smoothing = self.label_smoothing if stage == "train" else 0.0
+        loss = F.cross_entropy(logits.float(), batch["labels"], label_smoothing=smoothing)
         self._log_step(stage, loss, logits, batch["labels"])
         return loss
 

@@ -48,9 +48,16 @@ def warmup_decay(
     warmup_steps: int = 0,
     decay: str = "cosine",
     min_lr_ratio: float = 0.0,
+    warmup_fraction: float | None = None,
 ) -> LambdaLR:
+    """``warmup_fraction``: the warm-up as a share of the run's steps (RoBERTa's 6 %), for budgets in
+    epochs whose step count depends on the data; it replaces ``warmup_steps``."""
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    if warmup_fraction is not None:
+        if not 0.0 <= warmup_fraction < 1.0:
+            raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}")
+        warmup_steps = round(warmup_fraction * total_steps)
     return LambdaLR(
         optimizer, lambda step: warmup_decay_factor(step, warmup_steps, total_steps, decay, min_lr_ratio)
     )

@@ -164,3 +164,25 @@ def test_the_cache_holds_no_pickles(tmp_path):
         with np.load(source.cache_dir / f"{split}.npz", allow_pickle=False) as arrays:
             assert sorted(arrays.files) == ["labels", "points"]
             assert arrays["points"].dtype == np.float32 and arrays["points"].shape[1:] == (16, 3)
+
+
+def test_val_fraction_zero_trains_on_every_cloud_and_validates_on_test(tmp_path, caplog):
+    """The published ModelNet40 protocol (PointNet, DGCNN, PCT): all 9,843 training meshes, test = val."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="attnlab.data"):
+        dm = datamodule(tmp_path, val_fraction=0.0)
+    assert len(dm.datasets["train"]) == 40 and dm.datasets["val"] is dm.datasets["test"]
+    assert "train 40 of 40 training clouds, test 16; validation on the test split" in caplog.text
+
+
+def test_auto_prefers_the_hdf5_copy_of_the_published_tables(tmp_path):
+    from attnlab.data.pointcloud.modelnet import ModelNet40Source
+    from pointcloud_fixtures import write_modelnet_h5
+
+    write_modelnet_off(tmp_path / "ModelNet40")
+    write_modelnet_h5(tmp_path / "modelnet40_ply_hdf5_2048")
+    source = ModelNet40Source(tmp_path)
+    assert source.chosen is source.hdf5
+    meshes = ModelNet40Source(tmp_path, format="off")
+    assert meshes.chosen is meshes.off

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from attnlab.data.common import DataError
-from attnlab.data.loaders import SPLITS, SampleDraw, ShardedDataModule, seeded_draws, unpack_draw
+from attnlab.data.loaders import SampleDraw, ShardedDataModule, seeded_draws, unpack_draw
 from attnlab.data.pointcloud.modelnet import PointClouds
 from attnlab.data.pointcloud.transforms import AnisotropicScale, augmentation
 from attnlab.errors import ConfigError
@@ -130,8 +130,11 @@ class PointCloudDataModule(ShardedDataModule):
             raise ConfigError(f"task.data.batch_size must be >= 1, got {batch_size}")
         if num_points < 1:
             raise ConfigError(f"task.data.num_points must be >= 1, got {num_points}")
-        if not 0 < val_fraction < 1:
-            raise ConfigError(f"task.data.val_fraction must be in (0, 1), got {val_fraction}")
+        if not 0 <= val_fraction < 1:
+            raise ConfigError(
+                f"task.data.val_fraction must be in [0, 1) (0: train on every training cloud and "
+                f"validate on the test split, as the literature does), got {val_fraction}"
+            )
         if test_votes < 1:
             raise ConfigError(f"task.data.test_votes must be >= 1, got {test_votes}")
         augment = dict(augment or {})
@@ -181,18 +184,33 @@ class PointCloudDataModule(ShardedDataModule):
             if len(part) == 0:
                 raise DataError(self.source.description, f"the {split} split is empty")
         self.transform = augmentation(**self.augment, up_axis=self.source.up_axis)
-        train_idx, val_idx = split_indices(len(train), self.val_fraction, self.seed)
         n = self.num_points
+        test_set = PointCloudDataset(test, None, n, votes=self.test_votes, vote_scale=self.vote_scale)
+        if self.val_fraction > 0:  # a held-out part of the training meshes, for tuning
+            train_idx, val_idx = split_indices(len(train), self.val_fraction, self.seed)
+            val_set, validation = (
+                PointCloudDataset(train, val_idx, n),
+                f"{len(val_idx):,} held-out training clouds",
+            )
+        else:  # the standard protocol: every training mesh; validation = the test split
+            train_idx, val_set, validation = (
+                None,
+                test_set,
+                "the test split (val_fraction=0, as the literature)",
+            )
         self.datasets = {
             "train": PointCloudDataset(train, train_idx, n, self.transform, self.resample),
-            "val": PointCloudDataset(train, val_idx, n),
-            "test": PointCloudDataset(test, None, n, votes=self.test_votes, vote_scale=self.vote_scale),
+            "val": val_set,
+            "test": test_set,
         }
-        sizes = ", ".join(f"{s} {len(self.datasets[s]):,}" for s in SPLITS)
         log.info(
-            "data: %s (%s); %d points per cloud, %d channels; train augmentation: %s%s",
+            "data: %s (train %s of %s training clouds, test %s; validation on %s); %d points per cloud, "
+            "%d channels; train augmentation: %s%s",
             self.source.description,
-            sizes,
+            f"{len(self.datasets['train']):,}",
+            f"{len(train):,}",
+            f"{len(test):,}",
+            validation,
             n,
             train.points.shape[2],
             self.transform or "none",

@@ -309,9 +309,9 @@ FORMATS = ("auto", "off", "hdf5")
 
 class ModelNet40Source:
     """ModelNet40 in either format: ``off`` (the official meshes, through PyG), ``hdf5`` (PointNet's
-    pre-sampled copy) or ``auto`` (the meshes when ``<data_dir>/ModelNet40`` is there, else the HDF5
-    copy when it is there). The choice is made when the data is first needed, and said in the log
-    and ``data_source``."""
+    pre-sampled copy) or ``auto`` (the HDF5 copy when it is there, as PointNet, DGCNN and PCT read
+    it, else the meshes). The choice is made when the data is first needed, and said in the log and
+    ``data_source``."""
 
     def __init__(
         self,
@@ -336,10 +336,10 @@ class ModelNet40Source:
             return self.off
         if self.format == "hdf5":
             return self.hdf5
+        if self.hdf5.root.is_dir():  # the common input of the published ModelNet40 tables
+            return self.hdf5
         if self.off.root.is_dir():
             return self.off
-        if self.hdf5.root.is_dir():
-            return self.hdf5
         raise MissingDataError(
             self.off.root,
             f"Neither the meshes nor the HDF5 copy ({self.hdf5.root}) is there. {HOW_TO_OBTAIN_OFF} "
