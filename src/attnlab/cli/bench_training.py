@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
+
+from attnlab.cli.bench_args import load_average, positive_int
 
 #: task -> (sequence length, batch size): the real lengths, about 8K tokens a step
 TASKS: dict[str, tuple[int, int]] = {
@@ -37,13 +38,6 @@ TASKS: dict[str, tuple[int, int]] = {
 }
 BACKENDS = ("softmax", "sliced_relu", "sliced_relu_bump", "linear")
 SLICED = ("sliced_relu", "sliced_relu_bump")
-
-
-def load_average() -> str:
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def build(backend: str, length: int, path: str, seed: int = 0):
@@ -150,13 +144,6 @@ def table(rows: list[dict], backends) -> str:
     return "\n".join(lines)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def register(kinds) -> None:
     parser = kinds.add_parser(
         "training",
@@ -175,9 +162,9 @@ def register(kinds) -> None:
     parser.add_argument(
         "--path", choices=("auto", "dense", "sorted"), default="auto", help="sliced backends' path"
     )
-    parser.add_argument("--steps", type=_positive_int, default=5, help="timed steps per run")
+    parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    parser.add_argument("--repeats", type=_positive_int, default=3, help="interleaved runs per backend")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved runs per backend")
     parser.add_argument(
         "--stat", choices=("best", "median"), default="best", help="which run of each backend"
     )
@@ -185,7 +172,7 @@ def register(kinds) -> None:
         "--max-seconds", type=float, default=20.0, help="a run stops timing after this long (slow backends)"
     )
     parser.add_argument(
-        "--threads", type=_positive_int, default=None,
+        "--threads", type=positive_int, default=None,
         help="CPU threads for torch (default: attnlab's cap); 1 gives steadier figures on a busy machine",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench_results/training.json"))
