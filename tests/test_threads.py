@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -161,7 +163,6 @@ def test_train_py_sets_threads_before_torch_loads_and_the_users_win(tmp_path, us
 def test_bench_threads_runs_each_setting_beside_busy_processes(tmp_path):
     out_file = tmp_path / "threads.json"
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", MARKER)}
-    before = _busy_loops()
     out = subprocess.run(
         [sys.executable, "-m", "attnlab.cli.main", "bench", "threads", "--busy", "1", "--steps", "2",
          "--warmup", "0", "--repeats", "1", "--settings", "attnlab", "one-thread", "--out", str(out_file)],
@@ -170,9 +171,8 @@ def test_bench_threads_runs_each_setting_beside_busy_processes(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "busy x1: attnlab runs" in out.stdout and "as fast as one-thread" in out.stdout
     assert out_file.exists() and len(json.loads(out_file.read_text())) == 4
-    assert _busy_loops() == before  # the busy processes it started are gone
-
-
-def _busy_loops() -> int:
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return sum("while True: pass" in line for line in ps.splitlines())
+    (pids,) = re.findall(r"busy processes ([\d, ]+) \(stopped at the end\)", out.stdout)
+    for pid in map(int, pids.split(", ")):  # the busy processes it started are gone
+        assert (
+            not Path(f"/proc/{pid}").exists() or "while True" not in Path(f"/proc/{pid}/cmdline").read_text()
+        )

@@ -5,6 +5,9 @@ the math of docs/attention.md line by line. They build T×T tensors on purpose: 
 model. Shapes follow the ops: ``q, k, v`` are ``(B, H, T, D)``, scores ``s, t`` are ``(B, H, T)``,
 ``key_padding_mask`` is a bool ``(B, T)`` with True = real token.
 
+They repeat, on purpose, what the ops also do (shape checks, masks, the centring of values): a
+reference that called the op's helpers would share its bugs, so nothing here imports from the ops.
+
 Conventions shared with the fast ops:
 
 - padded keys have no influence at all (they are dropped from every sum, mean and count);

@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 
 from attnlab.cli import bench_threads, bench_training
+from attnlab.cli.bench_args import positive_float, positive_int
 
 DEFAULT_BACKENDS = [
     "softmax",
@@ -481,20 +482,6 @@ def write_plot(cells: list[Cell], path: Path, title: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def register(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks (attention ops)", description="Benchmarks.")
     kinds = bench.add_subparsers(dest="bench_kind", metavar="{attention,threads,training}")
@@ -510,20 +497,20 @@ def register(subparsers) -> None:
         "--backends", nargs="+", default=DEFAULT_BACKENDS, choices=sorted(BACKENDS), metavar="NAME",
         help=f"backends to run (known: {', '.join(sorted(BACKENDS))}; default: %(default)s)",
     )  # fmt: skip
-    parser.add_argument("--seq-lens", nargs="+", type=_positive_int, default=DEFAULT_SEQ_LENS, metavar="T")
-    parser.add_argument("-B", "--batch", type=_positive_int, default=1)
-    parser.add_argument("--heads", type=_positive_int, default=8)
-    parser.add_argument("--dim", type=_positive_int, default=64, help="head dimension D")
+    parser.add_argument("--seq-lens", nargs="+", type=positive_int, default=DEFAULT_SEQ_LENS, metavar="T")
+    parser.add_argument("-B", "--batch", type=positive_int, default=1)
+    parser.add_argument("--heads", type=positive_int, default=8)
+    parser.add_argument("--dim", type=positive_int, default=64, help="head dimension D")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--mode", nargs="+", choices=MODES, default=list(MODES))
-    parser.add_argument("--repeats", type=_positive_int, default=3, help="timed calls per cell (median)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed calls per cell (median)")
     parser.add_argument(
-        "--timeout-s", type=_positive_float, default=120.0,
+        "--timeout-s", type=positive_float, default=120.0,
         help="per-cell time limit in seconds, checked between calls (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
-        "--threads", type=_positive_int, default=None,
+        "--threads", type=positive_int, default=None,
         help="CPU threads for torch (default: torch's choice); 1 gives steadier figures on a busy machine",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)

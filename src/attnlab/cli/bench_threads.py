@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from attnlab.cli.bench_args import load_average, positive_int
+
 #: name -> environment changes for the measured process
 SETTINGS: dict[str, dict[str, str]] = {
     "attnlab": {},
@@ -127,26 +129,21 @@ class BusyProcesses:
             proc.wait()
 
 
-def _load_average() -> str:
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
 def run(args: argparse.Namespace, log=print) -> dict[tuple[str, str], float]:
     """Median ms per step for every (condition, setting); prints the table and the ratios."""
     from attnlab.threads import usable_cpus
 
     conditions = ["quiet", f"busy x{args.busy}"] if args.busy else ["quiet"]
     log(
-        f"attnlab bench threads: {usable_cpus()} usable CPUs, load average before {_load_average()}; "
+        f"attnlab bench threads: {usable_cpus()} usable CPUs, load average before {load_average()}; "
         f"{args.steps} steps (+{args.warmup} warm-up) per run, {args.repeats} interleaved repeats"
     )
     samples: dict[tuple[str, str], list[float]] = {}
     threads: dict[str, int] = {}
     for condition in conditions:
-        with BusyProcesses(args.busy if condition != "quiet" else 0):
+        with BusyProcesses(args.busy if condition != "quiet" else 0) as busy:
+            if busy.procs:
+                log(f"  busy processes {', '.join(str(p.pid) for p in busy.procs)} (stopped at the end)")
             for _ in range(args.repeats):
                 for setting in args.settings:
                     result = measure(setting, args.steps, args.warmup, args.max_seconds)
@@ -177,13 +174,6 @@ def run(args: argparse.Namespace, log=print) -> dict[tuple[str, str], float]:
     return medians
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def register(kinds) -> None:
     parser = kinds.add_parser(
         "threads",
@@ -198,9 +188,9 @@ def register(kinds) -> None:
     parser.add_argument(
         "--busy", type=int, default=2, help="busy processes for the loaded runs (0: quiet only)"
     )
-    parser.add_argument("--steps", type=_positive_int, default=15, help="timed steps per run")
+    parser.add_argument("--steps", type=positive_int, default=15, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    parser.add_argument("--repeats", type=_positive_int, default=3, help="interleaved runs per setting")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved runs per setting")
     parser.add_argument(
         "--max-seconds", type=float, default=40.0, help="a run stops timing after this long (slow settings)"
     )

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
+
+from attnlab.cli.bench_args import load_average, positive_int
 
 #: task -> (sequence length, batch size): the real lengths, about 8K tokens a step; ``t64`` and ``t256``
 #: are the round shapes issue 35 set its goal at (B=128 at T=64, B=32 at T=256)
@@ -41,13 +42,6 @@ TASKS: dict[str, tuple[int, int]] = {
 }
 BACKENDS = ("softmax", "sliced_relu", "sliced_relu_bump", "linear")
 SLICED = ("sliced_relu", "sliced_relu_bump")
-
-
-def load_average() -> str:
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def build(backend: str, length: int, path: str, seed: int = 0):
@@ -159,13 +153,6 @@ def _rate(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def register(kinds) -> None:
     parser = kinds.add_parser(
         "training",
@@ -184,9 +171,9 @@ def register(kinds) -> None:
     parser.add_argument(
         "--path", choices=("auto", "dense", "sorted"), default="auto", help="sliced backends' path"
     )
-    parser.add_argument("--steps", type=_positive_int, default=5, help="timed steps per run")
+    parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    parser.add_argument("--repeats", type=_positive_int, default=3, help="interleaved runs per backend")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved runs per backend")
     parser.add_argument(
         "--stat", choices=("best", "median"), default="best", help="which run of each backend"
     )
@@ -194,7 +181,7 @@ def register(kinds) -> None:
         "--max-seconds", type=float, default=20.0, help="a run stops timing after this long (slow backends)"
     )
     parser.add_argument(
-        "--threads", type=_positive_int, default=None,
+        "--threads", type=positive_int, default=None,
         help="CPU threads for torch (default: attnlab's cap); 1 gives steadier figures on a busy machine",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("bench_results/training.json"))

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.summary import SUMMARY_FIELDS
+
 SUMMARY_NAME = "summary.json"
 
 #: Known backends first, in the paper's order; anything else follows alphabetically.
@@ -27,17 +29,9 @@ TASK_ORDER = (
 METRICS = ("test_acc", "val_acc")
 
 _FRACTION_FIELDS = ("val_acc", "test_acc", "baseline_acc")
-_NUMBER_FIELDS = (
-    *_FRACTION_FIELDS,
-    "train_samples_per_sec",
-    "eval_samples_per_sec",
-    "peak_mem_mb",
-    "params",
-    "wall_time_s",
-    "attempts",
-    "steps",
-    "seq_len",
-    "world_size",
+#: the numbers among the fields every summary has (attnlab.summary): checked when a summary is read
+_NUMBER_FIELDS = tuple(
+    f for f in SUMMARY_FIELDS if f not in ("task", "attn", "seed", "git_commit", "data_source")
 )
 _INTEGER_FIELDS = ("seed", "params", "attempts", "steps", "seq_len", "world_size")
 # measured quantities: a negative value is a broken measurement, not a slow run

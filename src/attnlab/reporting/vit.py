@@ -83,12 +83,13 @@ def val_curve(run_dir: Path) -> tuple[tuple[int, float], ...]:
 
 def vit_runs(runs: Sequence[RunSummary]) -> list[VitRun]:
     """The ViT runs that have a configuration and a validation curve on disk."""
+    vit = [run for run in runs if run.task in VIT_TASKS]
+    if not vit:
+        return []  # no need for the data module's imports (torchvision) in a report without ViT runs
     from attnlab.data.vision import VAL_IS_TEST  # the marker the sources write into data_source
 
     found = []
-    for run in runs:
-        if run.task not in VIT_TASKS:
-            continue
+    for run in vit:
         config, curve = run_config(run), val_curve(run.path.parent)
         if config is not None and curve:
             test_curve = VAL_IS_TEST in str(run.get("data_source") or "")

@@ -110,13 +110,15 @@ class ClassificationTask(L.LightningModule):
         self._step(batch, "test")
 
     def _param_groups(self) -> list[dict]:
-        """No weight decay on biases and norm weights (the 1-D parameters), the usual AdamW rule."""
+        """No weight decay on biases and norm weights (the 1-D parameters), the usual AdamW rule, nor on
+        what the model names in ``no_weight_decay()`` (timm's ViT: positions, class token)."""
         if not self.exclude_norm_bias:
             return [{"params": [p for p in self.parameters() if p.requires_grad]}]
+        skip = getattr(self.model, "no_weight_decay", set)()
         decay, no_decay = [], []
-        for p in self.parameters():
+        for name, p in self.named_parameters():
             if p.requires_grad:
-                (no_decay if p.ndim < 2 else decay).append(p)
+                (no_decay if p.ndim < 2 or name.removeprefix("model.") in skip else decay).append(p)
         return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
     def configure_optimizers(self):

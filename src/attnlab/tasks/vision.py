@@ -111,14 +111,3 @@ class ImageClassificationTask(ClassificationTask):
 
     def test_step(self, batch, batch_idx):
         self._evaluate(batch, "test")
-
-    def _param_groups(self) -> list[dict]:
-        """No weight decay on 1-D parameters nor on what the model names (timm: positions, class token)."""
-        if not self.exclude_norm_bias:
-            return super()._param_groups()
-        skip = getattr(self.model, "no_weight_decay", lambda: set())()
-        decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
-            if p.requires_grad:
-                (no_decay if p.ndim < 2 or name in skip else decay).append(p)
-        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]

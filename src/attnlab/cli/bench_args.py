@@ -1,0 +1,28 @@
+"""What every ``attnlab bench`` sub-command shares: argument types and the load to print beside figures."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages: a timing means little without the machine's load beside it."""
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
