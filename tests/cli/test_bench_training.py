@@ -25,7 +25,7 @@ def test_training_bench_reports_every_backend_and_the_ratios(tmp_path, capsys, m
     assert all(r["samples_per_s"] > 0 and len(r["runs_ms"]) == 2 for r in rows)
     printed = capsys.readouterr().out
     assert "load average before" in printed and "load average after" in printed
-    assert "crossover: dense up to T=96 for sliced_relu" in printed
+    assert "crossover: dense up to T=64 for sliced_relu" in printed
     assert "| vit_cifar10 | 9 | 2 |" in printed and "sliced_relu_bump / softmax" in printed
 
 

@@ -32,9 +32,12 @@ PATHS = ("auto", "dense", "sorted")
 # 9.7/8.7 at 128; causal relu 3.3/9.3 at 64, 14.4/9.3 at 96; causal bump 85/138 at 384, 193/197
 # at 512. float64: relu 1.8/1.8 at 32, 4.6/2.9 at 64; bump 5.3/9.2 at 64, 8.7/8.7 at 96; causal
 # relu 16.5/17.5 at 96, 29/26 at 128; causal bump 114/167 at 256 (longest measured).
-# The dense path does O(T²) work whatever the batch; a larger B·H moves the crossover little.
+# More rows (B·H) amortise the sorted path's per-call overhead and move the crossover down, most
+# for sliced ReLU, so its entry is the one measured at B=128 (ViT's batch; same command, -B 128,
+# interleaved, best of 12, load 2.7-2.8): relu 9.7/9.6 at T=64, 14.0/9.4 at 65, 18.9/13.7 at 96
+# (at B=8: 1.8/1.7 at 96); bump 10.7/17.0 at 64, 14.9/28.5 at 96, 69/40 at 128.
 CROSSOVER: dict[tuple[str, str, torch.dtype], int] = {
-    ("relu", "cpu", torch.float32): 96,
+    ("relu", "cpu", torch.float32): 64,
     ("bump", "cpu", torch.float32): 96,
     ("causal_relu", "cpu", torch.float32): 64,
     ("causal_bump", "cpu", torch.float32): 384,
