@@ -193,7 +193,7 @@ def test_a_preempted_run_is_awaited_until_its_requeued_attempt_wrote_the_summary
     ``hpc_ckpt_1.ckpt``, requeues itself and returns from its first attempt without a summary. The stock
     submitit launcher ended the sweep there, with status 0; ``-m`` must return after the requeued attempt
     (~30 s later on this cluster) has resumed and written the summary."""
-    steps = 80  # long enough to still be training when the signal arrives
+    steps = 400  # long enough to still be training when the signal arrives (80 took 2 s on a quiet CPU)
     sweep = sweep_in(
         *["hydra/launcher=slurm_local", "trainer=cpu", "task=listops", "attn=softmax,sliced_relu", "seed=0"],
         *TINY,
@@ -203,7 +203,8 @@ def test_a_preempted_run_is_awaited_until_its_requeued_attempt_wrote_the_summary
     deadline = time.monotonic() + SWEEP_DEADLINE_S
     marker = "Setting signal handlers"  # Lightning's line once fit has started and SIGUSR1 is handled
     while time.monotonic() < deadline and sweep.process.poll() is None:
-        logs = sweep.sweep_dir and list(sweep.sweep_dir.glob(".submitit/*_0/*_0_log.err"))
+        # Lightning's lines go through the run's log handler (stdout), beside train.log
+        logs = sweep.sweep_dir and list(sweep.sweep_dir.glob(".submitit/*_0/*_0_log.out"))
         if logs and marker in logs[0].read_text():
             break
         time.sleep(0.2)
@@ -233,7 +234,7 @@ def test_a_preempted_run_is_awaited_until_its_requeued_attempt_wrote_the_summary
     assert "2 of 2 runs completed, 0 failed, 1 requeued" in output
     assert _array_task_states(job_id.split("_")[0])[job_id] == ("COMPLETED", 1)
     # the requeued attempt resumed from the checkpoint the first one saved
-    job_log = (sweep.sweep_dir / ".submitit" / job_id / f"{job_id}_0_log.err").read_text()
+    job_log = (sweep.sweep_dir / ".submitit" / job_id / f"{job_id}_0_log.out").read_text()
     assert f"Restored all states from the checkpoint at {run_dir / 'hpc_ckpt_1.ckpt'}" in job_log
 
 
