@@ -30,6 +30,22 @@ from attnlab.attention.triton.runtime import IMPLS, launch, resolve_impl
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
 
 
+def _like(rows: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """An op's (B·H, T, D) rows back in v's layout and dtype."""
+    return rows.view(v.shape).to(v.dtype)
+
+
+def _triton(op: str, impl: str, s, t, v, call) -> torch.Tensor | None:
+    """``call(kernels)`` on the Triton kernels when ``impl`` picks them for these tensors; None when
+    the torch code is to run (not CUDA, ``impl="torch"``, or ``auto`` and Triton could not build a
+    kernel here, which `launch` has warned about)."""
+    if resolve_impl(op, impl, s, t, v) != "triton":
+        return None
+    from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
+
+    return launch(op, impl, v.device, lambda: call(sliced))
+
+
 def _torch_only_causal(op: str, impl: str) -> None:
     """The causal ops have no Triton kernel yet: ``auto`` runs the torch code, ``triton`` is refused."""
     if impl not in IMPLS:
@@ -68,7 +84,7 @@ def sliced_relu_attention(
     if not eps > 0:
         raise ValueError(f"sliced_relu_attention: eps must be > 0, got {eps}")
     check_padded_queries("sliced_relu_attention", padded_queries, causal)
-    batch, heads, length, dim = v.shape
+    _, heads, length, _ = v.shape
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
     op = "causal_relu" if causal else "relu"
     dense = choose_path("sliced_relu_attention", op, path, impl, length, v.device, acc) == "dense"
@@ -77,27 +93,20 @@ def sliced_relu_attention(
         if dense:
             valid = _valid_rows(key_padding_mask, heads, v.device)
             out = dense_causal_sliced_relu(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, float(eps))
-            return out.view(batch, heads, length, dim).to(v.dtype)
+            return _like(out, v)
         return causal_sliced_relu_attention(s, t, v, key_padding_mask, eps)
     valid = _valid_rows(key_padding_mask, heads, v.device)
     queries = _valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
     if dense:
         out = dense_sliced_relu(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, queries, float(eps))
-        return out.view(batch, heads, length, dim).to(v.dtype)
-    use = resolve_impl("sliced_relu_attention", impl, s, t, v)
-    if use == "triton":
-        from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
-
-        out = launch(
-            "sliced_relu_attention",
-            impl,
-            v.device,
-            lambda: sliced.sliced_relu(s, t, v, valid, queries, eps, acc),
-        )
-        if out is not None:  # None: `auto`, and Triton could not build a kernel here (warned)
-            return out
+        return _like(out, v)
+    out = _triton(
+        "sliced_relu_attention", impl, s, t, v, lambda k: k.sliced_relu(s, t, v, valid, queries, eps, acc)
+    )
+    if out is not None:
+        return out
     out = _SlicedReLU.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, queries, float(eps))
-    return out.view(batch, heads, length, dim).to(v.dtype)
+    return _like(out, v)
 
 
 def sliced_relu_bump_attention(
@@ -131,7 +140,7 @@ def sliced_relu_bump_attention(
     window holds almost no weight. ``padded_queries`` and ``path`` as in ``sliced_relu_attention``.
     """
     _check_inputs("sliced_relu_bump_attention", s, t, v, key_padding_mask)
-    batch, heads, length, dim = v.shape
+    batch, heads, length, _ = v.shape
     if not isinstance(bandwidth, torch.Tensor) or tuple(bandwidth.shape) != (heads,):
         shape = tuple(bandwidth.shape) if isinstance(bandwidth, torch.Tensor) else type(bandwidth).__name__
         raise ValueError(
@@ -162,25 +171,23 @@ def sliced_relu_bump_attention(
             out = dense_causal_sliced_relu_bump(
                 _rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, mass
             )
-            return out.view(batch, heads, length, dim).to(v.dtype)
+            return _like(out, v)
         return causal_sliced_relu_bump_attention(
             s, t, v, bandwidth, key_padding_mask, normaliser=normaliser, mass_eps=mass_eps
         )
     queries = _valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
     if dense:
         out = dense_sliced_relu_bump(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, queries)
-        return out.view(batch, heads, length, dim).to(v.dtype)
-    use = resolve_impl("sliced_relu_bump_attention", impl, s, t, v)
-    if use == "triton":
-        from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
-
-        out = launch(
-            "sliced_relu_bump_attention",
-            impl,
-            v.device,
-            lambda: sliced.sliced_relu_bump(s, t, v, width, valid, queries, acc),
-        )
-        if out is not None:  # None: `auto`, and Triton could not build a kernel here (warned)
-            return out
+        return _like(out, v)
+    out = _triton(
+        "sliced_relu_bump_attention",
+        impl,
+        s,
+        t,
+        v,
+        lambda k: k.sliced_relu_bump(s, t, v, width, valid, queries, acc),
+    )
+    if out is not None:
+        return out
     out = _SlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, queries)
-    return out.view(batch, heads, length, dim).to(v.dtype)
+    return _like(out, v)
