@@ -34,13 +34,11 @@ figures are in ``tests/attention/test_causal_sliced.py``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
-import torch.nn.functional as F
 
 from attnlab.attention.precision import accumulation_dtype, no_autocast
 from attnlab.attention.sliced.common import _rowdot, _rows, _take, _valid_rows
+from attnlab.attention.sliced.dominance import _combined_sums, _dominance_sums, _Query, _Term
 
 __all__ = ["DEFAULT_CHUNK", "causal_sliced_relu_attention", "causal_sliced_relu_bump_attention"]
 
@@ -55,112 +53,6 @@ DEFAULT_CHUNK = 32  # dense local block: below it a masked matmul beats sorting 
 def _suffix_sum(x: torch.Tensor) -> torch.Tensor:
     """``Σ_{i ≥ j} x_i`` along dim 1."""
     return x.flip(1).cumsum(1).flip(1)
-
-
-def _pad_to(x: torch.Tensor, length: int, value: float) -> torch.Tensor:
-    extra = length - x.shape[1]
-    return x if extra <= 0 else F.pad(x, (0, extra), value=value)
-
-
-def _prefix_sums_(table: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """In-place cumulative sum over dim 1 of a contiguous ``(R, L, W)`` table (W = a few dozen).
-
-    On CPU ``cumsum`` over a middle dimension scans each of the W columns on its own, a strided walk
-    that made it the largest cost of the causal ops (about 2 GB/s). Here rows are added one after
-    another, ``block`` rows at a time (each add is one vectorised op over R·W numbers), and the
-    blocks' running totals are carried by one small ``cumsum``: three to four times faster.
-    """
-    rows, length, width = table.shape
-    n_blocks = length // block
-    if n_blocks < 2:
-        for k in range(1, length):
-            table[:, k] += table[:, k - 1]
-        return table
-    body = table[:, : n_blocks * block].view(rows, n_blocks, block, width)
-    for k in range(1, block):
-        body[:, :, k] += body[:, :, k - 1]
-    carry = body[:, :, -1, :].cumsum(1)  # running total at the end of each block
-    body[:, 1:] += carry[:, :-1, None, :]
-    tail = table[:, n_blocks * block :]
-    for k in range(1, tail.shape[1]):
-        tail[:, k] += tail[:, k - 1]
-    tail += carry[:, -1:, :]
-    return table
-
-
-class _Query(NamedTuple):
-    """Thresholds ``x (N, T)`` (finite), ``side`` "left" (keys < x) or "right" (keys <= x), and the
-    table columns to sum (a slice)."""
-
-    x: torch.Tensor
-    side: str
-    cols: slice = slice(None)
-
-
-def _dominance_sums(key: torch.Tensor, table: torch.Tensor, queries: list[_Query], chunk: int) -> list:
-    """For every query set and position i: ``Σ_{j ≤ i, key_j < x_i} table_j`` (or ``key_j <= x_i``).
-
-    ``key (N, T)`` may hold +inf for keys that must never count; ``table (N, T, W)`` is finite and
-    contiguous. Returns one ``(N, T, w)`` tensor per query set (w = width of its column slice).
-    """
-    n_rows, length, width = table.shape
-    outs = [table.new_zeros(n_rows, length, table[0, 0, q.cols].numel()) for q in queries]
-    causal_mask = {}
-
-    def local(start: int, size: int, count: int) -> None:
-        stop = start + size * count
-        kc = key[:, start:stop].reshape(n_rows, count, size)
-        tc = table[:, start:stop].reshape(n_rows, count, size, width)
-        if size not in causal_mask:
-            causal_mask[size] = torch.ones(size, size, dtype=torch.bool, device=key.device).tril()
-        for q, out in zip(queries, outs, strict=True):
-            xc = q.x[:, start:stop].reshape(n_rows, count, size)
-            keys, thresholds = kc[..., None, :], xc[..., :, None]
-            below = keys < thresholds if q.side == "left" else keys <= thresholds
-            weights = (below & causal_mask[size]).to(table.dtype)
-            out[:, start:stop] = torch.matmul(weights, tc[..., q.cols]).reshape(n_rows, -1, out.shape[-1])
-
-    full = length // chunk
-    if full:
-        local(0, chunk, full)
-    if length - full * chunk:
-        local(full * chunk, length - full * chunk, 1)
-
-    half = chunk
-    while half < length:
-        block = 2 * half
-        n_blocks = (length - half + block - 1) // block  # blocks whose right half is not empty
-        span = n_blocks * block
-        left_keys = _pad_to(key, span, float("inf"))[:, :span].view(n_rows, n_blocks, block)[..., :half]
-        sorted_keys, order = torch.sort(left_keys, dim=-1)
-        starts = torch.arange(n_blocks, device=key.device) * block
-        positions = order + starts[:, None]  # all < length: left halves lie before a right half
-        index = torch.cat([positions[..., :1], positions], dim=-1).view(n_rows, -1)  # row 0: zeroed
-        prefix = _take(table, index).view(n_rows * n_blocks, half + 1, width)
-        prefix[:, 0] = 0
-        _prefix_sums_(prefix)
-        prefix = prefix.view(n_rows, n_blocks * (half + 1), width)
-        last_right = (n_blocks - 1) * block + half  # start of the last (maybe partial) right half
-        last_size = min(half, length - last_right)
-        n_queries = (n_blocks - 1) * half + last_size  # right-half positions < length
-        row_starts = (torch.arange(n_blocks, device=key.device) * (half + 1))[:, None]
-        for q, out in zip(queries, outs, strict=True):
-            right = _pad_to(q.x, span, 0.0)[:, :span].view(n_rows, n_blocks, block)[..., half:]
-            rank = torch.searchsorted(sorted_keys, right.contiguous(), side=q.side)
-            flat = (rank + row_starts).view(n_rows, -1)[:, :n_queries]
-            if q.cols == slice(None):
-                rows = _take(prefix, flat)
-            else:
-                narrow = prefix[..., q.cols]
-                rows = torch.gather(narrow, 1, flat[..., None].expand(-1, -1, narrow.shape[-1]))
-            w = out.shape[-1]
-            done = (n_blocks - 1) * half
-            if n_blocks > 1:
-                view = out[:, : (n_blocks - 1) * block].view(n_rows, n_blocks - 1, block, w)[:, :, half:]
-                view += rows[:, :done].view(n_rows, n_blocks - 1, half, w)
-            out[:, last_right : last_right + last_size] += rows[:, done:]
-        half = block
-    return outs
 
 
 def _first_real(valid: torch.Tensor | None, n_rows: int, device) -> torch.Tensor:
@@ -327,30 +219,63 @@ class _CausalSlicedReLU(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------
 
 
-def _hat_sums(lo, mid, hi, centre, width, dim):
-    """``b · Σ_{x∈(c−b, c+b)} hat(c − x) row`` from the dominance sums [Σ row, Σ x·row] at the
-    thresholds c − b (≤), c (≤) and c + b (<): left window (c−b, c], right window (c, c+b)."""
-    left, left_x = mid[..., :dim] - lo[..., :dim], mid[..., dim:] - lo[..., dim:]
-    right, right_x = hi[..., :dim] - mid[..., :dim], hi[..., dim:] - mid[..., dim:]
-    c = centre[..., None]
-    return (width[..., None] - c) * left + left_x + (width[..., None] + c) * right - right_x, (
-        left,
-        left_x,
-        right,
-        right_x,
-    )
+# The hat window of a centre c and width b over sorted scores x: left window (c − b, c], right window
+# (c, c + b), read at three thresholds of the dominance sums: c − b (≤), c (≤), c + b (<).
+# Column blocks of the tables: ROW = the weights (values, or the queries' gradient weights), X = the
+# score times them.
+ROW, X = 0, 1
 
 
-def _window_queries(centre, width):
-    return [_Query(centre - width, "right"), _Query(centre, "right"), _Query(centre + width, "left")]
+def _window_thresholds(centre, width):
+    return [(centre - width, "right"), (centre, "right"), (centre + width, "left")]
+
+
+def _hat_terms(centre, width) -> list[_Term]:
+    """``b · Σ_j hat(c − x_j) row_j = (b − c) L + L_x + (b + c) R − R_x`` over the windows'
+    sums L, R (rows) and L_x, R_x (score · rows), as terms at the thresholds c − b, c, c + b."""
+    ones = torch.ones_like(centre)
+    return [
+        _Term(0, ROW, centre - width),
+        _Term(0, X, -ones),
+        _Term(1, ROW, -2 * centre),
+        _Term(1, X, 2 * ones),
+        _Term(2, ROW, width + centre),
+        _Term(2, X, -ones),
+    ]
+
+
+def _slope_terms(centre, tied_pass: bool) -> list[_Term]:
+    """``Σ_{x∈(c,c+b)} row − Σ_{x∈(c−b,c)} row = R − L + (tied)``: the hat's slope (−sign(c − x) / b,
+    0 at x = c) times b. Scores tied with c sit in L; with ``tied_pass`` a fourth threshold
+    (c, <) takes them out (L' = P[c, <] − P[c − b]); otherwise the caller adds them back."""
+    ones = torch.ones_like(centre)
+    mid = [_Term(1, ROW, -ones), _Term(3, ROW, -ones)] if tied_pass else [_Term(1, ROW, -2 * ones)]
+    return [_Term(0, ROW, ones), *mid, _Term(2, ROW, ones)]
+
+
+def _count_windows(key, t, real, thresholds, chunk):
+    """Key counts and key-score sums ``[Σ 1, Σ t]`` at the window thresholds, ``(N, T, 2)`` each.
+
+    The mass normaliser's column of ones is summed apart from the values, as plain dominance sums
+    whose windows are differences taken first: in the combined hat sums its prefix totals (counts of
+    every key below the window, up to T) would meet coefficients of the size of the scores and
+    cancel in float32 far less exactly (the relative error of the mass grew 40x in a test).
+    """
+    table = torch.stack([real, t * real], dim=-1)
+    return _dominance_sums(key, table, [_Query(x, side) for x, side in thresholds], chunk)
+
+
+def _window_parts(lo, mid, hi):
+    """The left and right windows' [count, score sum] from the sums at c − b, c and c + b."""
+    return mid - lo, hi - mid
 
 
 class _CausalSlicedReLUBump(torch.autograd.Function):
     """Rows ``s, t (N, T)``, ``v (N, T, D)``, bandwidth ``b (N, 1)``; ``valid (N, T)`` or None.
 
     ``mass_eps`` None: divide by the count of real keys ``n_i`` (the paper's bump). A float: divide
-    by the hat mass seen plus ``mass_eps``, ``M_i + eps`` with ``M_i = Σ_{j≤i} hat(s_i − t_j)``:
-    the mass is one more column (a column of ones beside v) in the same window sums.
+    by the hat mass seen plus ``mass_eps``, ``M_i + eps`` with ``M_i = Σ_{j≤i} hat(s_i − t_j)``,
+    from the keys' counts and score sums in the same windows (``_count_windows``).
     """
 
     @staticmethod
@@ -364,87 +289,103 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             return _CausalSlicedReLUBump._backward(ctx, grad_out)
 
     @staticmethod
-    def _prepare(s, t, v, b, valid, mass_eps):
+    def _prepare(s, t, v, valid):
+        """Shifted scores, values zero at padded keys, the sort key (+inf at padded keys) and the
+        real-key indicator (float)."""
         s, t, _ = _shift_scores(s, t, valid)
-        real = None if valid is None else valid.to(v.dtype)
-        if real is not None:
+        real = torch.ones_like(t) if valid is None else valid.to(v.dtype)
+        if valid is not None:
             v = v * real[..., None]
-        if mass_eps is not None:  # the ones column whose hat sum is the mass M_i
-            ones = torch.ones_like(t) if real is None else real
-            v = torch.cat([v, ones[..., None]], dim=-1)
         key = t if valid is None else t.masked_fill(~valid, float("inf"))
-        return s, t, v, key
+        return s, t, v, key, real
 
     @staticmethod
     def _forward(ctx, s, t, v, b, valid, chunk, mass_eps):
         dim = v.shape[-1]
-        s, t, v, key = _CausalSlicedReLUBump._prepare(s, t, v, b, valid, mass_eps)
+        s, t, v, key, real = _CausalSlicedReLUBump._prepare(s, t, v, valid)
         width = b.expand_as(s)
+        thresholds = _window_thresholds(s, width)
         table = torch.cat([v, t[..., None] * v], dim=-1).contiguous()
-        lo, mid, hi = _dominance_sums(key, table, _window_queries(s, width), chunk)
-        sums, _ = _hat_sums(lo, mid, hi, s, width, v.shape[-1])  # b · Σ_j hat_ij [v_j (, 1)]
+        (sums,) = _combined_sums(key, table, thresholds, [_hat_terms(s, width)], dim, chunk)  # b Σ hat v
+        windows = None
         if mass_eps is None:
-            real = torch.ones_like(t) if valid is None else valid.to(t.dtype)
             coef = 1.0 / (real.cumsum(1).clamp_min(1) * b)  # 1 / (n_i b)
         else:
-            coef = 1.0 / (sums[..., dim] + mass_eps * b)  # 1 / (b (M_i + eps))
+            windows = torch.stack(_count_windows(key, t, real, thresholds, chunk))  # (3, N, T, 2)
+            (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*windows))
+            mass = (width - s) * left_n + left_t + (width + s) * right_n - right_t  # b · M_i
+            coef = 1.0 / (mass + mass_eps * b)  # 1 / (b (M_i + eps))
         if valid is not None:
             coef = coef.masked_fill(~valid, 0.0)
-        out = sums[..., :dim] * coef[..., None]
-        ctx.save_for_backward(s, t, v, b, coef, key, out if mass_eps is not None else None)
+        out = sums.mul_(coef[..., None])
+        ctx.save_for_backward(s, t, v, b, coef, key, real, *(() if windows is None else (out, windows)))
         ctx.valid, ctx.chunk = valid, chunk
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
-        s, t, v, b, coef, key, out = ctx.saved_tensors
+        s, t, v, b, coef, key, real, *mass_parts = ctx.saved_tensors
         valid, chunk = ctx.valid, ctx.chunk
-        value_dim = grad_out.shape[-1]
-        width = b.expand_as(s)
-        # The loss depends on the window sums Σ_j hat_ij [v_j (, 1)] through weights g (per query):
-        # c_i g_i on the values and, with the mass normaliser o_i = N_i / (M_i + eps), also
-        # dL/dM_i = −(g_i · o_i) / (M_i + eps) on the ones column. Both carry c_i = coef_i's 1/b.
-        g = grad_out.contiguous() * coef[..., None]
-        if out is not None:
-            g = torch.cat([g, -_rowdot(grad_out, out)[..., None] * coef[..., None]], dim=-1)
         dim = v.shape[-1]
+        width = b.expand_as(s)
+        ones = torch.ones_like(s)
+        # The loss depends on the window sums Σ_j hat_ij v_j through the weights g_i = coef_i g_i
+        # (coef carries the 1/b) and, with the mass normaliser o_i = N_i / (M_i + eps), on the mass
+        # through dL/dM_i = −(g_i · o_i) / (M_i + eps), i.e. a weight g_mass_i on a column of ones.
+        g = grad_out.contiguous() * coef[..., None]
+        g_mass = -_rowdot(grad_out, mass_parts[0]) * coef if mass_parts else None
 
-        # Queries (recomputed window sums, nothing T×D kept from the forward pass):
+        # Queries (window sums recomputed, nothing T×D kept from the forward pass):
         #   dL/ds_i = g_i·(Σ_{t∈(s,s+b)} v − Σ_{t∈(s−b,s)} v),   dL/db = Σ_i g_i/b·Σ_window |r| v
-        # Keys with t_j = s_i sit in the left window but have hat' = 0: their sum is added back,
-        # from the list of tied pairs (or, with too many ties, one more pass over t_j < s_i).
+        # Keys tied with s_i sit in the left window but have hat'(0) = 0: taken out by a fourth
+        # threshold (t < s) when there are many, else added back from the list of tied pairs.
         pairs = _tied_pairs(s, t, valid)
         table = torch.cat([v, t[..., None] * v], dim=-1).contiguous()
-        tied_pass = [_Query(s, "left", slice(0, dim))] if pairs is None else []
-        lo, mid, hi, *below = _dominance_sums(key, table, _window_queries(s, width) + tied_pass, chunk)
+        thresholds = _window_thresholds(s, width) + ([(s, "left")] if pairs is None else [])
+        moment = [_Term(0, ROW, -s), _Term(1, ROW, 2 * s), _Term(2, ROW, -s)]  # s (L − R) + R_x − L_x
+        moment += [_Term(0, X, ones), _Term(1, X, -2 * ones), _Term(2, X, ones)]
+        slope, abs_moment = _combined_sums(
+            key, table, thresholds, [_slope_terms(s, pairs is None), moment], dim, chunk
+        )
         del table
-        _, (left, left_x, right, right_x) = _hat_sums(lo, mid, hi, s, width, dim)
-        slope = right - left
-        if pairs is None:
-            slope += mid[..., :dim] - below[0]
-        else:
+        if pairs is not None:
             slope.view(-1, dim).index_add_(0, pairs[0], v.reshape(-1, dim)[pairs[1]])
         grad_s = _rowdot(g, slope)
-        abs_moment = s[..., None] * (left - right) + right_x - left_x  # Σ_window |s − t| v
-        grad_b = (_rowdot(g, abs_moment) / width).sum(dim=1, keepdim=True)
-        del lo, mid, hi, below, left, left_x, right, right_x, abs_moment, slope
+        grad_b = _rowdot(g, abs_moment)
+        del slope, abs_moment
+        if g_mass is not None:  # the mass's share, from the counts and score sums of the windows
+            (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*mass_parts[1]))
+            tied_n = torch.zeros_like(s)
+            if pairs is not None:
+                tied_n.view(-1).index_add_(0, pairs[0], real.reshape(-1)[pairs[1]])
+            else:
+                (below,) = _count_windows(key, t, real, [(s, "left")], chunk)
+                tied_n = mass_parts[1][1][..., 0] - below[..., 0]
+            grad_s += g_mass * (right_n - left_n + tied_n)
+            grad_b += g_mass * (s * (left_n - right_n) + right_t - left_t)
+        grad_b = (grad_b / width).sum(dim=1, keepdim=True)
 
-        # Keys: windows around t_j over the later queries' s_i (time reversed), weights g_i.
+        # Keys: windows around t_j over the later queries' s_i (time reversed), weights g_i (and
+        # g_mass_i on the keys' column of ones).
+        if g_mass is not None:
+            g, v = torch.cat([g, g_mass[..., None]], dim=-1), torch.cat([v, real[..., None]], dim=-1)
         q_table = torch.cat([g, s[..., None] * g], dim=-1).flip(1).contiguous()
         t_rev, w_rev = t.flip(1), width.flip(1)
-        tied_pass = [_Query(t_rev, "left", slice(0, dim))] if pairs is None else []
-        k_lo, k_mid, k_hi, *k_below = _dominance_sums(
-            _reverse_key(s, valid), q_table, _window_queries(t_rev, w_rev) + tied_pass, chunk
+        thresholds = _window_thresholds(t_rev, w_rev) + ([(t_rev, "left")] if pairs is None else [])
+        grad_v, k_slope = _combined_sums(
+            _reverse_key(s, valid),
+            q_table,
+            thresholds,
+            [_hat_terms(t_rev, w_rev), _slope_terms(t_rev, pairs is None)],
+            g.shape[-1],
+            chunk,
         )
-        grad_v, (k_left, _, k_right, _) = _hat_sums(k_lo, k_mid, k_hi, t_rev, w_rev, dim)
-        k_slope = k_right - k_left
-        if pairs is None:
-            k_slope += k_mid[..., :dim] - k_below[0]
         grad_t = _rowdot(v.flip(1), k_slope).flip(1)
         if pairs is not None:  # tied pairs: v_j · g_i added to dL/dt_j
-            tied = _rowdot(v.reshape(-1, dim)[pairs[1]][None], g.reshape(-1, dim)[pairs[0]][None])[0]
+            width_k = g.shape[-1]
+            tied = _rowdot(v.reshape(-1, width_k)[pairs[1]][None], g.reshape(-1, width_k)[pairs[0]][None])[0]
             grad_t.view(-1).index_add_(0, pairs[1], tied)
-        grad_v = grad_v.flip(1)[..., :value_dim].contiguous()  # the ones column has no gradient
+        grad_v = grad_v.flip(1)[..., :dim].contiguous()  # the ones column has no gradient
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
