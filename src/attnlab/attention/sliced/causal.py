@@ -279,9 +279,9 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, s, t, v, b, valid, chunk, mass_eps):
+    def forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads):
         with no_autocast(v.device):
-            return _CausalSlicedReLUBump._forward(ctx, s, t, v, b, valid, chunk, mass_eps)
+            return _CausalSlicedReLUBump._forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -300,13 +300,30 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
         return s, t, v, key, real
 
     @staticmethod
-    def _forward(ctx, s, t, v, b, valid, chunk, mass_eps):
+    def _forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads):
         dim = v.shape[-1]
         s, t, v, key, real = _CausalSlicedReLUBump._prepare(s, t, v, valid)
         width = b.expand_as(s)
         thresholds = _window_thresholds(s, width)
         table = torch.cat([v, t[..., None] * v], dim=-1).contiguous()
-        (sums,) = _combined_sums(key, table, thresholds, [_hat_terms(s, width)], dim, chunk)  # b Σ hat v
+        combos = [_hat_terms(s, width)]  # b Σ_j hat_ij v_j
+        pairs = None
+        if query_grads:
+            # dL/ds and dL/db need two more sums over the same keys, table and windows, which do
+            # not depend on the output's gradient: taken here, in the same pass (one pass less).
+            # Keys tied with s_i sit in the left window but have hat'(0) = 0: taken out by a fourth
+            # threshold (t < s) when there are many, else added back from the list of tied pairs.
+            pairs = _tied_pairs(s, t, valid)
+            thresholds += [(s, "left")] if pairs is None else []
+            ones = torch.ones_like(s)
+            moment = [_Term(0, ROW, -s), _Term(1, ROW, 2 * s), _Term(2, ROW, -s)]  # s (L − R) + R_x − L_x
+            moment += [_Term(0, X, ones), _Term(1, X, -2 * ones), _Term(2, X, ones)]
+            combos += [_slope_terms(s, pairs is None), moment]
+        sums, *query_sums = _combined_sums(key, table, thresholds, combos, dim, chunk)
+        del table
+        if pairs is not None:
+            query_sums[0].view(-1, dim).index_add_(0, pairs[0], v.reshape(-1, dim)[pairs[1]])
+        thresholds = thresholds[:3]
         windows = None
         if mass_eps is None:
             coef = 1.0 / (real.cumsum(1).clamp_min(1) * b)  # 1 / (n_i b)
@@ -318,42 +335,33 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
         if valid is not None:
             coef = coef.masked_fill(~valid, 0.0)
         out = sums.mul_(coef[..., None])
-        ctx.save_for_backward(s, t, v, b, coef, key, real, *(() if windows is None else (out, windows)))
-        ctx.valid, ctx.chunk = valid, chunk
+        mass_parts = () if windows is None else (out, windows)
+        ctx.save_for_backward(s, t, v, b, coef, key, real, *query_sums, *mass_parts)
+        ctx.valid, ctx.chunk, ctx.pairs, ctx.query_grads = valid, chunk, pairs, query_grads
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
-        s, t, v, b, coef, key, real, *mass_parts = ctx.saved_tensors
-        valid, chunk = ctx.valid, ctx.chunk
+        s, t, v, b, coef, key, real, *rest = ctx.saved_tensors
+        valid, chunk, pairs, query_grads = ctx.valid, ctx.chunk, ctx.pairs, ctx.query_grads
+        query_sums, mass_parts = (rest[:2], rest[2:]) if query_grads else ((), rest)
         dim = v.shape[-1]
         width = b.expand_as(s)
-        ones = torch.ones_like(s)
         # The loss depends on the window sums Σ_j hat_ij v_j through the weights g_i = coef_i g_i
         # (coef carries the 1/b) and, with the mass normaliser o_i = N_i / (M_i + eps), on the mass
         # through dL/dM_i = −(g_i · o_i) / (M_i + eps), i.e. a weight g_mass_i on a column of ones.
         g = grad_out.contiguous() * coef[..., None]
         g_mass = -_rowdot(grad_out, mass_parts[0]) * coef if mass_parts else None
 
-        # Queries (window sums recomputed, nothing T×D kept from the forward pass):
-        #   dL/ds_i = g_i·(Σ_{t∈(s,s+b)} v − Σ_{t∈(s−b,s)} v),   dL/db = Σ_i g_i/b·Σ_window |r| v
-        # Keys tied with s_i sit in the left window but have hat'(0) = 0: taken out by a fourth
-        # threshold (t < s) when there are many, else added back from the list of tied pairs.
-        pairs = _tied_pairs(s, t, valid)
-        table = torch.cat([v, t[..., None] * v], dim=-1).contiguous()
-        thresholds = _window_thresholds(s, width) + ([(s, "left")] if pairs is None else [])
-        moment = [_Term(0, ROW, -s), _Term(1, ROW, 2 * s), _Term(2, ROW, -s)]  # s (L − R) + R_x − L_x
-        moment += [_Term(0, X, ones), _Term(1, X, -2 * ones), _Term(2, X, ones)]
-        slope, abs_moment = _combined_sums(
-            key, table, thresholds, [_slope_terms(s, pairs is None), moment], dim, chunk
-        )
-        del table
-        if pairs is not None:
-            slope.view(-1, dim).index_add_(0, pairs[0], v.reshape(-1, dim)[pairs[1]])
-        grad_s = _rowdot(g, slope)
-        grad_b = _rowdot(g, abs_moment)
-        del slope, abs_moment
-        if g_mass is not None:  # the mass's share, from the counts and score sums of the windows
+        # Queries: dL/ds_i = g_i·(Σ_{t∈(s,s+b)} v − Σ_{t∈(s−b,s)} v) and dL/db = Σ_i g_i/b·Σ_window |r| v,
+        # from the window sums the forward pass took (only when s or b needed a gradient).
+        grad_s = grad_b = None
+        if query_grads:
+            slope, abs_moment = query_sums
+            grad_s, grad_b = _rowdot(g, slope), _rowdot(g, abs_moment)
+        else:
+            pairs = _tied_pairs(s, t, valid)  # for the keys below
+        if query_grads and g_mass is not None:  # the mass's share: the windows' counts and score sums
             (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*mass_parts[1]))
             tied_n = torch.zeros_like(s)
             if pairs is not None:
@@ -363,7 +371,8 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
                 tied_n = mass_parts[1][1][..., 0] - below[..., 0]
             grad_s += g_mass * (right_n - left_n + tied_n)
             grad_b += g_mass * (s * (left_n - right_n) + right_t - left_t)
-        grad_b = (grad_b / width).sum(dim=1, keepdim=True)
+        if query_grads:
+            grad_b = (grad_b / width).sum(dim=1, keepdim=True)
 
         # Keys: windows around t_j over the later queries' s_i (time reversed), weights g_i (and
         # g_mass_i on the keys' column of ones).
@@ -389,8 +398,8 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
-            grad_s = grad_s.masked_fill(~valid, 0.0)
-        return grad_s, grad_t, grad_v, grad_b, None, None, None
+            grad_s = None if grad_s is None else grad_s.masked_fill(~valid, 0.0)
+        return grad_s, grad_t, grad_v, grad_b, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,5 +441,8 @@ def causal_sliced_relu_bump_attention(
     valid = _valid_rows(key_padding_mask, heads, v.device)
     width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]
     eps = None if normaliser == "count" else float(mass_eps)
-    out = _CausalSlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, chunk, eps)
+    query_grads = torch.is_grad_enabled() and (s.requires_grad or bandwidth.requires_grad)
+    out = _CausalSlicedReLUBump.apply(
+        _rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, chunk, eps, query_grads
+    )
     return out.view(batch, heads, length, dim).to(v.dtype)

@@ -199,6 +199,11 @@ def _combined_sums(
     per_row = full_width // width
     dtype = table.dtype
     outs = [table.new_zeros(n_rows, length, width) for _ in combos]
+    # every combination's coefficients side by side, (N, T, terms), and its terms' rows in the bag
+    # table: prefix row r of threshold q, block b -> r·per_row + b
+    coefs = [torch.stack([term.coef.expand(n_rows, length) for term in combo], dim=-1) for combo in combos]
+    term_queries = [torch.tensor([term.query for term in combo], device=key.device) for combo in combos]
+    term_blocks = [torch.tensor([term.block for term in combo], device=key.device) for combo in combos]
 
     def local(start: int, size: int, count: int) -> None:
         stop = start + size * count
@@ -208,13 +213,15 @@ def _combined_sums(
         masks = []
         for x, side in thresholds:
             xc = x[:, start:stop].reshape(n_rows, count, size)[..., :, None]
-            masks.append(((kc < xc) if side == "left" else (kc <= xc)) & causal)
-        for combo, out in zip(combos, outs, strict=True):
+            masks.append((((kc < xc) if side == "left" else (kc <= xc)) & causal).to(dtype))
+        for combo, coef, out in zip(combos, coefs, outs, strict=True):
+            coef = coef[:, start:stop].reshape(n_rows, count, size, 1, -1)
             weights: dict[int, torch.Tensor] = {}
-            for term in combo:
-                coef = term.coef[:, start:stop].reshape(n_rows, count, size)[..., None]
-                part = masks[term.query].to(dtype) * coef
-                weights[term.block] = part if term.block not in weights else weights[term.block].add_(part)
+            for k, term in enumerate(combo):
+                if term.block not in weights:
+                    weights[term.block] = masks[term.query] * coef[..., k]
+                else:
+                    weights[term.block].addcmul_(masks[term.query], coef[..., k])
             total = None
             for blk, matrix in weights.items():
                 part = torch.matmul(matrix, tc[..., blk * width : (blk + 1) * width])
@@ -232,7 +239,7 @@ def _combined_sums(
         n_blocks, span, _, last_size, n_queries = _level_layout(length, half)
         block = 2 * half
         sorted_keys, prefix = _left_halves(key, table, n_blocks, half)
-        bag_table = prefix.view(-1, width)  # row r·per_row + b: block b of prefix row r
+        bag_table = prefix.view(-1, width)
         # global prefix row of each (row, block) start: n·n_blocks·(half + 1) + block·(half + 1)
         row_starts = (torch.arange(n_rows * n_blocks, device=key.device) * (half + 1)).view(
             n_rows, n_blocks, 1
@@ -242,15 +249,14 @@ def _combined_sums(
             right = _pad_to(x, span, 0.0)[:, :span].view(n_rows, n_blocks, block)[..., half:]
             rank = torch.searchsorted(sorted_keys, right.contiguous(), side=side)
             ranks.append((rank + row_starts).view(n_rows, -1)[:, :n_queries])
-        for combo, out in zip(combos, outs, strict=True):
-            bags = torch.stack([ranks[term.query] * per_row + term.block for term in combo], dim=-1)
-            coefs = torch.stack(
-                [_right_halves(term.coef, n_blocks, half, n_queries) for term in combo], dim=-1
-            )
+        ranks = torch.stack(ranks, dim=-1)  # (N, n_queries, thresholds)
+        positions = _right_halves(torch.arange(length, device=key.device)[None], n_blocks, half, n_queries)[0]
+        for coef, queries, blocks, out in zip(coefs, term_queries, term_blocks, outs, strict=True):
+            bags = ranks[..., queries] * per_row + blocks
             rows = F.embedding_bag(
-                bags.view(-1, len(combo)),
+                bags.view(-1, len(queries)),
                 bag_table,
-                per_sample_weights=coefs.reshape(-1, len(combo)),
+                per_sample_weights=coef[:, positions].reshape(-1, len(queries)),
                 mode="sum",
             )
             _add_right_halves(out, rows.view(n_rows, n_queries, width), n_blocks, half, last_size)
