@@ -253,18 +253,6 @@ def _slope_terms(centre, tied_pass: bool) -> list[_Term]:
     return [_Term(0, ROW, ones), *mid, _Term(2, ROW, ones)]
 
 
-def _count_windows(key, t, real, thresholds, chunk):
-    """Key counts and key-score sums ``[Σ 1, Σ t]`` at the window thresholds, ``(N, T, 2)`` each.
-
-    The mass normaliser's column of ones is summed apart from the values, as plain dominance sums
-    whose windows are differences taken first: in the combined hat sums its prefix totals (counts of
-    every key below the window, up to T) would meet coefficients of the size of the scores and
-    cancel in float32 far less exactly (the relative error of the mass grew 40x in a test).
-    """
-    table = torch.stack([real, t * real], dim=-1)
-    return _dominance_sums(key, table, [_Query(x, side) for x, side in thresholds], chunk)
-
-
 def _window_parts(lo, mid, hi):
     """The left and right windows' [count, score sum] from the sums at c − b, c and c + b."""
     return mid - lo, hi - mid
@@ -275,7 +263,10 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
 
     ``mass_eps`` None: divide by the count of real keys ``n_i`` (the paper's bump). A float: divide
     by the hat mass seen plus ``mass_eps``, ``M_i + eps`` with ``M_i = Σ_{j≤i} hat(s_i − t_j)``,
-    from the keys' counts and score sums in the same windows (``_count_windows``).
+    from the keys' counts and score sums in the same windows. Those are summed apart from the
+    values (``_combined_sums``' ``raw`` sums), window differences first: combined like the values,
+    their prefix totals (counts of every key below a window, up to T) meet coefficients of the size
+    of the scores and cancel far less exactly in float32 (the mass's relative error grew 40x).
     """
 
     @staticmethod
@@ -319,17 +310,17 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             moment = [_Term(0, ROW, -s), _Term(1, ROW, 2 * s), _Term(2, ROW, -s)]  # s (L − R) + R_x − L_x
             moment += [_Term(0, X, ones), _Term(1, X, -2 * ones), _Term(2, X, ones)]
             combos += [_slope_terms(s, pairs is None), moment]
-        sums, *query_sums = _combined_sums(key, table, thresholds, combos, dim, chunk)
+        # the mass normaliser's counts: plain sums of [1, t] at every threshold, (thresholds, N, T, 2)
+        counts = None if mass_eps is None else torch.stack([real, t * real], dim=-1)
+        sums, *query_sums = _combined_sums(key, table, thresholds, combos, dim, chunk, raw=counts)
         del table
+        windows = query_sums.pop() if counts is not None else None
         if pairs is not None:
             query_sums[0].view(-1, dim).index_add_(0, pairs[0], v.reshape(-1, dim)[pairs[1]])
-        thresholds = thresholds[:3]
-        windows = None
         if mass_eps is None:
             coef = 1.0 / (real.cumsum(1).clamp_min(1) * b)  # 1 / (n_i b)
         else:
-            windows = torch.stack(_count_windows(key, t, real, thresholds, chunk))  # (3, N, T, 2)
-            (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*windows))
+            (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*windows[:3]))
             mass = (width - s) * left_n + left_t + (width + s) * right_n - right_t  # b · M_i
             coef = 1.0 / (mass + mass_eps * b)  # 1 / (b (M_i + eps))
         if valid is not None:
@@ -362,13 +353,13 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
         else:
             pairs = _tied_pairs(s, t, valid)  # for the keys below
         if query_grads and g_mass is not None:  # the mass's share: the windows' counts and score sums
-            (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*mass_parts[1]))
-            tied_n = torch.zeros_like(s)
+            windows = mass_parts[1]
+            (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*windows[:3]))
             if pairs is not None:
+                tied_n = torch.zeros_like(s)
                 tied_n.view(-1).index_add_(0, pairs[0], real.reshape(-1)[pairs[1]])
-            else:
-                (below,) = _count_windows(key, t, real, [(s, "left")], chunk)
-                tied_n = mass_parts[1][1][..., 0] - below[..., 0]
+            else:  # the fourth threshold: keys below s_i
+                tied_n = windows[1][..., 0] - windows[3][..., 0]
             grad_s += g_mass * (right_n - left_n + tied_n)
             grad_b += g_mass * (s * (left_n - right_n) + right_t - left_t)
         if query_grads:

@@ -30,7 +30,19 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention.sliced.common import _take
+from attnlab.attention.sliced.common import _row_offsets
+
+
+def _gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[n, index[n, m]]`` for a contiguous ``(N, L, W)`` table: ``(N, M, W)``.
+
+    An ``embedding_bag`` of one row per bag: the same numbers as ``index_select`` (a sum of one
+    row), and measured 1.2-1.8x faster on CPU for the rows of a few dozen to a few hundred
+    numbers the levels read.
+    """
+    n_rows, row_len, width = table.shape
+    flat = (index + _row_offsets(n_rows, row_len, index.device)).reshape(-1, 1)
+    return F.embedding_bag(flat, table.view(-1, width), mode="sum").view(n_rows, -1, width)
 
 
 def _pad_to(x: torch.Tensor, length: int, value: float) -> torch.Tensor:
@@ -64,10 +76,10 @@ def _prefix_sums_(table: torch.Tensor, block: int = 32) -> torch.Tensor:
     return table
 
 
-def _left_halves(key: torch.Tensor, table: torch.Tensor, n_blocks: int, half: int):
-    """At one level: the keys of every block's left half sorted, ``(N, n_blocks, half)``, and the
-    exclusive prefix sums of the table rows in that order, ``(N·n_blocks, half + 1, W)``."""
-    n_rows, _, width = table.shape
+def _left_halves(key: torch.Tensor, tables: list[torch.Tensor], n_blocks: int, half: int):
+    """At one level: the keys of every block's left half sorted, ``(N, n_blocks, half)``, and for
+    each table the exclusive prefix sums of its rows in that order, ``(N·n_blocks, half + 1, W)``."""
+    n_rows = key.shape[0]
     block = 2 * half
     span = n_blocks * block
     left_keys = _pad_to(key, span, float("inf"))[:, :span].view(n_rows, n_blocks, block)[..., :half]
@@ -75,9 +87,12 @@ def _left_halves(key: torch.Tensor, table: torch.Tensor, n_blocks: int, half: in
     starts = torch.arange(n_blocks, device=key.device) * block
     positions = order + starts[:, None]  # all < length: left halves lie before a right half
     index = torch.cat([positions[..., :1], positions], dim=-1).view(n_rows, -1)  # row 0: zeroed
-    prefix = _take(table, index).view(n_rows * n_blocks, half + 1, width)
-    prefix[:, 0] = 0
-    return sorted_keys, _prefix_sums_(prefix)
+    prefixes = []
+    for table in tables:
+        prefix = _gather_rows(table, index).view(n_rows * n_blocks, half + 1, table.shape[-1])
+        prefix[:, 0] = 0
+        prefixes.append(_prefix_sums_(prefix))
+    return sorted_keys, prefixes
 
 
 class _Query(NamedTuple):
@@ -122,7 +137,7 @@ def _dominance_sums(key: torch.Tensor, table: torch.Tensor, queries: list[_Query
     while half < length:
         n_blocks, span, _, last_size, n_queries = _level_layout(length, half)
         block = 2 * half
-        sorted_keys, prefix = _left_halves(key, table, n_blocks, half)
+        sorted_keys, (prefix,) = _left_halves(key, [table], n_blocks, half)
         prefix = prefix.view(n_rows, n_blocks * (half + 1), width)
         row_starts = (torch.arange(n_blocks, device=key.device) * (half + 1))[:, None]
         for q, out in zip(queries, outs, strict=True):
@@ -130,7 +145,7 @@ def _dominance_sums(key: torch.Tensor, table: torch.Tensor, queries: list[_Query
             rank = torch.searchsorted(sorted_keys, right.contiguous(), side=q.side)
             flat = (rank + row_starts).view(n_rows, -1)[:, :n_queries]
             if q.cols == slice(None):
-                rows = _take(prefix, flat)
+                rows = _gather_rows(prefix, flat)
             else:
                 narrow = prefix[..., q.cols]
                 rows = torch.gather(narrow, 1, flat[..., None].expand(-1, -1, narrow.shape[-1]))
@@ -186,6 +201,7 @@ def _combined_sums(
     combos: list[list[_Term]],
     width: int,
     chunk: int,
+    raw: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """For every combination and position i: ``Σ_terms coef_i · Σ_{j ≤ i, key_j < x_i} table_j[block]``
     (``key_j <= x_i`` for a threshold whose side is "right").
@@ -193,7 +209,9 @@ def _combined_sums(
     ``thresholds`` are ``(x (N, T) finite, side)``; ``table (N, T, W)`` is contiguous with W a
     multiple of ``width``, the column-block width every term reads. Returns one ``(N, T, width)``
     tensor per combination. Same levels as ``_dominance_sums``; in the local chunks each column block
-    takes one matrix product with the terms' masks summed first.
+    takes one matrix product with the terms' masks summed first. ``raw (N, T, E)``, a few columns,
+    adds the plain dominance sums of its columns at every threshold, ``(thresholds, N, T, E)``, last
+    in the list (sharing the sorts and binary searches).
     """
     n_rows, length, full_width = table.shape
     per_row = full_width // width
@@ -204,6 +222,7 @@ def _combined_sums(
     coefs = [torch.stack([term.coef.expand(n_rows, length) for term in combo], dim=-1) for combo in combos]
     term_queries = [torch.tensor([term.query for term in combo], device=key.device) for combo in combos]
     term_blocks = [torch.tensor([term.block for term in combo], device=key.device) for combo in combos]
+    raw_sums = None if raw is None else raw.new_zeros(len(thresholds), *raw.shape)
 
     def local(start: int, size: int, count: int) -> None:
         stop = start + size * count
@@ -227,6 +246,10 @@ def _combined_sums(
                 part = torch.matmul(matrix, tc[..., blk * width : (blk + 1) * width])
                 total = part if total is None else total.add_(part)
             out[:, start:stop] = total.reshape(n_rows, -1, width)
+        if raw is not None:
+            rc = raw[:, start:stop].reshape(n_rows, count, size, raw.shape[-1])
+            for k, mask in enumerate(masks):
+                raw_sums[k, :, start:stop] = torch.matmul(mask, rc).reshape(n_rows, -1, raw.shape[-1])
 
     full = length // chunk
     if full:
@@ -238,8 +261,8 @@ def _combined_sums(
     while half < length:
         n_blocks, span, _, last_size, n_queries = _level_layout(length, half)
         block = 2 * half
-        sorted_keys, prefix = _left_halves(key, table, n_blocks, half)
-        bag_table = prefix.view(-1, width)
+        sorted_keys, prefixes = _left_halves(key, [table] if raw is None else [table, raw], n_blocks, half)
+        bag_table = prefixes[0].view(-1, width)
         # global prefix row of each (row, block) start: n·n_blocks·(half + 1) + block·(half + 1)
         row_starts = (torch.arange(n_rows * n_blocks, device=key.device) * (half + 1)).view(
             n_rows, n_blocks, 1
@@ -260,5 +283,10 @@ def _combined_sums(
                 mode="sum",
             )
             _add_right_halves(out, rows.view(n_rows, n_queries, width), n_blocks, half, last_size)
+        if raw is not None:
+            raw_prefix = prefixes[1].view(-1, raw.shape[-1])
+            for k in range(len(thresholds)):
+                rows = raw_prefix[ranks[..., k].reshape(-1)].view(n_rows, n_queries, -1)
+                _add_right_halves(raw_sums[k], rows, n_blocks, half, last_size)
         half = block
-    return outs
+    return outs if raw is None else [*outs, raw_sums]
