@@ -6,20 +6,20 @@ The causal ops are the bidirectional ones (``attnlab.attention.sliced``) restric
 every output is a combination of *dominance sums* ``Σ_{j≤i, t_j<x_i} w_j`` (x_i = s_i, or s_i ± b
 for the bump) of a few weight columns ``w``: a two-dimensional query (time and score).
 
-``_dominance_sums`` answers them for all i at once, vectorised over rows and columns, with a Python
-loop over log₂(T / chunk) levels only (divide and conquer over time):
+``attnlab.attention.sliced.dominance`` answers them for all i at once, vectorised over rows and
+columns, with a Python loop over log₂(T / chunk) levels only (divide and conquer over time: dense
+masked products inside chunks, sorted left halves and binary searches across them). The backward
+passes (hand-written ``autograd.Function``s) use the same routines with time reversed (``j ≥ i``
+becomes a prefix) and queries and keys exchanged. What keeps them within a few times the
+bidirectional ops (``attnlab bench attention`` prints the ratio):
 
-- inside chunks of ``chunk`` consecutive tokens, a dense masked ``(chunk × chunk)`` matrix product
-  (``[j ≤ i][t_j < x_i]``), which also takes the diagonal ``j = i``;
-- at level ``h`` (h = chunk, 2·chunk, ...) time splits into blocks of 2h: the keys of each block's
-  left half are sorted (``torch.sort`` on a ``(rows, blocks, h)`` view), the weight columns get
-  per-block prefix sums in that order, and every query of the right half finds its rank with a
-  batched ``searchsorted`` and gathers one prefix row. Each pair ``j < i`` in different chunks is
-  counted at exactly one level (the highest bit where i and j differ).
-
-Cost: O(T·W·(chunk + log T)) arithmetic and O(T log² T) comparisons (the sorts) for W columns;
-memory O(T·W). The backward passes (hand-written ``autograd.Function``s) use the same routine with
-time reversed (``j ≥ i`` becomes a prefix) and queries and keys exchanged.
+- ReLU-bump: the hat window is a combination of four window sums; each level reads the prefix rows
+  of all of it in one fused gather-and-weigh (``_combined_sums``), and the window sums the score
+  and bandwidth gradients need (they do not depend on the output's gradient) are taken in the
+  forward pass over the same sorts, so the backward pass only runs the keys' side;
+- tied scores (``t_j = s_i``: kinks of both kernels) are taken apart from a list of the tied pairs
+  (``_tied_pairs``) instead of one more pass over every level, unless there are many;
+- prefix sums over a middle dimension add rows instead of calling ``cumsum`` (``_prefix_sums_``).
 
 Precision. Sums accumulate in float32 for half/float32 inputs and float64 for float64. Scores are
 shifted by the key score of the row's first real token (and, for sliced ReLU, whose output does
