@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.cli import bench
+from attnlab.cli import bench, bench_ratios
 from attnlab.cli.main import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -39,6 +39,38 @@ def test_all_backends_tiny(tmp_path, capsys):
     assert (tmp_path / bench.PNG_NAME).read_bytes().startswith(PNG_MAGIC)
     printed = capsys.readouterr().out
     assert "sliced_relu_concat" in printed and "peak_mem_mb" in printed
+    # under the table: the official formulation's memory over sliced ReLU's, causal over bidirectional
+    cell = {(r["backend"], r["mode"], r["seq_len"]): r for r in rows}
+    for top, bottom, field, label in (
+        ("sliced_relu_concat", "sliced_relu", "peak_mem_mb", "memory official / sliced_relu"),
+        ("sliced_relu_causal", "sliced_relu", "time_ms", "time sliced_relu causal / bidir"),
+        ("sliced_relu_bump_causal", "sliced_relu_bump", "time_ms", "time sliced_relu_bump causal / bidir"),
+    ):
+        for length in ("16", "33"):
+            ratio = float(cell[(top, "fwdbwd", length)][field]) / float(
+                cell[(bottom, "fwdbwd", length)][field]
+            )
+            line = f"{label:<44} {'fwdbwd':<7} {length:>7} {ratio:>8.2f}x"
+            assert line in printed.splitlines(), (line, printed)
+
+
+def test_ratio_lines_only_for_pairs_measured_in_the_run():
+    def cell(backend, status="ok", **values):
+        return bench.Cell(backend, "fwdbwd", 1024, 1, 8, 64, "float32", "cpu", status=status, **values)
+
+    cells = [
+        cell("sliced_relu", time_ms=10.0, peak_mem_mb=100.0),
+        cell("sliced_relu_concat", time_ms=50.0, peak_mem_mb=400.0),
+        cell("sliced_relu_causal", time_ms=25.0, peak_mem_mb=300.0),
+        cell("sliced_relu_bump_causal", time_ms=99.0),  # its bidirectional cell did not run
+        cell("sliced_relu_bump", status="oom"),
+    ]
+    lines = bench_ratios.ratio_lines(cells)
+    assert lines[1:] == [
+        f"{'memory official / sliced_relu':<44} fwdbwd     1024     4.00x",
+        f"{'time sliced_relu causal / bidir':<44} fwdbwd     1024     2.50x",
+    ]
+    assert bench_ratios.ratio_lines(cells[2:]) == []
 
 
 def test_threads_option_sets_torch_threads(tmp_path, capsys, monkeypatch):

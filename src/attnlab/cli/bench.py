@@ -10,7 +10,9 @@ is one step of causal sliced ReLU (`sliced_relu_attention_step`: sorted runs, O(
 `state_mb` column is the decoding state each keeps of the past ((D + 2) and 2·D numbers per token
 and head; constant for linear). The sliced step at T = 2^k merges no run (the amortised cost
 includes merges, up to O(T·D) for the step that completes a run). `sliced_relu_causal` and
-`sliced_relu_bump_causal` (not in the default list) run the causal parallel ops. Time is the
+`sliced_relu_bump_causal` run the causal parallel ops. Under the table come the ratios
+`attnlab.cli.bench_ratios` lists: the official formulation's peak memory over sliced ReLU's
+(`sliced_relu_concat` / `sliced_relu`) and causal over bidirectional time. Time is the
 median of `--repeats` calls after one warm-up call (CUDA is synchronised around each call).
 Peak memory is the largest amount of tensor memory allocated *on top of* what was live before
 the call (so the inputs themselves are excluded), measured during the warm-up call: on CUDA with
@@ -53,6 +55,7 @@ import torch
 
 from attnlab.cli import bench_threads, bench_training
 from attnlab.cli.bench_args import positive_float, positive_int
+from attnlab.cli.bench_ratios import ratio_lines
 
 DEFAULT_BACKENDS = [
     "softmax",
@@ -60,6 +63,8 @@ DEFAULT_BACKENDS = [
     "sliced_relu_bump",
     "linear",
     "sliced_relu_concat",
+    "sliced_relu_causal",
+    "sliced_relu_bump_causal",
     "linear_decode",
     "sliced_relu_decode",
     "softmax_decode",
@@ -536,6 +541,8 @@ def main_attention(args: argparse.Namespace) -> int:
     print(title)
     print(_HEADER)
     cells = run_bench(args)
+    for line in ratio_lines(cells):
+        print(line)
     csv_path, png_path = args.out_dir / CSV_NAME, args.out_dir / PNG_NAME
     write_csv(cells, csv_path)
     write_plot(cells, png_path, title)

@@ -63,7 +63,7 @@ class _SlicedReLU(torch.autograd.Function):
         p_t = _exclusive_cumsum(t_sorted)
 
         rank = torch.searchsorted(t_search, s, side="left")  # p_i = #{j : t_j < s_i}
-        below_w = _take(p_w, rank)  # Σ_{t_j<s_i} w_j, kept for the backward pass
+        below_w = _take(p_w, rank)  # Σ_{t_j<s_i} w_j, kept for the backward pass (see there)
         out = _take(p_tw, rank, out=_reuse(p_w, below_w.shape))  # Σ_{t_j<s_i} t_j w_j
         del p_tw
         # Σ_j |s_i - t_j| = s_i (2 p_i - n) + Σ_j t_j - 2 Σ_{t_j<s_i} t_j   (ties add 0 either way)
@@ -74,14 +74,24 @@ class _SlicedReLU(torch.autograd.Function):
         out.mul_(-scale[..., None]).addcmul_(below_w, (s * scale)[..., None])  # 2 (s P_w - P_tw) / den
         _nan_rows(out, bad, queries)
 
-        ctx.save_for_backward(s, t, t_search, order, rank, below_w, den, out, v, vbar, count)
+        ctx.save_for_backward(s, t, t_search, order, rank, den, out, v, vbar, count)
         ctx.valid, ctx.queries, ctx.eps, ctx.bad = valid, queries, eps, bad
+        ctx.below_w = below_w  # not saved_tensors: the backward pass frees it after one read
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
-        s, t, t_search, order, rank, below_w, den, out, v, vbar, count = ctx.saved_tensors
+        s, t, t_search, order, rank, den, out, v, vbar, count = ctx.saved_tensors
         valid, queries, eps = ctx.valid, ctx.queries, ctx.eps
+        # Σ_{t_j<s_i} w_j from the forward pass, (N, T, D): read once, first, and dropped, so that
+        # it is not live beside the key-side tables below (a saved tensor would live until the
+        # end of this function: peak memory). A second backward through a retained graph
+        # rebuilds it from the saved sort.
+        below_w, ctx.below_w = ctx.below_w, None
+        if below_w is None:
+            p_w = _sorted_rows(v, order, vbar, None)
+            below_w = _take(_cumsum_rows_(p_w), rank)
+            del p_w
         grad_out = grad_out.contiguous()
 
         # o_i = 2 N_i / d_i with d_i = max(den_i, eps):  dL/dN_i = a_i = 2 g_i / d_i and
@@ -96,6 +106,7 @@ class _SlicedReLU(torch.autograd.Function):
         # Queries: dL/ds_i = a_i · Σ_{t_j<s_i} w_j + dden_i (#{t_j<s_i} - #{t_j>s_i}).
         rank_le = torch.searchsorted(t_search, s, side="right")  # #{j : t_j <= s_i}
         grad_s = a_scale * _rowdot(grad_out, below_w)
+        del below_w
         grad_s += grad_den * (rank + rank_le - count[:, None]).to(s.dtype)
 
         # Keys: queries sorted by -s, so that prefix sums are sums over {i : s_i > t_j}.
