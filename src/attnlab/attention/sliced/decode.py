@@ -216,7 +216,7 @@ def _prefill(t: torch.Tensor, v: torch.Tensor, kind: str) -> SlicedDecodeState:
         )
     acc = accumulation_dtype(t.dtype, v.dtype)
     with no_autocast(v.device):
-        t, v = t.to(acc), v.to(acc)
+        t, v = t.to(acc).contiguous(), v.to(acc).contiguous()  # scores may arrive as a transposed view
         shift_t = t[..., 0]
         shift_v = v[..., 0, :] if kind == "relu" else torch.zeros_like(v[..., 0, :])
         t, v = t - shift_t[..., None], v - shift_v[..., None, :]
