@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli import bench_threads, bench_training
+from attnlab.cli import bench_bytes, bench_threads, bench_training
 from attnlab.cli.bench_args import positive_float, positive_int
 
 DEFAULT_BACKENDS = [
@@ -484,7 +484,7 @@ def write_plot(cells: list[Cell], path: Path, title: str) -> None:
 
 def register(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks (attention ops)", description="Benchmarks.")
-    kinds = bench.add_subparsers(dest="bench_kind", metavar="{attention,threads,training}")
+    kinds = bench.add_subparsers(dest="bench_kind", metavar="{attention,bytes,threads,training}")
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
 
     parser = kinds.add_parser(
@@ -516,6 +516,7 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     parser.set_defaults(func=main_attention)
+    bench_bytes.register(kinds)
     bench_threads.register(kinds)
     bench_training.register(kinds)
 
