@@ -35,17 +35,26 @@ KERNELS = {
         ["*i32", VAL, *[F32] * 7, VAL, VAL, *[F32] * 5, *["i32"] * 6],
         {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **STREAM},
     ),
-    "stream_totals_kernel": (["*i32", VAL, F32, F32, F32, F32, *["i32"] * 5], {"HAS_XSHIFT": True, "HAS_W": True, **STREAM}),
+    "stream_totals_kernel": (
+        ["*i32", VAL, F32, F32, F32, F32, *["i32"] * 5],
+        {"HAS_XSHIFT": True, "HAS_W": True, **STREAM},
+    ),
     # ReLU-bump's float64 streams: values and gradients in float32 whatever the op's dtype
     "stream_kernel[wide]": (
         ["*i32", F32, F32, F32, F64, F64, F64, F64, F32, F64, F32, F32, F64, F32, F64, F64, *["i32"] * 6],
         {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **WIDE},
     ),
-    "stream_totals_kernel[wide]": (["*i32", F32, F32, F32, F64, F64, *["i32"] * 5], {"HAS_XSHIFT": True, "HAS_W": True, **WIDE}),
+    "stream_totals_kernel[wide]": (
+        ["*i32", F32, F32, F32, F64, F64, *["i32"] * 5],
+        {"HAS_XSHIFT": True, "HAS_W": True, **WIDE},
+    ),
     "linear_causal_fwd_kernel": ([VAL, VAL, VAL, "*i8", VAL, F32, *["i32"] * 4, "fp32"], LINEAR),
-    "linear_causal_bwd_q_kernel": ([VAL, VAL, VAL, "*i8", VAL, F32, VAL, F32, F32, *["i32"] * 4, "fp32"], LINEAR),
+    "linear_causal_bwd_q_kernel": (
+        [VAL, VAL, VAL, "*i8", VAL, F32, VAL, F32, F32, *["i32"] * 4, "fp32"],
+        LINEAR,
+    ),
     "linear_causal_bwd_kv_kernel": ([VAL, VAL, VAL, "*i8", F32, F32, VAL, VAL, *["i32"] * 5], LINEAR),
-}  # fmt: skip
+}
 CASES = [
     (kernel, target, dtype)
     for kernel in KERNELS

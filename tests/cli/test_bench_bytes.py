@@ -67,8 +67,21 @@ def test_a_triton_launch_is_charged_its_unmasked_loads_and_stores(monkeypatch):
 
 def test_the_command_prints_each_backend_against_its_floor(tmp_path):
     pytest.importorskip("triton")
-    command = [sys.executable, "-m", "attnlab.cli.main", "bench", "bytes", "--seq-lens", "64",
-               "--backends", "softmax", "sliced_relu", "linear_causal", "--out-dir", str(tmp_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "attnlab.cli.main",
+        "bench",
+        "bytes",
+        "--seq-lens",
+        "64",
+        "--backends",
+        "softmax",
+        "sliced_relu",
+        "linear_causal",
+        "--out-dir",
+        str(tmp_path),
+    ]
     out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300).stdout
     lines = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[1:2] == ["64"]}
     assert set(lines) == {"softmax", "sliced_relu", "linear_causal"}

@@ -109,10 +109,10 @@ def _mb(n: int) -> str:
 
 def run(args: argparse.Namespace) -> list[dict]:
     os.environ["TRITON_INTERPRET"] = "1"  # the kernels as the interpreter runs them, on these CPU tensors
-    title = f"bytes moved, {args.mode}, B={args.batch} H={args.heads} D={args.dim} {args.dtype} (MB = 1e6 bytes)"
-    print(title)
-    header = f"{'backend':<24}{'T':>7}{'MB':>11}{'floor MB':>11}{'ratio':>8}{'kernels':>9}{'torch ops':>11}  largest"
-    print(header)
+    shape = f"B={args.batch} H={args.heads} D={args.dim} {args.dtype}"
+    print(f"bytes moved, {args.mode}, {shape} (MB = 1e6 bytes)")
+    columns = ("MB", "floor MB", "ratio", "kernels", "torch ops")
+    print(f"{'backend':<24}{'T':>7}" + "".join(f"{c:>11}" for c in columns) + "  largest")
     results = []
     for length in args.seq_lens:
         for backend in args.backends:
@@ -121,11 +121,12 @@ def run(args: argparse.Namespace) -> list[dict]:
             largest = ", ".join(f"{r.name} {r.total / result['floor']:.2f}" for r in result["rows"][:3])
             print(
                 f"{backend:<24}{length:>7}{_mb(result['bytes']):>11}{_mb(result['floor']):>11}"
-                f"{result['ratio']:>8.2f}{result['kernel_launches']:>9}{result['torch_ops']:>11}  {largest}"
+                f"{result['ratio']:>11.2f}{result['kernel_launches']:>11}{result['torch_ops']:>11}  {largest}"
             )
             if args.detail:
                 for r in result["rows"]:
-                    print(f"    {r.kind:<7}{r.name:<36}{r.calls:>5} calls{_mb(r.read):>11} read{_mb(r.written):>11} written")
+                    moved = f"{_mb(r.read):>11} read{_mb(r.written):>11} written"
+                    print(f"    {r.kind:<7}{r.name:<36}{r.calls:>5} calls{moved}")
     write_csv(results, args.out_dir / CSV_NAME)
     print(f"wrote {args.out_dir / CSV_NAME}")
     return results
@@ -161,7 +162,7 @@ def register(kinds) -> None:
     parser.add_argument("--dim", type=positive_int, default=64, help="head dimension D")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     parser.add_argument("--mode", choices=("fwd", "fwdbwd"), default="fwdbwd")
-    parser.add_argument("--detail", action="store_true", help="list every op and kernel, not the largest three")
+    parser.add_argument("--detail", action="store_true", help="every op and kernel, not the largest three")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
     parser.set_defaults(func=lambda args: (run(args), 0)[1])

@@ -29,7 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 aten = torch.ops.aten
 
 # ops that allocate without writing, or only change metadata: no bytes move
-_FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh"}
+_FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+_FREE |= {"detach", "alias", "lift_fresh"}
 # new tensors filled with a constant: written, their tensor argument only gives the shape
 _FILLS = {"ones_like", "zeros_like", "full_like", "new_ones", "new_zeros", "new_full"}
 # out = source[index] along some dimension: the source is read only where the index points
