@@ -318,8 +318,18 @@ def _measure_peak(call: Callable[[], None], device: torch.device) -> tuple[float
 
 
 def measure_cell(cell: Cell, call: Callable[[], None], repeats: int, timeout_s: float) -> Cell:
-    """Warm-up call (also the memory measurement), then up to ``repeats`` timed calls."""
+    """Warm-up call (also the memory measurement), then up to ``repeats`` timed calls.
+
+    On CUDA a first call compiles the Triton kernels (seconds each, once per shape): it runs before
+    and outside the time limit, so a slow compile never marks a cell (and the longer ones) timed out.
+    """
     device = torch.device(cell.device)
+    if device.type == "cuda":
+        start = time.perf_counter()
+        call()
+        _synchronize(device)
+        if (compile_s := time.perf_counter() - start) > 1.0:
+            cell.note = f"first call (compiling) {compile_s:.1f}s, not timed"
     warm_s, cell.peak_mem_mb = _measure_peak(call, device)
     if warm_s > timeout_s:
         cell.status, cell.time_ms, cell.note = "timeout", warm_s * 1e3, f"warm-up took {warm_s:.1f}s"

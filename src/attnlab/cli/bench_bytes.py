@@ -33,6 +33,7 @@ BYTE_BACKENDS: dict[str, tuple[str, dict]] = {
     "softmax": ("softmax", {}),
     "sliced_relu": ("sliced_relu", {"impl": "triton", "path": "sorted"}),
     "sliced_relu_bump": ("sliced_relu_bump", {"impl": "triton", "path": "sorted"}),
+    "linear": ("linear", {}),
     "linear_causal": ("linear_causal", {"impl": "triton"}),
     "sliced_relu_torch": ("sliced_relu", {"impl": "torch", "path": "sorted"}),
     "sliced_relu_bump_torch": ("sliced_relu_bump", {"impl": "torch", "path": "sorted"}),
