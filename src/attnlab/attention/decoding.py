@@ -97,16 +97,6 @@ def _check_prefill_input(layer, x: torch.Tensor) -> None:
         raise ValueError(f"expected x of shape (B, T >= 1, dim={layer.dim}), got {tuple(x.shape)}")
 
 
-def _finish(layer, o: torch.Tensor) -> torch.Tensor:
-    """(B, H, Dv) of one token -> (B, dim): dropout and the output projection, as in `forward`."""
-    return layer.out_proj(layer.output_dropout(o).reshape(o.shape[0], layer.qkv_dim))
-
-
-def _one_token(layer, x_t: torch.Tensor, position: int):
-    q, k, v = layer.heads(x_t[:, None, :], offset=position)
-    return q[:, :, 0], k[:, :, 0], v[:, :, 0]
-
-
 # ------------------------------------------------------------------------------------------- softmax
 
 
@@ -114,20 +104,19 @@ def _softmax_state(q, k, v, x) -> KVCache:
     return KVCache(k.contiguous(), v.contiguous(), k.shape[2])
 
 
-def _softmax_step(layer, x_t, state: KVCache | None):
+def _softmax_step(layer, q, k, v, state: KVCache | None):
     n = 0 if state is None else state.length
-    q, k, v = layer.heads(x_t[:, None, :], offset=n)
     if state is None or n == state.k.shape[2]:  # full: double the buffers
         grown = [k.new_empty(*k.shape[:2], max(16, 2 * n), k.shape[-1]) for _ in range(2)]
         if state is not None:
             grown[0][:, :, :n].copy_(state.k)
             grown[1][:, :, :n].copy_(state.v)
         state = KVCache(grown[0], grown[1], n)
-    state.k[:, :, n : n + 1].copy_(k)
-    state.v[:, :, n : n + 1].copy_(v)
+    state.k[:, :, n].copy_(k)
+    state.v[:, :, n].copy_(v)
     keys, values = state.k[:, :, : n + 1], state.v[:, :, : n + 1]
-    o = F.scaled_dot_product_attention(q, keys, values)  # the last query sees every cached key
-    return _finish(layer, o[:, :, 0]), KVCache(state.k, state.v, n + 1)
+    o = F.scaled_dot_product_attention(q[:, :, None], keys, values)  # the last query sees every cached key
+    return o[:, :, 0], KVCache(state.k, state.v, n + 1)
 
 
 # -------------------------------------------------------------------------------------------- linear
@@ -138,12 +127,11 @@ def _linear_state(layer, q, k, v) -> LinearAttentionState:
     return LinearAttentionState(s, z, k.shape[2])
 
 
-def _linear_step(layer, x_t, state: LinearAttentionState | None):
+def _linear_step(layer, q, k, v, state: LinearAttentionState | None):
     position = 0 if state is None else state.position
-    q, k, v = _one_token(layer, x_t, position)
     previous = None if state is None else (state.S, state.z)
     o, (s_new, z_new) = linear_attention_step(q, k, v, previous, eps=layer.eps, inplace=True)
-    return _finish(layer, o), LinearAttentionState(s_new, z_new, position + 1)
+    return o, LinearAttentionState(s_new, z_new, position + 1)
 
 
 # ----------------------------------------------------------------------------------------- performer
@@ -162,10 +150,9 @@ def _performer_state(layer, q, k, v) -> PerformerState:
         return PerformerState(s, features.sum(2), shift, values.sum(2), k.shape[2], k.shape[2])
 
 
-def _performer_step(layer, x_t, state: PerformerState | None):
+def _performer_step(layer, q, k, v, state: PerformerState | None):
     position = 0 if state is None else state.position
-    q, k, v = _one_token(layer, x_t, position)
-    projection = layer.feature_map.projection
+    dtype, projection = v.dtype, layer.feature_map.projection
     with no_autocast(q.device):
         acc = accumulation_dtype(q.dtype)
         q, k, v = q.to(acc)[:, :, None], k.to(acc)[:, :, None], v.to(acc)
@@ -187,8 +174,8 @@ def _performer_step(layer, x_t, state: PerformerState | None):
         num = torch.einsum("bhm,bhme->bhe", phi_q, s) + STABILIZER_EPS * q_total * v_sum
         den = (phi_q * z).sum(-1, keepdim=True) + STABILIZER_EPS * q_total * count
         scale = projection.shape[0] ** -0.5
-        o = (num * scale / (den * scale + layer.eps)).to(x_t.dtype)
-    return _finish(layer, o), PerformerState(s, z, shift, v_sum, count, position + 1)
+        o = (num * scale / (den * scale + layer.eps)).to(dtype)
+    return o, PerformerState(s, z, shift, v_sum, count, position + 1)
 
 
 # -------------------------------------------------------------------------------------------- sliced
@@ -214,32 +201,31 @@ def _sliced_state(layer, q, k, v) -> SlicedAttentionState:
     return SlicedAttentionState(sliced_relu_attention_state(t, v), stats, k.shape[2])
 
 
-def _sliced_relu_step(layer, x_t, state: SlicedAttentionState | None):
+def _sliced_relu_step(layer, q, k, v, state: SlicedAttentionState | None):
     position = 0 if state is None else state.position
-    q, k, v = _one_token(layer, x_t, position)
     s, t = layer.slicer(q.reshape(q.shape[0], -1)), layer.slicer(k.reshape(k.shape[0], -1))
     stats = None
     if layer.standardise == "prefix":
         s, t, stats = standardise_step(s, t, None if state is None else state.stats)
     previous = None if state is None else state.op
     o, op_state = sliced_relu_attention_step(s, t, v, previous, layer.eps)
-    return _finish(layer, o), SlicedAttentionState(op_state, stats, position + 1)
+    return o, SlicedAttentionState(op_state, stats, position + 1)
 
 
-def _sliced_relu_bump_step(layer, x_t, state: SlicedAttentionState | None):
+def _sliced_relu_bump_step(layer, q, k, v, state: SlicedAttentionState | None):
     position = 0 if state is None else state.position
-    q, k, v = _one_token(layer, x_t, position)
     s, t = layer.slicer(q.reshape(q.shape[0], -1)), layer.slicer(k.reshape(k.shape[0], -1))
     o, op_state = sliced_relu_bump_attention_step(
         s, t, v, layer.bandwidth, None if state is None else state.op,
         normaliser=layer.normaliser, mass_eps=layer.mass_eps,
     )  # fmt: skip
-    return _finish(layer, o), SlicedAttentionState(op_state, None, position + 1)
+    return o, SlicedAttentionState(op_state, None, position + 1)
 
 
 # ------------------------------------------------------------------------------------------ dispatch
 
-#: backend name -> (state after a prefix from its q, k, v; one step)
+#: backend name -> (state after a prefix from its q, k, v (B, H, T, D); one step of the attention alone:
+#: (layer, q_t, k_t, v_t (B, H, D) after RoPE, state) -> (o_t (B, H, Dv), new state))
 DECODERS = {
     "softmax": (lambda layer, q, k, v: _softmax_state(q, k, v, None), _softmax_step),
     "linear": (_linear_state, _linear_step),
@@ -271,8 +257,17 @@ def prefill(layer, x: torch.Tensor):
 def step(layer, x_t: torch.Tensor, state=None):
     """One token x_t (B, dim) -> (y_t (B, dim), new state); ``state`` None before the first token."""
     check_step_input(layer, x_t)
-    _, advance = _decoder(layer)
-    return advance(layer, x_t, state)
+    _, attend_step = _decoder(layer)
+    q, k, v = layer.heads(x_t[:, None, :], offset=0 if state is None else state.position)
+    o, state = attend_step(layer, q[:, :, 0], k[:, :, 0], v[:, :, 0], state)
+    return layer.out_proj(layer.output_dropout(o).reshape(o.shape[0], layer.qkv_dim)), state
+
+
+def attention_step(layer, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state=None):
+    """The backend's part of a step: (B, H, D) q, k, v of the new token (RoPE applied) -> (o_t, state).
+    What `step` does between the shared q/k/v and output projections (what `attnlab bench generate`
+    times as the attention's cost per token)."""
+    return _decoder(layer)[1](layer, q_t, k_t, v_t, state)
 
 
 def state_nbytes(state) -> int:
