@@ -240,6 +240,42 @@ def _load_chunk(ptr, row, pos, pmask, cols, cmask, T, W):
 
 
 @triton.jit
+def _store_chunk(ptr, x, row, pos, pmask, cols, cmask, T, W):
+    tl.store(
+        ptr + (row * T + pos)[:, None] * W + cols[None, :],
+        x.to(ptr.dtype.element_ty),
+        mask=pmask[:, None] & cmask[None, :],
+    )
+
+
+@triton.jit
+def _chunk_features(
+    q_ptr, k_ptr, v_ptr, mask_ptr, row, pos, pmask, cd, dmask, cv, vmask, T, D, DV, HEADS,
+    HAS_MASK: tl.constexpr,
+):  # fmt: skip
+    """One chunk's q, k, v (float32), which keys are real (``keep``) and the features φ(q), φ(k)
+    (zero on padded positions and columns): what every causal linear kernel starts a chunk with."""
+    q = _load_chunk(q_ptr, row, pos, pmask, cd, dmask, T, D)
+    k = _load_chunk(k_ptr, row, pos, pmask, cd, dmask, T, D)
+    v = _load_chunk(v_ptr, row, pos, pmask, cv, vmask, T, DV)
+    keep = pmask
+    if HAS_MASK:
+        keep = keep & (tl.load(mask_ptr + (row // HEADS) * T + pos, mask=pmask, other=0) != 0)
+    fq = tl.where(pmask[:, None] & dmask[None, :], _phi(q), 0.0)
+    fk = tl.where(keep[:, None] & dmask[None, :], _phi(k), 0.0)
+    return q, k, v, keep, fq, fk
+
+
+@triton.jit
+def _chunk_numerator(fq, fk, v, state, causal, PRECISION: tl.constexpr):
+    """The chunk's causal scores φ(q_i)·φ(k_j) (j <= i inside it) and numerators: the chunk's own
+    keys plus the carried state of every earlier chunk."""
+    scores = tl.where(causal, tl.dot(fq, tl.trans(fk), input_precision=PRECISION), 0.0)
+    num = tl.dot(scores, v, input_precision=PRECISION) + tl.dot(fq, state, input_precision=PRECISION)
+    return scores, num
+
+
+@triton.jit
 def linear_causal_fwd_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, den_ptr,
     T, D, DV, HEADS, eps,
@@ -258,26 +294,15 @@ def linear_causal_fwd_kernel(
     for c0 in range(0, T, C):
         pos = c0 + ci
         pmask = pos < T
-        q = _load_chunk(q_ptr, row, pos, pmask, cd, dmask, T, D)
-        k = _load_chunk(k_ptr, row, pos, pmask, cd, dmask, T, D)
-        v = _load_chunk(v_ptr, row, pos, pmask, cv, vmask, T, DV)
-        keep = pmask
-        if HAS_MASK:
-            keep = keep & (tl.load(mask_ptr + (row // HEADS) * T + pos, mask=pmask, other=0) != 0)
-        fq = tl.where(pmask[:, None] & dmask[None, :], _phi(q), 0.0)
-        fk = tl.where(keep[:, None] & dmask[None, :], _phi(k), 0.0)
-        scores = tl.dot(fq, tl.trans(fk), input_precision=PRECISION)
-        scores = tl.where(causal, scores, 0.0)
-        num = tl.dot(scores, v, input_precision=PRECISION) + tl.dot(fq, state, input_precision=PRECISION)
+        q, k, v, keep, fq, fk = _chunk_features(
+            q_ptr, k_ptr, v_ptr, mask_ptr, row, pos, pmask, cd, dmask, cv, vmask, T, D, DV, HEADS, HAS_MASK
+        )
+        scores, num = _chunk_numerator(fq, fk, v, state, causal, PRECISION)
         den = tl.reduce(scores, 1, _add) + tl.reduce(fq * norm[None, :], 1, _add)
         out = num / (den + eps)[:, None]
         if HAS_MASK:
             out = tl.where(keep[:, None], out, 0.0)
-        tl.store(
-            out_ptr + (row * T + pos)[:, None] * DV + cv[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=pmask[:, None] & vmask[None, :],
-        )
+        _store_chunk(out_ptr, out, row, pos, pmask, cv, vmask, T, DV)
         tl.store(den_ptr + row * T + pos, den, mask=pmask)
         state += tl.dot(tl.trans(fk), v, input_precision=PRECISION)
         norm += tl.reduce(fk, 0, _add)
@@ -302,18 +327,12 @@ def linear_causal_bwd_q_kernel(
     for c0 in range(0, T, C):
         pos = c0 + ci
         pmask = pos < T
-        q = _load_chunk(q_ptr, row, pos, pmask, cd, dmask, T, D)
-        k = _load_chunk(k_ptr, row, pos, pmask, cd, dmask, T, D)
-        v = _load_chunk(v_ptr, row, pos, pmask, cv, vmask, T, DV)
+        q, k, v, keep, fq, fk = _chunk_features(
+            q_ptr, k_ptr, v_ptr, mask_ptr, row, pos, pmask, cd, dmask, cv, vmask, T, D, DV, HEADS, HAS_MASK
+        )
         g = _load_chunk(g_ptr, row, pos, pmask, cv, vmask, T, DV)
-        keep = pmask
-        if HAS_MASK:
-            keep = keep & (tl.load(mask_ptr + (row // HEADS) * T + pos, mask=pmask, other=0) != 0)
         g = tl.where(keep[:, None], g, 0.0)  # padded outputs are zeroed: no gradient flows there
-        fq = tl.where(pmask[:, None] & dmask[None, :], _phi(q), 0.0)
-        fk = tl.where(keep[:, None] & dmask[None, :], _phi(k), 0.0)
-        scores = tl.where(causal, tl.dot(fq, tl.trans(fk), input_precision=PRECISION), 0.0)
-        num = tl.dot(scores, v, input_precision=PRECISION) + tl.dot(fq, state, input_precision=PRECISION)
+        _, num = _chunk_numerator(fq, fk, v, state, causal, PRECISION)
         den = tl.load(den_ptr + row * T + pos, mask=pmask, other=1.0)
         inv = 1.0 / (den + eps)
         gnum = g * inv[:, None]
@@ -322,15 +341,8 @@ def linear_causal_bwd_q_kernel(
         gscores = tl.where(causal, gscores, 0.0)
         gfq = tl.dot(gscores, fk, input_precision=PRECISION)
         gfq += tl.dot(gnum, tl.trans(state), input_precision=PRECISION) + gden[:, None] * norm[None, :]
-        gq = gfq * _dphi(q)
-        tl.store(
-            dq_ptr + (row * T + pos)[:, None] * D + cd[None, :],
-            gq.to(dq_ptr.dtype.element_ty),
-            mask=pmask[:, None] & dmask[None, :],
-        )
-        tl.store(
-            gnum_ptr + (row * T + pos)[:, None] * DV + cv[None, :], gnum, mask=pmask[:, None] & vmask[None, :]
-        )
+        _store_chunk(dq_ptr, gfq * _dphi(q), row, pos, pmask, cd, dmask, T, D)
+        _store_chunk(gnum_ptr, gnum, row, pos, pmask, cv, vmask, T, DV)
         tl.store(gden_ptr + row * T + pos, gden, mask=pmask)
         state += tl.dot(tl.trans(fk), v, input_precision=PRECISION)
         norm += tl.reduce(fk, 0, _add)
@@ -356,16 +368,11 @@ def linear_causal_bwd_kv_kernel(
         c0 = (NCHUNKS - 1 - step) * C
         pos = c0 + ci
         pmask = pos < T
-        q = _load_chunk(q_ptr, row, pos, pmask, cd, dmask, T, D)
-        k = _load_chunk(k_ptr, row, pos, pmask, cd, dmask, T, D)
-        v = _load_chunk(v_ptr, row, pos, pmask, cv, vmask, T, DV)
+        _, k, v, keep, fq, fk = _chunk_features(
+            q_ptr, k_ptr, v_ptr, mask_ptr, row, pos, pmask, cd, dmask, cv, vmask, T, D, DV, HEADS, HAS_MASK
+        )
         gnum = _load_chunk(gnum_ptr, row, pos, pmask, cv, vmask, T, DV)
         gden = tl.load(gden_ptr + row * T + pos, mask=pmask, other=0.0)
-        keep = pmask
-        if HAS_MASK:
-            keep = keep & (tl.load(mask_ptr + (row // HEADS) * T + pos, mask=pmask, other=0) != 0)
-        fq = tl.where(pmask[:, None] & dmask[None, :], _phi(q), 0.0)
-        fk = tl.where(keep[:, None] & dmask[None, :], _phi(k), 0.0)
         scores = tl.where(causal, tl.dot(fq, tl.trans(fk), input_precision=PRECISION), 0.0)
         gscores = tl.dot(gnum, tl.trans(v), input_precision=PRECISION) + gden[:, None]
         gscores = tl.where(causal, gscores, 0.0)
@@ -374,16 +381,7 @@ def linear_causal_bwd_kv_kernel(
         gfk += tl.dot(v, tl.trans(back), input_precision=PRECISION) + back_norm[None, :]
         gv = tl.dot(tl.trans(scores), gnum, input_precision=PRECISION)
         gv += tl.dot(fk, back, input_precision=PRECISION)
-        gk = tl.where(keep[:, None], gfk * _dphi(k), 0.0)
-        tl.store(
-            dk_ptr + (row * T + pos)[:, None] * D + cd[None, :],
-            gk.to(dk_ptr.dtype.element_ty),
-            mask=pmask[:, None] & dmask[None, :],
-        )
-        tl.store(
-            dv_ptr + (row * T + pos)[:, None] * DV + cv[None, :],
-            gv.to(dv_ptr.dtype.element_ty),
-            mask=pmask[:, None] & vmask[None, :],
-        )
+        _store_chunk(dk_ptr, tl.where(keep[:, None], gfk * _dphi(k), 0.0), row, pos, pmask, cd, dmask, T, D)
+        _store_chunk(dv_ptr, gv, row, pos, pmask, cv, vmask, T, DV)
         back += tl.dot(tl.trans(fq), gnum, input_precision=PRECISION)
         back_norm += tl.reduce(fq * gden[:, None], 0, _add)
