@@ -146,6 +146,8 @@ def state_bytes(obj) -> int:
     """Bytes of the tensors in a (nested) decoding state."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
+    if callable(getattr(obj, "nbytes", None)):  # a state that counts its own (the sliced sorted runs)
+        return obj.nbytes()
     if isinstance(obj, tuple | list):
         return sum(state_bytes(item) for item in obj)
     return 0
