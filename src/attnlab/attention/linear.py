@@ -91,6 +91,9 @@ def linear_attention_from_features(
 ) -> torch.Tensor:
     """The kernel-agnostic core shared with Performer: features (B, H, T, M), values (B, H, T, Dv).
 
+    Its keywords mirror `linear_attention`'s and `performer_attention`'s on purpose: each public op
+    takes the options its callers set, and all three hand them here, where the work is done once.
+
     Runs in the dtype of its inputs (callers pass float32/float64 tensors).
     """
     if chunk_size < 1:

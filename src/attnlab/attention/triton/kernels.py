@@ -249,6 +249,26 @@ def _store_chunk(ptr, x, row, pos, pmask, cols, cmask, T, W):
 
 
 @triton.jit
+def _walk_start(D, DV, BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr):
+    """What every causal linear kernel starts a row with: the row, its column ranges and masks, the
+    chunk's positions, the causal mask inside a chunk ([i, j]: query i sees key j) and a zero
+    float32 state ``(BD, BDV)`` with its ``(BD,)`` normaliser."""
+    row = tl.program_id(0).to(tl.int64)
+    cd = tl.arange(0, BD)
+    cv = tl.arange(0, BDV)
+    ci = tl.arange(0, C)
+    state = tl.full([BD, BDV], 0.0, tl.float32)
+    norm = tl.full([BD], 0.0, tl.float32)
+    return row, cd, cv, cd < D, cv < DV, ci, ci[:, None] >= ci[None, :], state, norm
+
+
+@triton.jit
+def _carry_keys(state, norm, fk, v, PRECISION: tl.constexpr):
+    """The state after a chunk: its keys' φ(k_j) v_jᵀ and φ(k_j) added."""
+    return state + tl.dot(tl.trans(fk), v, input_precision=PRECISION), norm + tl.reduce(fk, 0, _add)
+
+
+@triton.jit
 def _chunk_features(
     q_ptr, k_ptr, v_ptr, mask_ptr, row, pos, pmask, cd, dmask, cv, vmask, T, D, DV, HEADS,
     HAS_MASK: tl.constexpr,
@@ -283,14 +303,7 @@ def linear_causal_fwd_kernel(
 ):  # fmt: skip
     """``out_i = φ(q_i)ᵀ S_i / (φ(q_i)ᵀ z_i + eps)`` with ``S_i, z_i`` over keys ``j <= i``; saves the
     denominators ``φ(q_i)ᵀ z_i`` (without eps) for the backward pass."""
-    row = tl.program_id(0).to(tl.int64)
-    cd = tl.arange(0, BD)
-    cv = tl.arange(0, BDV)
-    dmask, vmask = cd < D, cv < DV
-    state = tl.full([BD, BDV], 0.0, tl.float32)
-    norm = tl.full([BD], 0.0, tl.float32)
-    ci = tl.arange(0, C)
-    causal = ci[:, None] >= ci[None, :]
+    row, cd, cv, dmask, vmask, ci, causal, state, norm = _walk_start(D, DV, BD, BDV, C)
     for c0 in range(0, T, C):
         pos = c0 + ci
         pmask = pos < T
@@ -304,8 +317,7 @@ def linear_causal_fwd_kernel(
             out = tl.where(keep[:, None], out, 0.0)
         _store_chunk(out_ptr, out, row, pos, pmask, cv, vmask, T, DV)
         tl.store(den_ptr + row * T + pos, den, mask=pmask)
-        state += tl.dot(tl.trans(fk), v, input_precision=PRECISION)
-        norm += tl.reduce(fk, 0, _add)
+        state, norm = _carry_keys(state, norm, fk, v, PRECISION)
 
 
 @triton.jit
@@ -316,14 +328,7 @@ def linear_causal_bwd_q_kernel(
 ):  # fmt: skip
     """Gradient w.r.t. q (forward scan over the chunks, the forward's state), and the per-query
     ``dnum_i = g_i / (den_i + eps)`` (stored, float32) and ``dden_i = -g_i·o_i / (den_i + eps)``."""
-    row = tl.program_id(0).to(tl.int64)
-    cd = tl.arange(0, BD)
-    cv = tl.arange(0, BDV)
-    dmask, vmask = cd < D, cv < DV
-    state = tl.full([BD, BDV], 0.0, tl.float32)
-    norm = tl.full([BD], 0.0, tl.float32)
-    ci = tl.arange(0, C)
-    causal = ci[:, None] >= ci[None, :]
+    row, cd, cv, dmask, vmask, ci, causal, state, norm = _walk_start(D, DV, BD, BDV, C)
     for c0 in range(0, T, C):
         pos = c0 + ci
         pmask = pos < T
@@ -344,8 +349,7 @@ def linear_causal_bwd_q_kernel(
         _store_chunk(dq_ptr, gfq * _dphi(q), row, pos, pmask, cd, dmask, T, D)
         _store_chunk(gnum_ptr, gnum, row, pos, pmask, cv, vmask, T, DV)
         tl.store(gden_ptr + row * T + pos, gden, mask=pmask)
-        state += tl.dot(tl.trans(fk), v, input_precision=PRECISION)
-        norm += tl.reduce(fk, 0, _add)
+        state, norm = _carry_keys(state, norm, fk, v, PRECISION)
 
 
 @triton.jit
@@ -356,14 +360,7 @@ def linear_causal_bwd_kv_kernel(
 ):  # fmt: skip
     """Gradients w.r.t. k and v: the chunks walked from the last, carrying
     ``U = Σ_{later i} φ(q_i) dnum_iᵀ`` and ``u = Σ_{later i} φ(q_i) dden_i``."""
-    row = tl.program_id(0).to(tl.int64)
-    cd = tl.arange(0, BD)
-    cv = tl.arange(0, BDV)
-    dmask, vmask = cd < D, cv < DV
-    back = tl.full([BD, BDV], 0.0, tl.float32)
-    back_norm = tl.full([BD], 0.0, tl.float32)
-    ci = tl.arange(0, C)
-    causal = ci[:, None] >= ci[None, :]  # [i, j]: query i sees key j
+    row, cd, cv, dmask, vmask, ci, causal, back, back_norm = _walk_start(D, DV, BD, BDV, C)
     for step in range(0, NCHUNKS):
         c0 = (NCHUNKS - 1 - step) * C
         pos = c0 + ci
