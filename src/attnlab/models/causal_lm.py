@@ -73,6 +73,7 @@ class CausalLM(nn.Module):
         self.drop = nn.Dropout(dropout)
         causal_attention = functools.partial(resolve_attention(attention), causal=True)
         try:
+            # this model's own config keywords, spelt out (attnlab/models/__init__.py says why)
             self.encoder = Encoder(
                 depth=depth,
                 dim=dim,

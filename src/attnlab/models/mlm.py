@@ -44,6 +44,7 @@ class TextEncoder(nn.Module):
         nn.init.normal_(self.embed.weight, std=0.02)
         self.embed_norm = nn.LayerNorm(dim)
         self.drop = nn.Dropout(dropout)
+        # this model's own config keywords, spelt out (attnlab/models/__init__.py says why)
         self.encoder = Encoder(
             depth=depth,
             dim=dim,
