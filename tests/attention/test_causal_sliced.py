@@ -13,6 +13,7 @@ from attnlab.attention import available_backends, backend_capabilities, build_at
 from attnlab.attention import reference as ref
 from attnlab.attention.layers import SlicedReLUAttention, standardise_scores_prefix
 from attnlab.attention.ops import sliced_relu_attention, sliced_relu_bump_attention
+from attnlab.attention.sliced import causal
 from attnlab.attention.sliced.causal import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
 from attnlab.attention.sliced.decode import (
     SlicedDecodeState,
@@ -202,6 +203,57 @@ def test_tied_scores_with_padding(kind):
     s, t, v, bandwidth = tied_inputs(seed=1, batch=3)
     mask = torch.arange(40)[None, :] < torch.tensor([[40], [10], [3]])
     assert_matches_reference(kind, s, t, v, bandwidth, mask, chunk=4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("budget", [0, 10**9], ids=["extra_pass", "listed_pairs"])
+def test_ties_listed_or_counted_in_a_pass(kind, budget, monkeypatch):
+    """Both ways of taking tied scores apart: the list of tied pairs (few ties, as in real data)
+    and, past the budget, one more dominance pass. A few ties among distinct scores, many ties
+    (scores from five values), queries equal to keys, padding."""
+    monkeypatch.setattr(causal, "TIE_PAIR_BUDGET", budget)
+    s, t, v, bandwidth = random_inputs(2, 2, 70, 3, seed=21)
+    t[..., ::7] = s[..., 3::7]  # a few keys tied with earlier and later queries
+    assert_matches_reference(kind, s, t, v, bandwidth)
+    assert_matches_reference(kind, *tied_inputs(seed=5), chunk=4)
+    assert_matches_reference(kind, s, s.clone(), v, bandwidth, chunk=8)
+    s, t, v, bandwidth = tied_inputs(seed=6, batch=3)
+    mask = torch.arange(40)[None, :] < torch.tensor([[40], [10], [3]])
+    assert_matches_reference(kind, s, t, v, bandwidth, mask, chunk=4)
+
+
+@pytest.mark.parametrize("kind", ["bump", "bump_mass"])
+@pytest.mark.parametrize("inputs", ["random", "tied"])
+def test_bump_key_gradients_alone(kind, inputs):
+    """The forward pass takes the query side's window sums only when s or the bandwidth needs a
+    gradient; with s and b fixed, dL/dt and dL/dv still match the reference (ties included)."""
+    if inputs == "random":
+        s, t, v, bandwidth = random_inputs(2, 2, 70, 3, seed=31)
+    else:
+        s, t, v, bandwidth = tied_inputs(seed=8)
+    mask = torch.arange(s.shape[-1])[None, :] < torch.tensor([[s.shape[-1]], [25]])
+    grad_out = torch.randn(v.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
+    grads = []
+    for op in (fast_op(kind), ref_op(kind)):
+        t_, v_ = t.clone().requires_grad_(), v.clone().requires_grad_()
+        out = op(s, t_, v_, bandwidth, mask)
+        grads.append((out, *torch.autograd.grad(out, (t_, v_), grad_out)))
+    for got, expected in zip(*grads, strict=True):
+        assert (got - expected).abs().max().item() <= GRAD_TOL
+    with torch.no_grad():
+        assert (fast_op(kind)(s, t, v, bandwidth, mask) - grads[1][0]).abs().max().item() <= OUT_TOL
+
+
+def test_tied_pairs_are_listed_below_the_budget_only():
+    s = torch.tensor([[0.0, 1.0, 2.0, 1.0]])
+    t = torch.tensor([[1.0, 5.0, 1.0, 2.0]])
+    # j <= i with s_i == t_j: (1, 0), (3, 0), (3, 2); (2, 3) is in the future
+    query, key = causal._tied_pairs(s, t, None)
+    assert sorted(zip(query.tolist(), key.tolist(), strict=True)) == [(1, 0), (3, 0), (3, 2)]
+    query, key = causal._tied_pairs(s, t, torch.tensor([[True, True, True, False]]))
+    assert sorted(zip(query.tolist(), key.tolist(), strict=True)) == [(1, 0)]
+    flat = torch.zeros(1, 5)
+    assert causal._tied_pairs(flat, flat, None) is None  # 25 candidate pairs > 4 per position
 
 
 @settings(max_examples=25, deadline=None)

@@ -6,20 +6,20 @@ The causal ops are the bidirectional ones (``attnlab.attention.sliced``) restric
 every output is a combination of *dominance sums* ``Σ_{j≤i, t_j<x_i} w_j`` (x_i = s_i, or s_i ± b
 for the bump) of a few weight columns ``w``: a two-dimensional query (time and score).
 
-``_dominance_sums`` answers them for all i at once, vectorised over rows and columns, with a Python
-loop over log₂(T / chunk) levels only (divide and conquer over time):
+``attnlab.attention.sliced.dominance`` answers them for all i at once, vectorised over rows and
+columns, with a Python loop over log₂(T / chunk) levels only (divide and conquer over time: dense
+masked products inside chunks, sorted left halves and binary searches across them). The backward
+passes (hand-written ``autograd.Function``s) use the same routines with time reversed (``j ≥ i``
+becomes a prefix) and queries and keys exchanged. What keeps them within a few times the
+bidirectional ops (``attnlab bench attention`` prints the ratio):
 
-- inside chunks of ``chunk`` consecutive tokens, a dense masked ``(chunk × chunk)`` matrix product
-  (``[j ≤ i][t_j < x_i]``), which also takes the diagonal ``j = i``;
-- at level ``h`` (h = chunk, 2·chunk, ...) time splits into blocks of 2h: the keys of each block's
-  left half are sorted (``torch.sort`` on a ``(rows, blocks, h)`` view), the weight columns get
-  per-block prefix sums in that order, and every query of the right half finds its rank with a
-  batched ``searchsorted`` and gathers one prefix row. Each pair ``j < i`` in different chunks is
-  counted at exactly one level (the highest bit where i and j differ).
-
-Cost: O(T·W·(chunk + log T)) arithmetic and O(T log² T) comparisons (the sorts) for W columns;
-memory O(T·W). The backward passes (hand-written ``autograd.Function``s) use the same routine with
-time reversed (``j ≥ i`` becomes a prefix) and queries and keys exchanged.
+- ReLU-bump: the hat window is a combination of four window sums; each level reads the prefix rows
+  of all of it in one fused gather-and-weigh (``_combined_sums``), and the window sums the score
+  and bandwidth gradients need (they do not depend on the output's gradient) are taken in the
+  forward pass over the same sorts, so the backward pass only runs the keys' side;
+- tied scores (``t_j = s_i``: kinks of both kernels) are taken apart from a list of the tied pairs
+  (``_tied_pairs``) instead of one more pass over every level, unless there are many;
+- prefix sums over a middle dimension add rows instead of calling ``cumsum`` (``_prefix_sums_``).
 
 Precision. Sums accumulate in float32 for half/float32 inputs and float64 for float64. Scores are
 shifted by the key score of the row's first real token (and, for sliced ReLU, whose output does
@@ -34,13 +34,11 @@ figures are in ``tests/attention/test_causal_sliced.py``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
-import torch.nn.functional as F
 
 from attnlab.attention.precision import accumulation_dtype, no_autocast
 from attnlab.attention.sliced.common import _rowdot, _rows, _take, _valid_rows
+from attnlab.attention.sliced.dominance import _combined_sums, _dominance_sums, _prefix_sums_, _Query, _Term
 
 __all__ = ["DEFAULT_CHUNK", "causal_sliced_relu_attention", "causal_sliced_relu_bump_attention"]
 
@@ -53,88 +51,13 @@ DEFAULT_CHUNK = 32  # dense local block: below it a masked matmul beats sorting 
 
 
 def _suffix_sum(x: torch.Tensor) -> torch.Tensor:
-    """``Σ_{i ≥ j} x_i`` along dim 1."""
-    return x.flip(1).cumsum(1).flip(1)
+    """``Σ_{i ≥ j} x_i`` along dim 1 (``(N, T)`` or ``(N, T, D)``)."""
+    return x.flip(1).cumsum(1).flip(1) if x.dim() == 2 else _prefix_sums_(x.flip(1)).flip(1)
 
 
-def _pad_to(x: torch.Tensor, length: int, value: float) -> torch.Tensor:
-    extra = length - x.shape[1]
-    return x if extra <= 0 else F.pad(x, (0, extra), value=value)
-
-
-class _Query(NamedTuple):
-    """Thresholds ``x (N, T)`` (finite), ``side`` "left" (keys < x) or "right" (keys <= x), and the
-    table columns to sum (a slice)."""
-
-    x: torch.Tensor
-    side: str
-    cols: slice = slice(None)
-
-
-def _dominance_sums(key: torch.Tensor, table: torch.Tensor, queries: list[_Query], chunk: int) -> list:
-    """For every query set and position i: ``Σ_{j ≤ i, key_j < x_i} table_j`` (or ``key_j <= x_i``).
-
-    ``key (N, T)`` may hold +inf for keys that must never count; ``table (N, T, W)`` is finite and
-    contiguous. Returns one ``(N, T, w)`` tensor per query set (w = width of its column slice).
-    """
-    n_rows, length, width = table.shape
-    outs = [table.new_zeros(n_rows, length, table[0, 0, q.cols].numel()) for q in queries]
-    causal_mask = {}
-
-    def local(start: int, size: int, count: int) -> None:
-        stop = start + size * count
-        kc = key[:, start:stop].reshape(n_rows, count, size)
-        tc = table[:, start:stop].reshape(n_rows, count, size, width)
-        if size not in causal_mask:
-            causal_mask[size] = torch.ones(size, size, dtype=torch.bool, device=key.device).tril()
-        for q, out in zip(queries, outs, strict=True):
-            xc = q.x[:, start:stop].reshape(n_rows, count, size)
-            keys, thresholds = kc[..., None, :], xc[..., :, None]
-            below = keys < thresholds if q.side == "left" else keys <= thresholds
-            weights = (below & causal_mask[size]).to(table.dtype)
-            out[:, start:stop] = torch.matmul(weights, tc[..., q.cols]).reshape(n_rows, -1, out.shape[-1])
-
-    full = length // chunk
-    if full:
-        local(0, chunk, full)
-    if length - full * chunk:
-        local(full * chunk, length - full * chunk, 1)
-
-    half = chunk
-    while half < length:
-        block = 2 * half
-        n_blocks = (length - half + block - 1) // block  # blocks whose right half is not empty
-        span = n_blocks * block
-        left_keys = _pad_to(key, span, float("inf"))[:, :span].view(n_rows, n_blocks, block)[..., :half]
-        sorted_keys, order = torch.sort(left_keys, dim=-1)
-        starts = torch.arange(n_blocks, device=key.device) * block
-        positions = order + starts[:, None]  # all < length: left halves lie before a right half
-        index = torch.cat([positions[..., :1], positions], dim=-1).view(n_rows, -1)  # row 0: zeroed
-        prefix = _take(table, index).view(n_rows * n_blocks, half + 1, width)
-        prefix[:, 0] = 0
-        prefix.cumsum_(1)
-        prefix = prefix.view(n_rows, n_blocks * (half + 1), width)
-        last_right = (n_blocks - 1) * block + half  # start of the last (maybe partial) right half
-        last_size = min(half, length - last_right)
-        n_queries = (n_blocks - 1) * half + last_size  # right-half positions < length
-        row_starts = (torch.arange(n_blocks, device=key.device) * (half + 1))[:, None]
-        for q, out in zip(queries, outs, strict=True):
-            right = _pad_to(q.x, span, 0.0)[:, :span].view(n_rows, n_blocks, block)[..., half:]
-            rank = torch.searchsorted(sorted_keys, right.contiguous(), side=q.side)
-            flat = (rank + row_starts).view(n_rows, -1)[:, :n_queries]
-            if q.cols == slice(None):
-                rows = _take(prefix, flat)
-            else:
-                narrow = prefix[..., q.cols]
-                rows = torch.gather(narrow, 1, flat[..., None].expand(-1, -1, narrow.shape[-1]))
-            w = out.shape[-1]
-            done = (n_blocks - 1) * half
-            if n_blocks > 1:
-                view = out[:, : (n_blocks - 1) * block].view(n_rows, n_blocks - 1, block, w)[:, :, half:]
-                view += rows[:, :done].view(n_rows, n_blocks - 1, half, w)
-            out[:, last_right : last_right + last_size] += rows[:, done:]
-        half = block
-    return outs
+def _prefix_sum(x: torch.Tensor) -> torch.Tensor:
+    """``Σ_{j ≤ i} x_j`` along dim 1 of ``(N, T, D)`` (``_prefix_sums_``: faster than ``cumsum`` there)."""
+    return _prefix_sums_(x.clone(memory_format=torch.contiguous_format))
 
 
 def _first_real(valid: torch.Tensor | None, n_rows: int, device) -> torch.Tensor:
@@ -152,6 +75,37 @@ def _shift_scores(s, t, valid):
     if valid is not None:
         s, t = s.masked_fill(~valid, 0.0), t.masked_fill(~valid, 0.0)
     return s, t, first
+
+
+TIE_PAIR_BUDGET = 4  # tied (query, key) pairs listed per position at most; beyond, an exact extra pass
+
+
+def _tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None):
+    """The pairs ``j <= i`` of real positions with ``s_i == t_j`` exactly, as flat indices
+    ``(n·T + i, n·T + j)``; None when there are more than ``TIE_PAIR_BUDGET · N · T`` of them.
+
+    The ops need sums over ``t_j <= s_i`` beside those over ``t_j < s_i`` (kinks: relu'(0) = 0,
+    hat'(0) = 0). They differ by the tied pairs only, which scores from real data have by accident
+    (float32 at T = 16K: a few dozen per row), so the difference is added from this list instead
+    of one more dominance pass over every level. Many ties (quantised scores, constant rows) return
+    None and the caller takes that exact pass. One sort and two binary searches per row.
+    """
+    n_rows, length = s.shape
+    if valid is not None:  # padded positions never tie: -inf queries against +inf keys
+        s, t = s.masked_fill(~valid, -float("inf")), t.masked_fill(~valid, float("inf"))
+    keys, key_order = torch.sort(t, dim=1)
+    lo = torch.searchsorted(keys, s, side="left")
+    counts = (torch.searchsorted(keys, s, side="right") - lo).view(-1)
+    total = int(counts.sum())
+    if total > TIE_PAIR_BUDGET * s.numel():
+        return None
+    query = torch.repeat_interleave(torch.arange(s.numel(), device=s.device), counts)
+    run_start = torch.cumsum(counts, 0) - counts  # where each query's pairs start in the list
+    position = lo.view(-1)[query] + torch.arange(total, device=s.device) - run_start[query]
+    row_start = query - query % length
+    key = key_order.view(-1)[row_start + position] + row_start
+    keep = key <= query  # j <= i (same row)
+    return query[keep], key[keep]
 
 
 def _reverse_key(x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -187,18 +141,25 @@ class _CausalSlicedReLU(torch.autograd.Function):
         key = t if valid is None else t.masked_fill(~valid, float("inf"))
         ones = torch.ones_like(t) if real is None else real
         table = torch.cat([v, t[..., None] * v, ones[..., None], t[..., None]], dim=-1).contiguous()
-        below, at_or_below = _dominance_sums(
-            key, table, [_Query(s, "left"), _Query(s, "right", slice(2 * dim, 2 * dim + 1))], chunk
-        )
+        # #{j <= i : t_j <= s_i} (for the gradient) is #{t_j < s_i} plus the tied pairs
+        pairs = _tied_pairs(s, t, valid)
+        queries = [_Query(s, "left")]
+        if pairs is None:  # too many ties to list: count them in a pass of their own
+            queries.append(_Query(s, "right", slice(2 * dim, 2 * dim + 1)))
+        below, *at_or_below = _dominance_sums(key, table, queries, chunk)
         del table
         sum_v, sum_tv = below[..., :dim].contiguous(), below[..., dim : 2 * dim]  # A_i, B_i
         count, sum_t = below[..., 2 * dim], below[..., 2 * dim + 1]  # C_i, E_i: keys below s_i
-        count_le = at_or_below[..., 0]
+        if pairs is None:
+            count_le = at_or_below[0][..., 0]
+        else:
+            count_le = count.contiguous()
+            count_le.view(-1).index_add_(0, pairs[0], torch.ones_like(pairs[0], dtype=count.dtype))
         del below
 
         n = ones.cumsum(1)  # real keys j <= i
         n_safe = n.clamp_min(1)
-        vbar = v.cumsum(1) / n_safe[..., None]
+        vbar = _prefix_sum(v).div_(n_safe[..., None])
         total_t = t.cumsum(1)
         relu_mass = s * count - sum_t  # Σ_{j≤i} ReLU(s_i − t_j)
         # numerator Σ_{j≤i, t_j<s_i} (s_i − t_j)(v_j − vbar_i) = s A − B − vbar (s C − E)
@@ -209,13 +170,13 @@ class _CausalSlicedReLU(torch.autograd.Function):
             scale = scale.masked_fill(~valid, 0.0)
         out = num.mul_(scale[..., None])
         ctx.save_for_backward(s, t, v, sum_v, vbar, count, count_le, n_safe, relu_mass, den, out)
-        ctx.valid, ctx.eps, ctx.chunk = valid, eps, chunk
+        ctx.valid, ctx.eps, ctx.chunk, ctx.pairs = valid, eps, chunk, pairs
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
         s, t, v, sum_v, vbar, count, count_le, n, relu_mass, den, out = ctx.saved_tensors
-        valid, eps, chunk = ctx.valid, ctx.eps, ctx.chunk
+        valid, eps, chunk, pairs = ctx.valid, ctx.eps, ctx.chunk, ctx.pairs
         dim = v.shape[-1]
         inv_d = 1.0 / den.clamp_min(eps)
         a = grad_out * (2.0 * inv_d)[..., None]  # dL/dnum_i
@@ -231,15 +192,20 @@ class _CausalSlicedReLU(torch.autograd.Function):
         # Keys: sums over later queries i ≥ j with s_i > t_j, i.e. a prefix in reversed time with
         # negated scores (-s_i < -t_j).
         table = torch.cat([a, s[..., None] * a, grad_den[..., None], a_vbar[..., None]], dim=-1)
-        above, at_or_above = _dominance_sums(
-            _reverse_key(-s, valid),
-            table.flip(1).contiguous(),
-            [_Query((-t).flip(1), "left"), _Query((-t).flip(1), "right", slice(2 * dim, 2 * dim + 1))],
-            chunk,
+        queries = [_Query((-t).flip(1), "left")]
+        if pairs is None:
+            queries.append(_Query((-t).flip(1), "right", slice(2 * dim, 2 * dim + 1)))
+        above, *at_or_above = _dominance_sums(
+            _reverse_key(-s, valid), table.flip(1).contiguous(), queries, chunk
         )
-        above, at_or_above = above.flip(1), at_or_above.flip(1)[..., 0]
+        above = above.flip(1)
         sum_a, sum_sa = above[..., :dim], above[..., dim : 2 * dim]
         den_above, vbar_a_above = above[..., 2 * dim], above[..., 2 * dim + 1]
+        if pairs is None:
+            at_or_above = at_or_above[0].flip(1)[..., 0]
+        else:  # Σ_{i≥j, s_i>=t_j} dden_i: the tied pairs' share added to the strict sum
+            at_or_above = den_above.contiguous()
+            at_or_above.view(-1).index_add_(0, pairs[1], grad_den.reshape(-1)[pairs[0]])
         # dL/dv_j = Σ_{i≥j, s_i>t_j} (s_i − t_j) a_i − Σ_{i≥j} (ReLU mass_i / n_i) a_i   (vbar_i's share)
         grad_v = sum_sa.addcmul_(sum_a, t[..., None], value=-1.0)
         grad_v -= _suffix_sum(a * (relu_mass / n)[..., None])
@@ -258,36 +224,60 @@ class _CausalSlicedReLU(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------
 
 
-def _hat_sums(lo, mid, hi, centre, width, dim):
-    """``b · Σ_{x∈(c−b, c+b)} hat(c − x) row`` from the dominance sums [Σ row, Σ x·row] at the
-    thresholds c − b (≤), c (≤) and c + b (<): left window (c−b, c], right window (c, c+b)."""
-    left, left_x = mid[..., :dim] - lo[..., :dim], mid[..., dim:] - lo[..., dim:]
-    right, right_x = hi[..., :dim] - mid[..., :dim], hi[..., dim:] - mid[..., dim:]
-    c = centre[..., None]
-    return (width[..., None] - c) * left + left_x + (width[..., None] + c) * right - right_x, (
-        left,
-        left_x,
-        right,
-        right_x,
-    )
+# The hat window of a centre c and width b over sorted scores x: left window (c − b, c], right window
+# (c, c + b), read at three thresholds of the dominance sums: c − b (≤), c (≤), c + b (<).
+# Column blocks of the tables: ROW = the weights (values, or the queries' gradient weights), X = the
+# score times them.
+ROW, X = 0, 1
 
 
-def _window_queries(centre, width):
-    return [_Query(centre - width, "right"), _Query(centre, "right"), _Query(centre + width, "left")]
+def _window_thresholds(centre, width):
+    return [(centre - width, "right"), (centre, "right"), (centre + width, "left")]
+
+
+def _hat_terms(centre, width) -> list[_Term]:
+    """``b · Σ_j hat(c − x_j) row_j = (b − c) L + L_x + (b + c) R − R_x`` over the windows'
+    sums L, R (rows) and L_x, R_x (score · rows), as terms at the thresholds c − b, c, c + b."""
+    ones = torch.ones_like(centre)
+    return [
+        _Term(0, ROW, centre - width),
+        _Term(0, X, -ones),
+        _Term(1, ROW, -2 * centre),
+        _Term(1, X, 2 * ones),
+        _Term(2, ROW, width + centre),
+        _Term(2, X, -ones),
+    ]
+
+
+def _slope_terms(centre, tied_pass: bool) -> list[_Term]:
+    """``Σ_{x∈(c,c+b)} row − Σ_{x∈(c−b,c)} row = R − L + (tied)``: the hat's slope (−sign(c − x) / b,
+    0 at x = c) times b. Scores tied with c sit in L; with ``tied_pass`` a fourth threshold
+    (c, <) takes them out (L' = P[c, <] − P[c − b]); otherwise the caller adds them back."""
+    ones = torch.ones_like(centre)
+    mid = [_Term(1, ROW, -ones), _Term(3, ROW, -ones)] if tied_pass else [_Term(1, ROW, -2 * ones)]
+    return [_Term(0, ROW, ones), *mid, _Term(2, ROW, ones)]
+
+
+def _window_parts(lo, mid, hi):
+    """The left and right windows' [count, score sum] from the sums at c − b, c and c + b."""
+    return mid - lo, hi - mid
 
 
 class _CausalSlicedReLUBump(torch.autograd.Function):
     """Rows ``s, t (N, T)``, ``v (N, T, D)``, bandwidth ``b (N, 1)``; ``valid (N, T)`` or None.
 
     ``mass_eps`` None: divide by the count of real keys ``n_i`` (the paper's bump). A float: divide
-    by the hat mass seen plus ``mass_eps``, ``M_i + eps`` with ``M_i = Σ_{j≤i} hat(s_i − t_j)``:
-    the mass is one more column (a column of ones beside v) in the same window sums.
+    by the hat mass seen plus ``mass_eps``, ``M_i + eps`` with ``M_i = Σ_{j≤i} hat(s_i − t_j)``,
+    from the keys' counts and score sums in the same windows. Those are summed apart from the
+    values (``_combined_sums``' ``raw`` sums), window differences first: combined like the values,
+    their prefix totals (counts of every key below a window, up to T) meet coefficients of the size
+    of the scores and cancel far less exactly in float32 (the mass's relative error grew 40x).
     """
 
     @staticmethod
-    def forward(ctx, s, t, v, b, valid, chunk, mass_eps):
+    def forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads):
         with no_autocast(v.device):
-            return _CausalSlicedReLUBump._forward(ctx, s, t, v, b, valid, chunk, mass_eps)
+            return _CausalSlicedReLUBump._forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -295,83 +285,117 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             return _CausalSlicedReLUBump._backward(ctx, grad_out)
 
     @staticmethod
-    def _prepare(s, t, v, b, valid, mass_eps):
+    def _prepare(s, t, v, valid):
+        """Shifted scores, values zero at padded keys, the sort key (+inf at padded keys) and the
+        real-key indicator (float)."""
         s, t, _ = _shift_scores(s, t, valid)
-        real = None if valid is None else valid.to(v.dtype)
-        if real is not None:
+        real = torch.ones_like(t) if valid is None else valid.to(v.dtype)
+        if valid is not None:
             v = v * real[..., None]
-        if mass_eps is not None:  # the ones column whose hat sum is the mass M_i
-            ones = torch.ones_like(t) if real is None else real
-            v = torch.cat([v, ones[..., None]], dim=-1)
         key = t if valid is None else t.masked_fill(~valid, float("inf"))
-        return s, t, v, key
+        return s, t, v, key, real
 
     @staticmethod
-    def _forward(ctx, s, t, v, b, valid, chunk, mass_eps):
+    def _forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads):
         dim = v.shape[-1]
-        s, t, v, key = _CausalSlicedReLUBump._prepare(s, t, v, b, valid, mass_eps)
+        s, t, v, key, real = _CausalSlicedReLUBump._prepare(s, t, v, valid)
         width = b.expand_as(s)
+        thresholds = _window_thresholds(s, width)
         table = torch.cat([v, t[..., None] * v], dim=-1).contiguous()
-        lo, mid, hi = _dominance_sums(key, table, _window_queries(s, width), chunk)
-        sums, _ = _hat_sums(lo, mid, hi, s, width, v.shape[-1])  # b · Σ_j hat_ij [v_j (, 1)]
+        combos = [_hat_terms(s, width)]  # b Σ_j hat_ij v_j
+        pairs = None
+        if query_grads:
+            # dL/ds and dL/db need two more sums over the same keys, table and windows, which do
+            # not depend on the output's gradient: taken here, in the same pass (one pass less).
+            # Keys tied with s_i sit in the left window but have hat'(0) = 0: taken out by a fourth
+            # threshold (t < s) when there are many, else added back from the list of tied pairs.
+            pairs = _tied_pairs(s, t, valid)
+            thresholds += [(s, "left")] if pairs is None else []
+            ones = torch.ones_like(s)
+            moment = [_Term(0, ROW, -s), _Term(1, ROW, 2 * s), _Term(2, ROW, -s)]  # s (L − R) + R_x − L_x
+            moment += [_Term(0, X, ones), _Term(1, X, -2 * ones), _Term(2, X, ones)]
+            combos += [_slope_terms(s, pairs is None), moment]
+        # the mass normaliser's counts: plain sums of [1, t] at every threshold, (thresholds, N, T, 2)
+        counts = None if mass_eps is None else torch.stack([real, t * real], dim=-1)
+        sums, *query_sums = _combined_sums(key, table, thresholds, combos, dim, chunk, raw=counts)
+        del table
+        windows = query_sums.pop() if counts is not None else None
+        if pairs is not None:
+            query_sums[0].view(-1, dim).index_add_(0, pairs[0], v.reshape(-1, dim)[pairs[1]])
         if mass_eps is None:
-            real = torch.ones_like(t) if valid is None else valid.to(t.dtype)
             coef = 1.0 / (real.cumsum(1).clamp_min(1) * b)  # 1 / (n_i b)
         else:
-            coef = 1.0 / (sums[..., dim] + mass_eps * b)  # 1 / (b (M_i + eps))
+            (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*windows[:3]))
+            mass = (width - s) * left_n + left_t + (width + s) * right_n - right_t  # b · M_i
+            coef = 1.0 / (mass + mass_eps * b)  # 1 / (b (M_i + eps))
         if valid is not None:
             coef = coef.masked_fill(~valid, 0.0)
-        out = sums[..., :dim] * coef[..., None]
-        ctx.save_for_backward(s, t, v, b, coef, key, out if mass_eps is not None else None)
-        ctx.valid, ctx.chunk = valid, chunk
+        out = sums.mul_(coef[..., None])
+        mass_parts = () if windows is None else (out, windows)
+        ctx.save_for_backward(s, t, v, b, coef, key, real, *query_sums, *mass_parts)
+        ctx.valid, ctx.chunk, ctx.pairs, ctx.query_grads = valid, chunk, pairs, query_grads
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
-        s, t, v, b, coef, key, out = ctx.saved_tensors
-        valid, chunk = ctx.valid, ctx.chunk
-        value_dim = grad_out.shape[-1]
-        width = b.expand_as(s)
-        # The loss depends on the window sums Σ_j hat_ij [v_j (, 1)] through weights g (per query):
-        # c_i g_i on the values and, with the mass normaliser o_i = N_i / (M_i + eps), also
-        # dL/dM_i = −(g_i · o_i) / (M_i + eps) on the ones column. Both carry c_i = coef_i's 1/b.
-        g = grad_out.contiguous() * coef[..., None]
-        if out is not None:
-            g = torch.cat([g, -_rowdot(grad_out, out)[..., None] * coef[..., None]], dim=-1)
+        s, t, v, b, coef, key, real, *rest = ctx.saved_tensors
+        valid, chunk, pairs, query_grads = ctx.valid, ctx.chunk, ctx.pairs, ctx.query_grads
+        query_sums, mass_parts = (rest[:2], rest[2:]) if query_grads else ((), rest)
         dim = v.shape[-1]
+        width = b.expand_as(s)
+        # The loss depends on the window sums Σ_j hat_ij v_j through the weights g_i = coef_i g_i
+        # (coef carries the 1/b) and, with the mass normaliser o_i = N_i / (M_i + eps), on the mass
+        # through dL/dM_i = −(g_i · o_i) / (M_i + eps), i.e. a weight g_mass_i on a column of ones.
+        g = grad_out.contiguous() * coef[..., None]
+        g_mass = -_rowdot(grad_out, mass_parts[0]) * coef if mass_parts else None
 
-        # Queries (recomputed window sums, nothing T×D kept from the forward pass):
-        #   dL/ds_i = g_i·(Σ_{t∈(s,s+b)} v − Σ_{t∈(s−b,s)} v),   dL/db = Σ_i g_i/b·Σ_window |r| v
-        table = torch.cat([v, t[..., None] * v], dim=-1).contiguous()
-        lo, mid, hi, below = _dominance_sums(
-            key, table, [*_window_queries(s, width), _Query(s, "left", slice(0, dim))], chunk
-        )
-        del table
-        _, (left, left_x, right, right_x) = _hat_sums(lo, mid, hi, s, width, dim)
-        tied = mid[..., :dim] - below  # keys with t_j = s_i sit in the left window but have hat' = 0
-        grad_s = _rowdot(g, right - left + tied)
-        abs_moment = s[..., None] * (left - right) + right_x - left_x  # Σ_window |s − t| v
-        grad_b = (_rowdot(g, abs_moment) / width).sum(dim=1, keepdim=True)
-        del lo, mid, hi, below, left, left_x, right, right_x, abs_moment
+        # Queries: dL/ds_i = g_i·(Σ_{t∈(s,s+b)} v − Σ_{t∈(s−b,s)} v) and dL/db = Σ_i g_i/b·Σ_window |r| v,
+        # from the window sums the forward pass took (only when s or b needed a gradient).
+        grad_s = grad_b = None
+        if query_grads:
+            slope, abs_moment = query_sums
+            grad_s, grad_b = _rowdot(g, slope), _rowdot(g, abs_moment)
+        else:
+            pairs = _tied_pairs(s, t, valid)  # for the keys below
+        if query_grads and g_mass is not None:  # the mass's share: the windows' counts and score sums
+            windows = mass_parts[1]
+            (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*windows[:3]))
+            if pairs is not None:
+                tied_n = torch.zeros_like(s)
+                tied_n.view(-1).index_add_(0, pairs[0], real.reshape(-1)[pairs[1]])
+            else:  # the fourth threshold: keys below s_i
+                tied_n = windows[1][..., 0] - windows[3][..., 0]
+            grad_s += g_mass * (right_n - left_n + tied_n)
+            grad_b += g_mass * (s * (left_n - right_n) + right_t - left_t)
+        if query_grads:
+            grad_b = (grad_b / width).sum(dim=1, keepdim=True)
 
-        # Keys: windows around t_j over the later queries' s_i (time reversed), weights g_i.
+        # Keys: windows around t_j over the later queries' s_i (time reversed), weights g_i (and
+        # g_mass_i on the keys' column of ones).
+        if g_mass is not None:
+            g, v = torch.cat([g, g_mass[..., None]], dim=-1), torch.cat([v, real[..., None]], dim=-1)
         q_table = torch.cat([g, s[..., None] * g], dim=-1).flip(1).contiguous()
         t_rev, w_rev = t.flip(1), width.flip(1)
-        k_lo, k_mid, k_hi, k_below = _dominance_sums(
+        thresholds = _window_thresholds(t_rev, w_rev) + ([(t_rev, "left")] if pairs is None else [])
+        grad_v, k_slope = _combined_sums(
             _reverse_key(s, valid),
             q_table,
-            [*_window_queries(t_rev, w_rev), _Query(t_rev, "left", slice(0, dim))],
+            thresholds,
+            [_hat_terms(t_rev, w_rev), _slope_terms(t_rev, pairs is None)],
+            g.shape[-1],
             chunk,
         )
-        grad_v, (k_left, _, k_right, _) = _hat_sums(k_lo, k_mid, k_hi, t_rev, w_rev, dim)
-        k_tied = k_mid[..., :dim] - k_below
-        grad_t = _rowdot(v.flip(1), k_right - k_left + k_tied).flip(1)
-        grad_v = grad_v.flip(1)[..., :value_dim].contiguous()  # the ones column has no gradient
+        grad_t = _rowdot(v.flip(1), k_slope).flip(1)
+        if pairs is not None:  # tied pairs: v_j · g_i added to dL/dt_j
+            width_k = g.shape[-1]
+            tied = _rowdot(v.reshape(-1, width_k)[pairs[1]][None], g.reshape(-1, width_k)[pairs[0]][None])[0]
+            grad_t.view(-1).index_add_(0, pairs[1], tied)
+        grad_v = grad_v.flip(1)[..., :dim].contiguous()  # the ones column has no gradient
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
-            grad_s = grad_s.masked_fill(~valid, 0.0)
-        return grad_s, grad_t, grad_v, grad_b, None, None, None
+            grad_s = None if grad_s is None else grad_s.masked_fill(~valid, 0.0)
+        return grad_s, grad_t, grad_v, grad_b, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,5 +437,8 @@ def causal_sliced_relu_bump_attention(
     valid = _valid_rows(key_padding_mask, heads, v.device)
     width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]
     eps = None if normaliser == "count" else float(mass_eps)
-    out = _CausalSlicedReLUBump.apply(_rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, chunk, eps)
+    query_grads = torch.is_grad_enabled() and (s.requires_grad or bandwidth.requires_grad)
+    out = _CausalSlicedReLUBump.apply(
+        _rows(s, acc), _rows(t, acc), _rows(v, acc), width, valid, chunk, eps, query_grads
+    )
     return out.view(batch, heads, length, dim).to(v.dtype)
