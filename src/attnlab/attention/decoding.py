@@ -201,9 +201,15 @@ def _sliced_state(layer, q, k, v) -> SlicedAttentionState:
     return SlicedAttentionState(sliced_relu_attention_state(t, v), stats, k.shape[2])
 
 
+def _slice_one_token(layer, q, k):
+    """Π of the new token's query and key (B, H, D) in one call: scores s, t (B, H)."""
+    b = q.shape[0]
+    return layer.slicer(torch.cat([q.reshape(b, -1), k.reshape(b, -1)])).split(b)
+
+
 def _sliced_relu_step(layer, q, k, v, state: SlicedAttentionState | None):
     position = 0 if state is None else state.position
-    s, t = layer.slicer(q.reshape(q.shape[0], -1)), layer.slicer(k.reshape(k.shape[0], -1))
+    s, t = _slice_one_token(layer, q, k)
     stats = None
     if layer.standardise == "prefix":
         s, t, stats = standardise_step(s, t, None if state is None else state.stats)
@@ -214,7 +220,7 @@ def _sliced_relu_step(layer, q, k, v, state: SlicedAttentionState | None):
 
 def _sliced_relu_bump_step(layer, q, k, v, state: SlicedAttentionState | None):
     position = 0 if state is None else state.position
-    s, t = layer.slicer(q.reshape(q.shape[0], -1)), layer.slicer(k.reshape(k.shape[0], -1))
+    s, t = _slice_one_token(layer, q, k)
     o, op_state = sliced_relu_bump_attention_step(
         s, t, v, layer.bandwidth, None if state is None else state.op,
         normaliser=layer.normaliser, mass_eps=layer.mass_eps,

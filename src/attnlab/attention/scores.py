@@ -67,15 +67,17 @@ def standardise_scores_prefix(
 
 
 def standardise_step(s, t, stats, eps: float = 1e-6):
-    """One token of `standardise_scores_prefix` from running (shift, count, Σ, Σ²): scores (B, H)."""
+    """One token of `standardise_scores_prefix` from running (shift, count, Σ, Σ²): scores (B, H).
+    The new s and t go through as one (2, B, H) tensor: a decoding step is a chain of small ops."""
     acc = accumulation_dtype(s.dtype)
     s, t = s.to(acc), t.to(acc)
     if stats is None:
         shift, count, total, squares = t, 0.0, torch.zeros_like(t), torch.zeros_like(t)
     else:
         shift, count, total, squares = stats
-    ds, dt = s - shift, t - shift
-    count, total, squares = count + 2, total + ds + dt, squares + ds * ds + dt * dt
-    mean, square = total / count, squares / count
-    std = torch.sqrt((square - mean * mean).clamp_min(0.0) + eps)
-    return (ds - mean) / std, (dt - mean) / std, (shift, count, total, squares)
+    pair = torch.stack([s, t]) - shift
+    count, total, squares = count + 2, total + pair.sum(0), squares + (pair * pair).sum(0)
+    mean = total / count
+    std = torch.sqrt((squares / count - mean * mean).clamp_min_(0.0) + eps)
+    scores = (pair - mean) / std
+    return scores[0], scores[1], (shift, count, total, squares)

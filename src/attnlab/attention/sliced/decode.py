@@ -68,6 +68,7 @@ class SlicedDecodeState:
         self.run_sizes: list[int] = []
         self.recent_t = shift_t.new_zeros(b, h, RECENT)
         self.recent_rows = shift_v.new_zeros(b, h, RECENT, d + 1)
+        self.recent_rows[..., -1] = 1.0  # [v_j, 1]: the ones written once
         self.recent = 0
         self._bounds: tuple[torch.Tensor, ...] | None = None
 
@@ -129,11 +130,12 @@ class SlicedDecodeState:
         self._bounds = None
 
     def _run_bounds(self) -> tuple[torch.Tensor, ...]:
+        """(run << 32, first slot, last slot, end) per run, as (R, 1) tensors; rebuilt when runs change."""
         if self._bounds is None:
-            sizes = torch.tensor(self.run_sizes, device=self.keys.device)
+            sizes = torch.tensor(self.run_sizes, device=self.keys.device)[:, None]
             ends = sizes.cumsum(0)
-            ids = torch.arange(len(sizes), device=sizes.device)
-            self._bounds = (ids, (ends - sizes)[:, None], ends[:, None])
+            offsets = torch.arange(len(self.run_sizes), device=sizes.device)[:, None] << 32
+            self._bounds = (offsets, ends - sizes, ends - 1, ends)
         return self._bounds
 
     # ---- F ----------------------------------------------------------------------------------------
@@ -149,32 +151,35 @@ class SlicedDecodeState:
                 out = out + _evaluate_run(*self._run(start, index), x)
                 start += self.run_sizes[index]
             return out
-        ids, starts, ends = self._run_bounds()
+        offsets, starts, lasts, ends = self._run_bounds()
         b, h, k = x.shape
         runs, width = len(self.run_sizes), self.tables.shape[-1]
-        wanted = ((ids[:, None] << 32) + _order(x)[..., None, :]).reshape(b, h, runs * k)
-        pos = torch.searchsorted(self.search, wanted, side="left").view(b, h, runs, k)
-        lo = torch.maximum(pos - 1, starts).view(b, h, -1)
-        hi = torch.minimum(pos, ends - 1).view(b, h, -1)
-        key_lo, key_hi = self.keys.gather(-1, lo).view(pos.shape), self.keys.gather(-1, hi).view(pos.shape)
-        f_lo = self.tables.gather(-2, lo[..., None].expand(b, h, lo.shape[-1], width)).view(*pos.shape, width)
-        f_hi = self.tables.gather(-2, hi[..., None].expand(b, h, hi.shape[-1], width)).view(*pos.shape, width)
-        inside, seen = (pos > starts) & (pos < ends), pos > starts
-        x = x[..., None, :]
-        step = torch.where(inside, (x - key_lo) / torch.where(inside, key_hi - key_lo, 1.0), x - key_lo)
-        slope = torch.where(inside[..., None], f_hi - f_lo, self.totals[..., :runs, None, :])
-        return out + torch.where(seen[..., None], f_lo + step[..., None] * slope, 0.0).sum(2)
+        wanted = (offsets + _order(x)[..., None, :]).view(b, h, runs * k)
+        pos = torch.searchsorted(self.search, wanted, side="left").view(b, h, runs, k)  # keys[pos-1] < x
+        # the keys around x in each run: lo = pos − 1 and hi = pos, kept inside the run, in one gather
+        index = torch.cat([torch.maximum(pos - 1, starts), torch.minimum(pos, lasts)], dim=-1).view(b, h, -1)
+        keys = self.keys.gather(-1, index).view(b, h, runs, 2 * k)
+        rows = self.tables.gather(-2, index[..., None].expand(b, h, index.shape[-1], width))
+        rows = rows.view(b, h, runs, 2 * k, width)
+        key_lo, key_hi, f_lo, f_hi = keys[..., :k], keys[..., k:], rows[..., :k, :], rows[..., k:, :]
+        # F is linear from key_lo on: slope (f_hi − f_lo)/(key_hi − key_lo) between two keys, the run's
+        # total above its largest, 0 below its smallest (where f_lo = F(smallest key) = 0)
+        inside = (pos > starts) & (pos < ends)
+        gap = torch.where(inside, key_hi - key_lo, 1.0)[..., None]
+        above = self.totals[..., :runs, None, :] * (pos == ends)[..., None]
+        slope = torch.where(inside[..., None], (f_hi - f_lo) / gap, above)
+        return out + (f_lo + (x[..., None, :] - key_lo)[..., None] * slope).sum(2)
 
-    def push(self, t: torch.Tensor, rows: torch.Tensor) -> None:
-        """Add one token: its shifted key score ``t (B, H)`` and ``rows = [v, 1] (B, H, D + 1)``."""
+    def push(self, t: torch.Tensor, v: torch.Tensor) -> None:
+        """Add one token: its shifted key score ``t (B, H)`` and value ``v (B, H, D)``."""
         if self.recent == RECENT:  # the buffer becomes a run of L
             self.append_run(_build_run(self.recent_t.clone(), self.recent_rows.clone()))
             self.recent = 0
         self.recent_t[..., self.recent] = t
-        self.recent_rows[..., self.recent, :] = rows
+        self.recent_rows[..., self.recent, :-1] = v
         self.recent += 1
         self.count += 1
-        self.sum_v += rows[..., :-1]
+        self.sum_v += v
         self.sum_t += t
 
 
@@ -251,8 +256,7 @@ def _push(state, s_t, t_t, v_t, kind):
     s_t, t_t, v_t = s_t.to(acc), t_t.to(acc), v_t.to(acc)
     if state is None:
         state = SlicedDecodeState(kind, t_t.clone(), v_t.clone() if kind == "relu" else torch.zeros_like(v_t))
-    v = v_t - state.shift_v
-    state.push(t_t - state.shift_t, torch.cat([v, torch.ones_like(v[..., :1])], dim=-1))
+    state.push(t_t - state.shift_t, v_t - state.shift_v if kind == "relu" else v_t)  # bump: no shift
     return state, s_t - state.shift_t
 
 
@@ -279,10 +283,10 @@ def sliced_relu_attention_step(
         f = state.evaluate(s[..., None])[..., 0, :]  # (B, H, D + 1): [Σ ReLU·v, Σ ReLU]
         n = float(state.count)
         relu_v, relu_mass = f[..., :-1], f[..., -1:]
-        num = relu_v - state.sum_v * (relu_mass / n)
+        num = torch.addcmul(relu_v, state.sum_v, relu_mass, value=-1.0 / n)  # Σ ReLU·(v − v̄)
         # Σ |s − t_j| = 2 Σ ReLU(s − t_j) − Σ (s − t_j)
-        den = 2 * relu_mass - (n * s - state.sum_t)[..., None]
-        out = num * (2 / den.clamp_min(eps))
+        den = torch.add(torch.add(state.sum_t, s, alpha=-n)[..., None], relu_mass, alpha=2.0)
+        out = num.div_(den.clamp_min_(eps)).mul_(2.0)
     return out.to(v_t.dtype), state
 
 
@@ -337,7 +341,7 @@ def _prefill(t: torch.Tensor, v: torch.Tensor, kind: str) -> SlicedDecodeState:
                 start += size
         state.recent = length - stored
         state.recent_t[..., : state.recent] = t[..., stored:]
-        state.recent_rows[..., : state.recent, :] = rows[..., stored:, :]
+        state.recent_rows[..., : state.recent, :-1] = v[..., stored:, :]
         state.count, state.sum_v, state.sum_t = length, v.sum(-2), t.sum(-1)
         return state
 
