@@ -36,9 +36,12 @@ run_step() {
     echo "bench-gpu: $name skipped (the ${BUDGET_S}s budget is spent)" >&3
     return 0
   fi
-  timeout "$left" "$@"
+  timeout -k 15 "$left" "$@"  # SIGTERM at the budget (what was measured is kept), SIGKILL 15 s later
   local rc=$?
-  [ $rc -eq 124 ] && echo "bench-gpu: $name stopped at the budget (${left}s left for it)" >&3
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    echo "bench-gpu: $name stopped at the budget (${left}s left for it); what it measured is kept" >&3
+    return 0
+  fi
   return $rc
 }
 
@@ -62,12 +65,13 @@ for task in listops text; do
     if [ "$task" = listops ]; then  # generated at the LRA lengths (500-2000 symbols), small splits
       extra=(task.data.source.subdir=listops-bench "task.data.source.sizes={train:1600,val:64,test:64}")
     fi
-    log="$OUT/train_${task}_${attn}.log"
+    log="$OUT/train/$task/$attn.log"  # beside the run dir: gpu_results reports a run without figures
+    mkdir -p "$OUT/train/$task"
     run_step "training $task/$attn" "$PY" train.py "experiment=lra/$task" "attn=$attn" trainer=gpu \
       trainer.precision=bf16-mixed logger=csv task.max_steps=50 task.val_check_interval=50 \
       callbacks.throughput.warmup_steps=10 trainer.log_every_n_steps=10 test=false \
       "hydra.run.dir=$OUT/train/$task/$attn" "${extra[@]}" > "$log" 2>&1
-    if [ $? -ne 0 ]; then
+    if [ $? -ne 0 ]; then  # (a step stopped at the budget returns 0: it said so itself)
       echo "bench-gpu: training $task/$attn failed (data missing?); end of $log:"
       tail -n 3 "$log"
     fi

@@ -134,3 +134,24 @@ def test_the_launch_config_is_what_the_op_uses(monkeypatch):
         seen.clear()
         ops.linear_attention(q, k, v, causal=True, impl="triton")
         assert seen["C"] == chunk and seen.get("num_stages") == launch_config(dtype, (9, 0)).get("num_stages")
+
+
+def test_heads_wider_than_the_kernels_fit_run_on_torch_or_are_refused(monkeypatch):
+    """D = 128 would spill the (D, Dv) state: `auto` keeps such heads on torch, `triton` says why."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from attnlab.attention import ops
+    from attnlab.attention.triton.linear import MAX_HEAD_DIM
+
+    q, k, v = (torch.randn(1, 1, 20, MAX_HEAD_DIM + 1) for _ in range(3))
+    with pytest.raises(ValueError, match=f"impl='triton' runs head dims up to {MAX_HEAD_DIM}, got q/k 65"):
+        ops.linear_attention(q, k, v, causal=True, impl="triton")
+    expected = ops.linear_attention(q, k, v, causal=True, impl="torch")
+    from attnlab.attention import linear
+
+    # as on a GPU, `auto` resolves to Triton; the width check must then choose torch
+    monkeypatch.setattr(linear, "resolve_impl", lambda op, impl, *tensors: "triton")
+    monkeypatch.setattr(runtime.kernels(), "linear_causal_fwd_kernel", None)  # never reached
+    assert torch.equal(ops.linear_attention(q, k, v, causal=True, impl="auto"), expected)
+    narrow = [x[..., :MAX_HEAD_DIM] for x in (q, k, v)]
+    with pytest.raises(TypeError):  # the kernel is reached at 64 (here: removed, so the call fails)
+        ops.linear_attention(*narrow, causal=True, impl="auto")

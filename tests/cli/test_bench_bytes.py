@@ -85,3 +85,9 @@ def test_the_documented_command_prints_each_backend_against_its_floor(tmp_path):
         assert float(lines[name][4]) >= 1.0  # never below the floor
     rows = list(csv.DictReader((tmp_path / "bench_results" / "bench_bytes.csv").open()))
     assert {r["backend"] for r in rows if r["kind"] == "total"} == set(lines)
+    for name, line in lines.items():  # the CSV's contributors add up to the printed total
+        parts = [r for r in rows if r["backend"] == name and r["kind"] != "total"]
+        moved = sum(int(r["read"]) + int(r["written"]) for r in parts)
+        assert moved / 1e6 == pytest.approx(float(line[2]), abs=0.006)
+        kernels = sum(int(r["calls"]) for r in parts if r["kind"] == "triton")
+        assert kernels == int(line[5])

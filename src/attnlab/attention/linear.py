@@ -53,7 +53,15 @@ def linear_attention(
     check_padded_queries("linear_attention", padded_queries, causal)
     use = resolve_impl("linear_attention", impl, q, k, v)
     if use == "triton" and causal:
-        if torch.float64 not in (q.dtype, k.dtype, v.dtype):
+        from attnlab.attention.triton.linear import MAX_HEAD_DIM
+
+        if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:  # the kernels' state would spill registers
+            if impl == "triton":
+                raise ValueError(
+                    f"linear_attention: impl='triton' runs head dims up to {MAX_HEAD_DIM}, got q/k "
+                    f"{q.shape[-1]} and v {v.shape[-1]}; use impl='auto' or 'torch'"
+                )
+        elif torch.float64 not in (q.dtype, k.dtype, v.dtype):
             from attnlab.attention.triton.linear import causal_linear_attention
 
             out = launch(
@@ -64,7 +72,7 @@ def linear_attention(
             )
             if out is not None:  # None: `auto`, and Triton could not build a kernel here (warned)
                 return out
-        if impl == "triton":
+        if impl == "triton" and torch.float64 in (q.dtype, k.dtype, v.dtype):
             raise TypeError(
                 "linear_attention: impl='triton' has no float64 kernel; use impl='torch' or 'auto' "
                 f"for float64 inputs (got {q.dtype}, {k.dtype}, {v.dtype})"

@@ -35,6 +35,7 @@ _FREE |= {"detach", "alias", "lift_fresh"}
 _FILLS = {"ones_like", "zeros_like", "full_like", "new_ones", "new_zeros", "new_full"}
 # out = source[index] along some dimension: the source is read only where the index points
 _GATHERS = {"gather", "index_select", "index", "take_along_dim", "embedding", "take"}
+_GATHERS |= {"_embedding_bag", "_embedding_bag_forward_only"}  # rows summed per bag: read where picked
 # self[index] (op)= src, in place: self is read and written only at the indexed slots
 _SCATTERS_INPLACE = {"scatter_", "scatter_add_", "scatter_reduce_", "index_add_", "index_put_", "index_copy_"}
 # writes self without reading it

@@ -120,13 +120,24 @@ def op_rows(out: Path, copy_gbps: float | None) -> list[dict]:
 
 
 def train_rows(out: Path) -> list[dict]:
+    """One row per training run the check started (its log ``train/<task>/<attn>.log``) or that left
+    metrics: a run stopped or failed before logging throughput is listed as ``failed`` with its
+    log's last line, not left out."""
+    runs = {(p.parent.name, p.stem) for p in out.glob("train/*/*.log")}
+    runs |= {(p.parts[-4], p.parts[-3]) for p in out.glob("train/*/*/csv/metrics.csv")}
     rows = []
-    for metrics in sorted(out.glob("train/*/*/csv/metrics.csv")):
-        task, attn = metrics.parts[-4], metrics.parts[-3]
-        logged = [r for r in csv.DictReader(metrics.open()) if r.get(TRAIN_KEYS["samples_per_sec"])]
+    for task, attn in sorted(runs):
+        metrics = out / "train" / task / attn / "csv" / "metrics.csv"
+        logged = []
+        if metrics.exists():
+            logged = [r for r in csv.DictReader(metrics.open()) if r.get(TRAIN_KEYS["samples_per_sec"])]
         entry = {"task": task, "attn": attn, "status": "ok" if logged else "failed"}
         if logged:
             entry.update({key: _number(logged[-1].get(column, "")) for key, column in TRAIN_KEYS.items()})
+        else:
+            log = out / "train" / task / f"{attn}.log"
+            lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+            entry["note"] = lines[-1][:200] if lines else "no output"
         rows.append(entry)
     return rows
 
@@ -170,7 +181,7 @@ def print_summary(results: dict, out: Path) -> None:
     )
     for r in results["training"]:
         if r["status"] != "ok":
-            print(f"{r['task']:<10}{r['attn']:<14}{'failed':>11}")
+            print(f"{r['task']:<10}{r['attn']:<14}{'failed':>11}  {r.get('note', '')}")
             continue
         print(
             f"{r['task']:<10}{r['attn']:<14}{_cell(r['samples_per_sec'], '.1f'):>11}"

@@ -19,6 +19,10 @@ from attnlab.attention.precision import no_autocast
 from attnlab.attention.triton.runtime import kernels
 
 NUM_WARPS = 8
+# Each program keeps a (D, Dv) float32 state on chip: up to 64 × 64 it fits every target's registers
+# (spills ≤ 1 KiB, tests/attention/test_triton_compile.py); at 128 it spills 1–8.7 KB, so wider heads
+# run the torch code (impl="auto") or are refused (impl="triton").
+MAX_HEAD_DIM = 64
 
 
 def launch_config(dtype: torch.dtype, capability: tuple[int, int]) -> dict:
@@ -28,7 +32,8 @@ def launch_config(dtype: torch.dtype, capability: tuple[int, int]) -> dict:
     in fp16, bf16 or fp32 (``tests/attention/test_triton_compile.py`` builds every combination):
     half inputs take 32-token chunks on sm_90 (tensor-core tiles, no spills) and 16 elsewhere (32
     spilled up to 2 KB on sm_80 and 6.7 KB on sm_70); float32 (exact products, no tensor cores) takes
-    16-token chunks without software pipelining (with it: 2.9 KB spilled on sm_80/90, 5.6 KB at 32).
+    16-token chunks without software pipelining (with it: 2.9 KB spilled on sm_80/90; with it at 32
+    tokens, as before: up to 6.5 KB on sm_80 and 5.8 KB on sm_90). Head dims up to `MAX_HEAD_DIM`.
     """
     half = dtype in (torch.float16, torch.bfloat16)
     config = {"C": 32 if half and capability >= (9, 0) else 16, "num_warps": NUM_WARPS}
