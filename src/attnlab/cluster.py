@@ -270,3 +270,22 @@ class SlurmLayoutCheck(Callback):
                     layout.tasks_per_node,
                     layout.gpus_per_node,
                 )
+
+
+def job_local_triton_cache(environ: dict | None = None) -> str | None:
+    """Inside a SLURM job, point Triton's kernel cache at a folder of this job on the node's local disk.
+
+    Why: Triton caches compiled kernels under ``~/.triton/cache`` by default, which on a cluster is the
+    shared (network) home: every job of a sweep then compiles into and reads from the same folder over
+    the network, slowly, and concurrent jobs write the same entries. One folder per job on local disk
+    (``$TMPDIR``, else ``/tmp``) keeps compilation local; a user's own ``TRITON_CACHE_DIR`` is kept.
+    Returns the folder set, or None (not in a job, or set by the user).
+    """
+    env = os.environ if environ is None else environ
+    job = env.get("SLURM_JOB_ID")
+    if not job or env.get("TRITON_CACHE_DIR"):
+        return None
+    task = env.get("SLURM_ARRAY_TASK_ID")
+    name = f"attnlab-triton-{job}" + (f"_{task}" if task else "")
+    env["TRITON_CACHE_DIR"] = os.path.join(env.get("TMPDIR") or "/tmp", name)
+    return env["TRITON_CACHE_DIR"]

@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from attnlab.attention.gpu_check import check_gpus
 from attnlab.callbacks.checkpoint import Interrupt, SlurmRequeue
 from attnlab.callbacks.throughput import ThroughputMonitor
-from attnlab.cluster import check_slurm_layout
+from attnlab.cluster import check_slurm_layout, job_local_triton_cache
 from attnlab.data.common import file_lock
 from attnlab.history import AttemptClock, HistoryCSVLogger
 from attnlab.resume import (
@@ -114,6 +114,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     clock = AttemptClock(started=time.time())
     check_config(cfg)  # wrong-typed overrides are named before any work
     check_slurm_layout(cfg)  # inside a SLURM job: does the allocation fit the trainer? fail before any work
+    triton_cache = job_local_triton_cache()  # before any kernel compiles
+    if triton_cache:
+        log.info("Triton kernel cache of this SLURM job: %s (TRITON_CACHE_DIR)", triton_cache)
     check_gpus(cfg.trainer)  # GPUs that this torch build and Triton can run on? fail before any work
     _route_lightning_logs_to_root()
     _log_cpu_threads()

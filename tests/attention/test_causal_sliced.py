@@ -399,7 +399,21 @@ def test_steps_equal_the_causal_parallel_op(kind, dtype, atol):
         # 3.9e-15 and 2.2e-6 with the count (the parallel op: 7.6e-5 in float32 against float64)
         atol = {F64: 5e-11, torch.float32: 6e-3}[dtype]
     torch.testing.assert_close(steps, parallel, atol=atol, rtol=0)
-    assert state.count == 70 and [k.shape[-1] for k in state.keys] == [64, 4, 2]  # 70 = 64 + 4 + 2
+    assert state.count == 70 and state.run_sizes == [64] and state.recent == 6  # 70 = 2 x 32 sorted + 6
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_float32_states_search_all_runs_at_once_as_float64_states_search_each(kind):
+    """The one-search path (float32: int64 keys run << 32 | order(t)) against the per-run one (float64)
+    on the same numbers, over several runs, with ties and negative zeros among the keys."""
+    s, t, v, bandwidth = random_inputs(2, 3, 300, 4, seed=5, dtype=torch.float32)
+    t = torch.round(t * 4) / 4  # many ties, within and across runs
+    t[..., 7] = -0.0
+    s[..., 11] = 0.0
+    steps32, state = decode(kind, s, t, v, bandwidth)
+    steps64, _ = decode(kind, *(x.double() for x in (s, t, v, bandwidth)))
+    assert state.search is not None and state.run_sizes == [256, 32] and state.recent == 12
+    torch.testing.assert_close(steps32.double(), steps64, atol=5e-3 if kind == "bump_mass" else 2e-5, rtol=0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -411,23 +425,30 @@ def test_steps_with_ties_equal_the_parallel_op(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_prefill_then_steps_equal_the_parallel_op(kind):
-    s, t, v, bandwidth = random_inputs(1, 2, 50, 3, seed=4)
+    s, t, v, bandwidth = random_inputs(1, 2, 140, 3, seed=4)
     prefill = sliced_relu_attention_state if kind == "relu" else sliced_relu_bump_attention_state
-    state = prefill(t[..., :23], v[..., :23, :])
-    assert [k.shape[-1] for k in state.keys] == [16, 4, 2, 1]
-    steps, _ = decode(kind, s, t, v, bandwidth, state=state, start=23)
-    torch.testing.assert_close(steps, fast_op(kind)(s, t, v, bandwidth, None)[:, :, 23:], atol=1e-11, rtol=0)
+    for start in (1, 23, 101):
+        state = prefill(t[..., :start], v[..., :start, :])
+        expected_runs = {1: [], 23: [], 101: [64, 32]}[start]  # what stepping would have sorted by then
+        assert state.run_sizes == expected_runs and state.recent == start - sum(expected_runs)
+        steps, _ = decode(kind, s, t, v, bandwidth, state=state, start=start)
+        parallel = fast_op(kind)(s, t, v, bandwidth, None)[:, :, start:]
+        torch.testing.assert_close(steps, parallel, atol=1e-10 if kind == "bump_mass" else 1e-11, rtol=0)
 
 
-def test_state_holds_d_plus_two_numbers_per_token():
-    dim, n = 16, 1024
+def test_state_holds_d_plus_four_numbers_per_token():
+    dim, n = 64, 1025  # 1,024 tokens in one sorted run, 1 in the buffer
     _, t, v, _ = random_inputs(1, 2, n, dim, dtype=torch.float32)
     state = sliced_relu_attention_state(t, v)
-    per_token = 2 * (dim + 2) * 4  # two heads, float32
-    extra = state.nbytes() - n * per_token
-    assert 0 <= extra <= 2 * 4 * (3 * dim + 3)  # shifts, running sums and one run total: O(D)
+    assert state.run_sizes == [1024] and state.recent == 1
+    per_token = 2 * (dim + 4) * 4  # two heads, float32: key, D + 1 table entries, the int64 search key
+    extra = state.nbytes() - 1024 * per_token
+    # shifts, running sums and one run total: O(D); the buffer of 32 recent tokens: O(32 D)
+    assert 0 <= extra <= 2 * 4 * (3 * dim + 3 + 32 * (dim + 2))
     kv_cache = n * 2 * 2 * dim * 4
     assert state.nbytes() < 0.6 * kv_cache
+    state64 = sliced_relu_attention_state(t.double(), v.double())  # no search key: (D + 2) per token
+    assert state64.search is None and state64.nbytes() - 2 * extra <= 1024 * 2 * (dim + 2) * 8
 
 
 def test_step_input_errors():
@@ -440,7 +461,7 @@ def test_step_input_errors():
     with pytest.raises(ValueError, match="state of sliced_relu decoding"):
         sliced_relu_bump_attention_step(s[..., 1], t[..., 1], v[..., 1, :], bandwidth, state)
     with pytest.raises(TypeError, match="SlicedDecodeState or None"):
-        sliced_relu_attention_step(s[..., 1], t[..., 1], v[..., 1, :], (state.keys,))
+        sliced_relu_attention_step(s[..., 1], t[..., 1], v[..., 1, :], (state.keys,))  # a tuple of runs
     with pytest.raises(ValueError, match=r"bandwidth must have shape \(H,\) = \(3,\)"):
         sliced_relu_bump_attention_step(s[..., 0], t[..., 0], v[..., 0, :], bandwidth[:2])
     assert isinstance(state, SlicedDecodeState)

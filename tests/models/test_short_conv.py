@@ -13,7 +13,7 @@ from attnlab.models.classifier import SequenceClassifier
 from attnlab.models.short_conv import ShortConv
 
 F64 = torch.float64
-RECURRENT = ["linear", "sliced_relu", "sliced_relu_bump"]  # the backends with a recurrent step
+RECURRENT = causal_backends()  # every causal backend decodes (attnlab.attention.decoding)
 
 
 def causal_lm(attn: str, short_conv: int, positions: str = "rope", **options) -> CausalLM:

@@ -12,21 +12,27 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.attention.linear import DEFAULT_CHUNK_SIZE, linear_attention, linear_attention_step
+from attnlab.attention import decoding
+from attnlab.attention.decoding import (  # noqa: F401  (the states' names, importable from here too)
+    KVCache,
+    LinearAttentionState,
+    PerformerState,
+    SlicedAttentionState,
+)
+from attnlab.attention.linear import DEFAULT_CHUNK_SIZE, linear_attention
 from attnlab.attention.padding import COMMON_PADDED_QUERIES, PADDED_QUERIES, check_padded_queries
 from attnlab.attention.performer import PerformerFeatureMap, performer_attention
-from attnlab.attention.precision import FLOAT_DTYPES, accumulation_dtype
+from attnlab.attention.precision import FLOAT_DTYPES
 from attnlab.attention.rope import RotaryEmbedding
-from attnlab.attention.sliced.decode import (
-    SlicedDecodeState,
-    sliced_relu_attention_step,
-    sliced_relu_bump_attention_step,
+from attnlab.attention.scores import (  # noqa: F401  (public here too: the layers' score maps)
+    slice_tokens,
+    standardise_scores,
+    standardise_scores_prefix,
 )
 from attnlab.attention.sliced.dispatch import sliced_relu_attention, sliced_relu_bump_attention
 from attnlab.attention.sliced.normaliser import check_bump_normaliser
@@ -75,14 +81,6 @@ class Capabilities:
     recurrent_step: bool = False
     dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
     reasons: dict[str, str] = field(default_factory=dict)
-
-
-class LinearAttentionState(NamedTuple):
-    """Decoding state of a causal LinearAttention layer: S (B, H, D, D), z (B, H, D), tokens seen."""
-
-    S: torch.Tensor
-    z: torch.Tensor
-    position: int
 
 
 DROPOUT_SITES = ("output", "projection")
@@ -197,6 +195,16 @@ class AttentionLayer(nn.Module):
         o = self.attend(q, k, v, key_padding_mask)
         return self.out_proj(self.merge(o))
 
+    def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """A causal layer's forward on a prompt x (B, T, dim) and its decoding state after it
+        (`attnlab.attention.decoding`: a KV cache, (S, z), sorted runs...)."""
+        return decoding.prefill(self, x)
+
+    def step(self, x_t: torch.Tensor, state: object | None = None) -> tuple[torch.Tensor, object]:
+        """Decode one token x_t (B, dim) -> (y_t (B, dim), new state), same weights as `forward`:
+        feeding x_0, x_1, ... gives the rows of `forward(x)` of a causal layer (in eval mode)."""
+        return decoding.step(self, x_t, state)
+
     def output_dropout(self, o: torch.Tensor) -> torch.Tensor:
         """Dropout on the attention output, for backends without an attention matrix to drop from."""
         if self.dropout_site != "output":
@@ -214,7 +222,7 @@ class SoftmaxAttention(AttentionLayer):
     """Standard multi-head attention via SDPA; `dropout` drops attention weights."""
 
     name = "softmax"
-    capabilities = Capabilities(causal=True, reasons={"recurrent_step": "no constant-size state (KV cache)"})
+    capabilities = Capabilities(causal=True, recurrent_step=True)  # decodes with a KV cache
     padded_query_modes = PADDED_QUERIES  # with LRA's rule (attnlab.attention.padding)
 
     def attend(self, q, k, v, key_padding_mask):
@@ -246,35 +254,12 @@ class LinearAttention(AttentionLayer):
         )  # fmt: skip
         return self.output_dropout(o)
 
-    def step(
-        self, x_t: torch.Tensor, state: LinearAttentionState | None = None
-    ) -> tuple[torch.Tensor, LinearAttentionState]:
-        """Decode one token x_t (B, dim) -> (y_t (B, dim), new state), same weights as `forward`.
-
-        Feeding x_0, x_1, ... gives the rows of `forward(x)` of a causal layer (in eval mode).
-        """
-        if not self.causal:
-            raise ValueError(
-                "LinearAttention.step needs a causal layer (causal=True): a non-causal output depends on "
-                "future tokens, which a recurrent decoder has not seen"
-            )
-        if x_t.dim() != 2 or x_t.shape[-1] != self.dim:
-            raise ValueError(f"expected x_t of shape (B, dim={self.dim}), got {tuple(x_t.shape)}")
-        position = 0 if state is None else state.position
-        q, k, v = self.heads(x_t[:, None, :], offset=position)
-        previous = None if state is None else (state.S, state.z)
-        o, (s_new, z_new) = linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], previous, eps=self.eps)
-        y = self.out_proj(self.output_dropout(o).reshape(x_t.shape[0], self.qkv_dim))
-        return y, LinearAttentionState(s_new, z_new, position + 1)
-
 
 class PerformerAttention(AttentionLayer):
     """FAVOR+ attention with `num_features` random features redrawn every `redraw_interval` train calls."""
 
     name = "performer"
-    capabilities = Capabilities(
-        causal=True, reasons={"recurrent_step": "decoding with a fixed projection is not implemented"}
-    )
+    capabilities = Capabilities(causal=True, recurrent_step=True)
 
     def __init__(
         self,
@@ -311,26 +296,6 @@ class PerformerAttention(AttentionLayer):
             padded_queries=self.padded_queries,
         )
         return self.output_dropout(o)
-
-
-class SlicedAttentionState(NamedTuple):
-    """Decoding state of a causal sliced ReLU(-bump) layer: the op's sorted runs, the running score
-    statistics of `standardise="prefix"` (count, Σ, Σ² of the shifted scores and the shift; None
-    otherwise), tokens seen."""
-
-    op: SlicedDecodeState
-    stats: tuple[torch.Tensor, ...] | None
-    position: int
-
-
-def _check_step_input(layer: AttentionLayer, x_t: torch.Tensor) -> None:
-    if not layer.causal:
-        raise ValueError(
-            f"{type(layer).__name__}.step needs a causal layer (causal=True): a non-causal output depends "
-            "on future tokens, which a recurrent decoder has not seen"
-        )
-    if x_t.dim() != 2 or x_t.shape[-1] != layer.dim:
-        raise ValueError(f"expected x_t of shape (B, dim={layer.dim}), got {tuple(x_t.shape)}")
 
 
 STANDARDISE = ("auto", "sequence", "prefix", "none")
@@ -419,96 +384,6 @@ class SlicedReLUAttention(AttentionLayer):
         )
         return self.output_dropout(o)
 
-    def step(
-        self, x_t: torch.Tensor, state: SlicedAttentionState | None = None
-    ) -> tuple[torch.Tensor, SlicedAttentionState]:
-        """Decode one token x_t (B, dim) -> (y_t (B, dim), new state), same weights as `forward`.
-
-        Feeding x_0, x_1, ... gives the rows of `forward(x)` of a causal layer (in eval mode); the
-        state grows by (D + 2) numbers per token and head, and a step costs O(D log² n).
-        """
-        _check_step_input(self, x_t)
-        position = 0 if state is None else state.position
-        q, k, v = self.heads(x_t[:, None, :], offset=position)
-        s, t = slice_tokens(self.slicer, q)[..., 0], slice_tokens(self.slicer, k)[..., 0]
-        stats = None
-        if self.standardise == "prefix":
-            s, t, stats = _standardise_step(s, t, None if state is None else state.stats)
-        o, op_state = sliced_relu_attention_step(
-            s, t, v[:, :, 0], None if state is None else state.op, self.eps
-        )
-        y = self.out_proj(self.output_dropout(o).reshape(x_t.shape[0], self.qkv_dim))
-        return y, SlicedAttentionState(op_state, stats, position + 1)
-
-
-def slice_tokens(slicer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, D) -> (B, H, T): Π applied to each token's heads concatenated, a (B, T, H·D) tensor.
-
-    The head axis is moved next to D before flattening; reshaping (B, H, T, D) in place would glue
-    pieces of different tokens together, and a token's score would depend on other tokens.
-    """
-    b, h, t, d = x.shape
-    tokens = x.transpose(1, 2).reshape(b, t, h * d)
-    return slicer(tokens).transpose(1, 2)
-
-
-def standardise_scores(
-    s: torch.Tensor, t: torch.Tensor, key_padding_mask: torch.Tensor | None, eps: float = 1e-6
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shift and scale s, t (B, H, T) by one mean and one std shared by both, per sequence and head.
-
-    Statistics run over valid tokens only: mean m of the pooled {s_i} ∪ {t_j}, var_s = mean (s_i − m)²,
-    var_t likewise, std = sqrt((var_s + var_t)/2 + eps), i.e. the std of the pooled set. Sharing them
-    keeps the s − t differences that the kernel sees meaningful. Computed in float32 at least.
-    """
-    acc = accumulation_dtype(s.dtype)
-    s, t = s.to(acc), t.to(acc)
-    # (B, 1, T) weights of the tokens that count
-    weight = torch.ones_like(s[:, :1]) if key_padding_mask is None else key_padding_mask[:, None, :].to(acc)
-    count = weight.sum(dim=-1, keepdim=True).clamp_min(1.0)
-    mean = ((s * weight).sum(-1, keepdim=True) + (t * weight).sum(-1, keepdim=True)) / (2 * count)
-    var_s = ((s - mean) ** 2 * weight).sum(-1, keepdim=True) / count
-    var_t = ((t - mean) ** 2 * weight).sum(-1, keepdim=True) / count
-    std = torch.sqrt((var_s + var_t) / 2 + eps)
-    return (s - mean) / std, (t - mean) / std
-
-
-def standardise_scores_prefix(
-    s: torch.Tensor, t: torch.Tensor, key_padding_mask: torch.Tensor | None, eps: float = 1e-6
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal `standardise_scores`: s_i and t_i shifted and scaled by the pooled mean and std of the
-    valid {s_j, t_j : j <= i}, so no score depends on a later token. Unlike the whole-sequence map,
-    each token gets its own (running) map, fixed when it arrives, which is what a decoder can keep.
-    Sums run on scores shifted by the row's first valid key score (a constant: no cancellation from
-    a large common offset). Computed in float32 at least.
-    """
-    acc = accumulation_dtype(s.dtype)
-    s, t = s.to(acc), t.to(acc)
-    weight = torch.ones_like(s[:, :1]) if key_padding_mask is None else key_padding_mask[:, None, :].to(acc)
-    first = weight.argmax(dim=-1, keepdim=True).expand(-1, s.shape[1], -1)  # first valid token
-    shift = torch.gather(t, -1, first)
-    ds, dt = s - shift, t - shift
-    count = (2 * weight).cumsum(-1).clamp_min(1.0)
-    mean = ((ds + dt) * weight).cumsum(-1) / count
-    square = ((ds * ds + dt * dt) * weight).cumsum(-1) / count
-    std = torch.sqrt((square - mean * mean).clamp_min(0.0) + eps)
-    return (ds - mean) / std, (dt - mean) / std
-
-
-def _standardise_step(s, t, stats, eps: float = 1e-6):
-    """One token of `standardise_scores_prefix` from running (shift, count, Σ, Σ²): scores (B, H)."""
-    acc = accumulation_dtype(s.dtype)
-    s, t = s.to(acc), t.to(acc)
-    if stats is None:
-        shift, count, total, squares = t, 0.0, torch.zeros_like(t), torch.zeros_like(t)
-    else:
-        shift, count, total, squares = stats
-    ds, dt = s - shift, t - shift
-    count, total, squares = count + 2, total + ds + dt, squares + ds * ds + dt * dt
-    mean, square = total / count, squares / count
-    std = torch.sqrt((square - mean * mean).clamp_min(0.0) + eps)
-    return (ds - mean) / std, (dt - mean) / std, (shift, count, total, squares)
-
 
 class SlicedReLUBumpAttention(AttentionLayer):
     """Sliced ReLU-bump attention: linear Π without bias, no standardisation, learned per-head bandwidth.
@@ -564,18 +439,3 @@ class SlicedReLUBumpAttention(AttentionLayer):
             path=self.path,
         )
         return self.output_dropout(o)
-
-    def step(
-        self, x_t: torch.Tensor, state: SlicedAttentionState | None = None
-    ) -> tuple[torch.Tensor, SlicedAttentionState]:
-        """Decode one token, as `SlicedReLUAttention.step`."""
-        _check_step_input(self, x_t)
-        position = 0 if state is None else state.position
-        q, k, v = self.heads(x_t[:, None, :], offset=position)
-        s, t = slice_tokens(self.slicer, q)[..., 0], slice_tokens(self.slicer, k)[..., 0]
-        previous = None if state is None else state.op
-        o, op_state = sliced_relu_bump_attention_step(
-            s, t, v[:, :, 0], self.bandwidth, previous, normaliser=self.normaliser, mass_eps=self.mass_eps
-        )
-        y = self.out_proj(self.output_dropout(o).reshape(x_t.shape[0], self.qkv_dim))
-        return y, SlicedAttentionState(op_state, None, position + 1)

@@ -53,7 +53,15 @@ def linear_attention(
     check_padded_queries("linear_attention", padded_queries, causal)
     use = resolve_impl("linear_attention", impl, q, k, v)
     if use == "triton" and causal:
-        if torch.float64 not in (q.dtype, k.dtype, v.dtype):
+        from attnlab.attention.triton.linear import MAX_HEAD_DIM
+
+        if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:  # the kernels' state would spill registers
+            if impl == "triton":
+                raise ValueError(
+                    f"linear_attention: impl='triton' runs head dims up to {MAX_HEAD_DIM}, got q/k "
+                    f"{q.shape[-1]} and v {v.shape[-1]}; use impl='auto' or 'torch'"
+                )
+        elif torch.float64 not in (q.dtype, k.dtype, v.dtype):
             from attnlab.attention.triton.linear import causal_linear_attention
 
             out = launch(
@@ -64,7 +72,7 @@ def linear_attention(
             )
             if out is not None:  # None: `auto`, and Triton could not build a kernel here (warned)
                 return out
-        if impl == "triton":
+        if impl == "triton" and torch.float64 in (q.dtype, k.dtype, v.dtype):
             raise TypeError(
                 "linear_attention: impl='triton' has no float64 kernel; use impl='torch' or 'auto' "
                 f"for float64 inputs (got {q.dtype}, {k.dtype}, {v.dtype})"
@@ -90,6 +98,9 @@ def linear_attention_from_features(
     padded_queries: str = "zero",
 ) -> torch.Tensor:
     """The kernel-agnostic core shared with Performer: features (B, H, T, M), values (B, H, T, Dv).
+
+    Its keywords mirror `linear_attention`'s and `performer_attention`'s on purpose: each public op
+    takes the options its callers set, and all three hand them here, where the work is done once.
 
     Runs in the dtype of its inputs (callers pass float32/float64 tensors).
     """
@@ -172,12 +183,14 @@ def linear_attention_step(
     v_t: torch.Tensor,
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
     eps: float = 1e-6,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """One decoding step of causal linear attention: constant memory and time per token.
 
     q_t, k_t (B, H, D), v_t (B, H, Dv); `state = (S, z)` of shapes (B, H, D, Dv) and (B, H, D), kept in
     float32 (float64 for float64 input), or None before the first token. Returns (o_t, new_state); the
-    sequence of o_t equals `linear_attention(..., causal=True)`.
+    sequence of o_t equals `linear_attention(..., causal=True)`. ``inplace``: add the token to the given
+    state's tensors instead of new ones (a decoder's loop: no allocation, fewer kernel launches).
     """
     if q_t.dim() != 3 or q_t.shape != k_t.shape or v_t.dim() != 3 or v_t.shape[:2] != k_t.shape[:2]:
         raise ValueError(
@@ -200,9 +213,15 @@ def linear_attention_step(
                     f"state must be (S, z) of shapes {(b, h, d, v.shape[-1])} and {(b, h, d)}; "
                     f"got {tuple(s_prev.shape)} and {tuple(z_prev.shape)}"
                 )
-        s_new = s_prev + phi_k.unsqueeze(-1) * v.unsqueeze(-2)
-        z_new = z_prev + phi_k
-        num = torch.einsum("bhd,bhde->bhe", phi_q, s_new)
+        if inplace and state is not None and s_prev.dtype == acc and s_prev.is_contiguous():
+            # S += φ(k) vᵀ as one batched rank-1 update, z += φ(k), both into the state's memory
+            s_new = s_prev.view(b * h, d, -1).baddbmm_(phi_k.reshape(b * h, d, 1), v.reshape(b * h, 1, -1))
+            s_new, z_new = s_new.view(s_prev.shape), z_prev.add_(phi_k)
+        else:
+            s_new = s_prev + phi_k.unsqueeze(-1) * v.unsqueeze(-2)
+            z_new = z_prev + phi_k
+        # [num | den] = φ(q)ᵀ [S | z]: one batched product
+        num = torch.bmm(phi_q.reshape(b * h, 1, d), s_new.view(b * h, d, -1)).view(b, h, -1)
         den = (phi_q * z_new).sum(-1)
         out = num / (den + eps).unsqueeze(-1)
     return out.to(v_t.dtype), (s_new, z_new)

@@ -15,5 +15,8 @@ def accumulation_dtype(*dtypes: torch.dtype) -> torch.dtype:
 
 
 def no_autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """Autocast would silently run the ops' float32 sums and matmuls in half precision: off locally."""
+    """Autocast would silently run the ops' float32 sums and matmuls in half precision: off locally.
+    Nothing to turn off when it is not on (a decoding step saves the context switch's cost)."""
+    if not torch.is_autocast_enabled(device.type):
+        return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, enabled=False)

@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "report": "attnlab.cli.report",
     "data": "attnlab.cli.data",
     "dashboard": "attnlab.cli.dashboard",
+    "generate": "attnlab.cli.generate",
 }
 
 

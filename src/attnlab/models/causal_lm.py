@@ -73,6 +73,7 @@ class CausalLM(nn.Module):
         self.drop = nn.Dropout(dropout)
         causal_attention = functools.partial(resolve_attention(attention), causal=True)
         try:
+            # this model's own config keywords, spelt out (attnlab/models/__init__.py says why)
             self.encoder = Encoder(
                 depth=depth,
                 dim=dim,
@@ -93,24 +94,37 @@ class CausalLM(nn.Module):
             ) from err
         self.head = nn.Linear(dim, vocab_size)
 
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
         length = input_ids.shape[1]
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds the model's max_len={self.max_len}")
-        if mask is not None and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
-            raise ValueError("CausalLM needs right padding: a real token follows a padded one in `mask`")
         x = self.embed(input_ids)
         if self.pos_embed is not None:
             x = x + self.pos_embed[:, :length]
         if self.pos_table is not None:
             x = x + self.pos_table[:, :length].to(x.dtype)
-        return self.head(self.encoder(self.drop(x)))
+        return self.drop(x)
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if mask is not None and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+            raise ValueError("CausalLM needs right padding: a real token follows a padded one in `mask`")
+        return self.head(self.encoder(self._embed(input_ids)))
+
+    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, tuple[int, list]]:
+        """A prompt (B, T) through the parallel causal forward: its logits (B, T, vocab) and the state
+        `step` continues from (each layer's KV cache, (S, z) or sorted runs; see
+        `attnlab.attention.decoding`)."""
+        if input_ids.dim() != 2 or input_ids.shape[1] < 1:
+            raise ValueError(f"input_ids must be (B, T >= 1), got shape {tuple(input_ids.shape)}")
+        x, blocks = self.encoder.prefill(self._embed(input_ids))
+        return self.head(x), (input_ids.shape[1], blocks)
 
     def step(self, token: torch.Tensor, state: tuple[int, list] | None = None) -> tuple[torch.Tensor, tuple]:
         """Next-token logits (B, vocab) after ``token`` (B,), and the new state: recurrent decoding with
-        each layer's own step (linear and sliced backends), equal to `forward`'s logits at that position."""
+        each layer's own step, equal to `forward`'s logits at that position. ``state``: None at the start,
+        or what `prefill` or the previous step returned (it may be updated in place)."""
         position, blocks = state if state is not None else (0, None)
         if position >= self.max_len:
             raise ValueError(f"decoding past the model's max_len={self.max_len}")

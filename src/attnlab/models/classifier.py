@@ -135,6 +135,7 @@ class SequenceClassifier(nn.Module):
         self.cls = nn.Parameter(torch.zeros(1, 1, dim)) if pooling == "cls" else None
         self.embed_norm = nn.LayerNorm(dim) if embed_norm else None
         self.drop = nn.Dropout(dropout)
+        # this model's own config keywords, spelt out (attnlab/models/__init__.py says why)
         self.encoder = Encoder(
             depth=depth,
             dim=dim,

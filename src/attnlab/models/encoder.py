@@ -81,6 +81,24 @@ class EncoderBlock(nn.Module):
         x = x + self.drop(self.attn(h, key_padding_mask=key_padding_mask))
         return x + self.drop(self.mlp(self.norm2(x)))
 
+    def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """`forward` on a prompt x (B, T, dim) of a causal block, and the state `step` continues from:
+        the attention layer's (`prefill`) and the short convolution's last k−1 inputs."""
+        h = self.norm1(x)
+        conv_state = None
+        if self.short_conv is not None:
+            k = self.short_conv.kernel_size
+            conv_state = torch.nn.functional.pad(h, (0, 0, k - 1, 0))[:, -(k - 1) :]  # zeros before the start
+            h = self.short_conv(h)
+        a, attn_state = self._attention("prefill")(h)
+        x = x + self.drop(a)
+        return x + self.drop(self.mlp(self.norm2(x))), (conv_state, attn_state)
+
+    def _attention(self, method: str):
+        if not hasattr(self.attn, method):
+            raise ValueError(f"attention backend {getattr(self.attn, 'name', '?')!r} has no recurrent step")
+        return getattr(self.attn, method)
+
     def step(self, x_t: torch.Tensor, state: tuple | None = None) -> tuple[torch.Tensor, tuple]:
         """One token of causal decoding, x_t (B, dim) -> (y_t, state): the attention layer's own
         recurrent step (`step`), and the short convolution's last k−1 inputs. Same weights as `forward`."""
@@ -88,9 +106,7 @@ class EncoderBlock(nn.Module):
         h = self.norm1(x_t)
         if self.short_conv is not None:
             h, conv_state = self.short_conv.step(h, conv_state)
-        if not hasattr(self.attn, "step"):
-            raise ValueError(f"attention backend {getattr(self.attn, 'name', '?')!r} has no recurrent step")
-        a, attn_state = self.attn.step(h, attn_state)
+        a, attn_state = self._attention("step")(h, attn_state)
         x = x_t + self.drop(a)
         return x + self.drop(self.mlp(self.norm2(x))), (conv_state, attn_state)
 
@@ -109,6 +125,14 @@ class Encoder(nn.Module):
         for block in self.blocks:
             x = block(x, key_padding_mask=key_padding_mask)
         return self.norm(x)
+
+    def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """`forward` of a causal encoder on a prompt, and every block's decoding state after it."""
+        states = []
+        for block in self.blocks:
+            x, block_state = block.prefill(x)
+            states.append(block_state)
+        return self.norm(x), states
 
     def step(self, x_t: torch.Tensor, state: list | None = None) -> tuple[torch.Tensor, list]:
         """One token through every block (`EncoderBlock.step`) and the final LayerNorm."""

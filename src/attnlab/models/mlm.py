@@ -36,10 +36,15 @@ class TextEncoder(nn.Module):
     ):
         super().__init__()
         self.max_len, self.pad_id = max_len, pad_id
+        short_conv = short_conv or 0  # None: a checkpoint saved before the option existed
+        # the model's shape as plain values: saved in checkpoints, compared when fine-tuning loads one
+        self.shape = dict(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim)
+        self.shape.update(max_len=max_len, qkv_dim=qkv_dim, pad_id=pad_id, short_conv=short_conv)
         self.embed = nn.Embedding(vocab_size, dim)
         nn.init.normal_(self.embed.weight, std=0.02)
         self.embed_norm = nn.LayerNorm(dim)
         self.drop = nn.Dropout(dropout)
+        # this model's own config keywords, spelt out (attnlab/models/__init__.py says why)
         self.encoder = Encoder(
             depth=depth,
             dim=dim,
@@ -50,7 +55,7 @@ class TextEncoder(nn.Module):
             attn_dropout=attn_dropout,
             rope=True,
             qkv_dim=qkv_dim,
-            short_conv=short_conv or 0,  # None: a checkpoint saved before the option existed
+            short_conv=short_conv,
         )
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -65,39 +70,21 @@ class TextEncoder(nn.Module):
         return self.encoder(x, key_padding_mask=mask)
 
 
-def _config(**kwargs) -> dict:
-    """The model's shape as plain values: saved in checkpoints, compared when fine-tuning loads one."""
-    return {k: v for k, v in kwargs.items() if isinstance(v, int | float | str | type(None))}
-
-
 class _OnTextEncoder(nn.Module):
-    """A `TextEncoder` under ``backbone`` and its shape as ``config``: what pretraining and fine-tuning
-    share, so a checkpoint's ``model.backbone.*`` weights fit either head."""
+    """A `TextEncoder` under ``backbone`` (``options``: its keywords) and its shape as ``config``: what
+    pretraining and fine-tuning share, so a checkpoint's ``model.backbone.*`` weights fit either head."""
 
-    def __init__(
-        self,
-        vocab_size: int,
-        attention: AttentionFactory | str,
-        dim: int = 128,
-        depth: int = 2,
-        num_heads: int = 4,
-        mlp_dim: int = 512,
-        max_len: int = 512,
-        dropout: float = 0.1,
-        attn_dropout: float = 0.0,
-        qkv_dim: int | None = None,
-        pad_id: int = 0,
-        short_conv: int | None = 0,
-    ):
+    def __init__(self, vocab_size: int, attention: AttentionFactory | str, **options):
         super().__init__()
-        shape = dict(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim)
-        shape.update(max_len=max_len, qkv_dim=qkv_dim, pad_id=pad_id, short_conv=short_conv or 0)
-        self.backbone = TextEncoder(attention=attention, dropout=dropout, attn_dropout=attn_dropout, **shape)
-        self.config = _config(**shape, attention=type(self.backbone.encoder.blocks[0].attn).__name__)
+        self.backbone = TextEncoder(vocab_size, attention, **options)
+        self.config = {
+            **self.backbone.shape,
+            "attention": type(self.backbone.encoder.blocks[0].attn).__name__,
+        }
 
 
 class MaskedLanguageModel(_OnTextEncoder):
-    """The encoder (``shape``: `_OnTextEncoder`'s keywords) and RoBERTa's LM head, tied to the input."""
+    """The encoder (``shape``: `TextEncoder`'s keywords) and RoBERTa's LM head, tied to the input."""
 
     def __init__(self, vocab_size: int, attention: AttentionFactory | str, dim: int = 128, **shape):
         super().__init__(vocab_size, attention, dim=dim, **shape)
@@ -121,7 +108,7 @@ class MaskedLanguageModel(_OnTextEncoder):
 
 
 class SentenceClassifier(_OnTextEncoder):
-    """The pretrained encoder (``shape``: `_OnTextEncoder`'s keywords) and a pooled head;
+    """The pretrained encoder (``shape``: `TextEncoder`'s keywords) and a pooled head;
     ``num_outputs=1`` is a regression (a score per pair)."""
 
     def __init__(

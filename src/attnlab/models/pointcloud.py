@@ -72,6 +72,7 @@ class PointCloudClassifier(nn.Module):
         self.embed = nn.Sequential(nn.Linear(in_channels, dim), nn.GELU(), nn.Linear(dim, dim))
         self.embed_norm = nn.LayerNorm(dim, eps=norm_eps)
         self.drop = nn.Dropout(dropout)
+        # this model's own config keywords, spelt out (attnlab/models/__init__.py says why)
         self.encoder = Encoder(
             depth=depth,
             dim=dim,

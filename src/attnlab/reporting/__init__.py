@@ -27,6 +27,10 @@ Outputs, all written by `make_report` (one module per kind of output):
 Standard deviations are sample standard deviations (ddof = 1) over seeds, 0 for a single run.
 """
 
+# The package's public names, each defined once in its module and re-exported here so callers import
+# from `attnlab.reporting`; `report` imports the same names from the modules themselves (importing
+# the package from inside it would be a circle), hence the two similar import lists.
+
 from attnlab.reporting.formats import MISSING
 from attnlab.reporting.glue import GLUE_COLUMNS, best_by_validation, glue_markdown
 from attnlab.reporting.mqar import (

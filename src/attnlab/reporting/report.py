@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# from the modules, not the package: `attnlab.reporting` re-exports these names and imports this module
 from attnlab.reporting.formats import write_csv
 from attnlab.reporting.glue import glue_markdown
 from attnlab.reporting.mqar import MQAR_TASK, plot_mqar_vs_seqlen, plot_mqar_vs_width

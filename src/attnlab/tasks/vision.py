@@ -40,10 +40,14 @@ class ImageClassificationTask(ClassificationTask):
         ema_decay: float | None = None,
         weight_decay_exclude_norm_bias: bool = True,
     ):
-        super().__init__(model, num_classes, optimizer, scheduler, weight_decay_exclude_norm_bias)
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ConfigError(f"task.module.label_smoothing={label_smoothing!r} must be in [0, 1)")
-        self.label_smoothing = label_smoothing
+        super().__init__(
+            model,
+            num_classes,
+            optimizer,
+            scheduler,
+            weight_decay_exclude_norm_bias,
+            label_smoothing=label_smoothing,
+        )  # checks and keeps label_smoothing
         self.mixup = None
         if mixup is not None:
             unknown = sorted(set(mixup) - set(MIXUP_KEYS))

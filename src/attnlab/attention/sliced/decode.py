@@ -1,20 +1,24 @@
 """Decoding for the causal sliced ops: one token at a time, in O(D log n + log² n) amortised.
 
 Decoding (``sliced_relu_attention_step``) uses the logarithmic method: the past keys are kept as a
-few sorted runs of sizes 2^k (the binary digits of n), each storing, at every key, the key score
-and the values of the piecewise-linear functions ``F(x) = Σ_{t_j<x} (x − t_j) [v_j, 1]`` at that key
-(D + 2 numbers per past token; a softmax KV cache holds 2·D). ``F`` is linear between consecutive
-keys, so a run evaluates it anywhere by one binary search and a linear interpolation; a new token
-is a run of one, and equal-size runs merge (each evaluating the other's F at its keys). A step
-costs O(D log n + log² n) amortised.
+few sorted runs of sizes L·2^k (the binary digits of n / L), each storing, at every key, the key score
+and the values of the piecewise-linear functions ``F(x) = Σ_{t_j<x} (x − t_j) [v_j, 1]`` at that key.
+``F`` is linear between consecutive keys, so a run evaluates it anywhere by one binary search and a
+linear interpolation. The last 1..L tokens wait unsorted in a small buffer summed directly
+(Σ ReLU(x − t_j) [v_j, 1]); a full buffer is sorted into a run of L, and equal-size runs merge (each
+evaluating the other's F at its keys), so merges cost O(D log n) amortised and happen once per L tokens.
+
+Speed: all runs live one after the other in flat buffers (largest first), updated in place at their tail,
+so a step searches every run with *one* ``searchsorted``: each key is stored as an int64 ``run << 32 |
+order(key)`` (``order`` maps float32 bits to integers monotonically), which sorts the runs one after
+another, and a query asks for ``run << 32 | order(x)`` in every run at once. A step is then a fixed
+number of tensor ops whatever n is. Float64 states (the exactness tests) search each run in turn.
 
 Precision as in ``attnlab.attention.sliced.causal``: scores shifted by the first key score (and,
 for sliced ReLU, values by the first value), sums in at least float32.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -30,36 +34,161 @@ __all__ = [
     "sliced_relu_bump_attention_step",
 ]
 
-# --------------------------------------------------------------------------------------------
-# Decoding: the logarithmic method over sorted runs
-# --------------------------------------------------------------------------------------------
+RECENT = 32  # tokens summed directly before they are sorted into a run (L)
+_FREE = torch.iinfo(torch.int64).max  # search key of unused slots: after every real one
 
 
-class SlicedDecodeState(NamedTuple):
-    """What a causal sliced decoder keeps of the past: sorted runs of keys (the logarithmic method).
+def _order(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> int64, monotone (−0 and +0 equal): the bits of a negative float count downwards."""
+    bits = x.contiguous().view(torch.int32).to(torch.int64)
+    return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
 
-    Run r (sizes 2^k, decreasing, the binary digits of ``count``) holds ``keys[r] (B, H, m)`` sorted
-    (shifted) key scores, ``tables[r] (B, H, m, D + 1)`` the values at each key of
-    ``F(x) = Σ_{j in run, t_j < x} (x − t_j) [v_j, 1]``, and ``totals[r] (B, H, D + 1)`` = Σ [v_j, 1].
-    ``shift_t (B, H)``/``shift_v (B, H, D)`` are the first token's key score and (sliced ReLU only)
-    value, ``sum_v``/``sum_t`` running sums of the shifted values and keys. ``kind`` is "relu" or
-    "bump": the two steps centre values differently and do not share states.
+
+class SlicedDecodeState:
+    """What a causal sliced decoder keeps of the past (``kind`` "relu" or "bump"; the two steps centre
+    values differently and do not share states). A step updates it in place and returns it.
+
+    ``keys (B, H, cap)`` sorted (shifted) key scores of the runs, one run after another (sizes
+    ``run_sizes``, decreasing); ``tables (B, H, cap, D + 1)`` F of its run at each key; ``totals
+    (B, H, R, D + 1)`` Σ [v_j, 1] per run; ``search (B, H, cap)`` int64 search keys (float32 states);
+    ``recent_t``, ``recent_rows`` the buffer of the last ``recent`` tokens. ``shift_t (B, H)`` and
+    ``shift_v (B, H, D)`` are the first token's key score and (sliced ReLU only) value, ``sum_v`` and
+    ``sum_t`` running sums of the shifted values and keys.
     """
 
-    keys: tuple[torch.Tensor, ...]
-    tables: tuple[torch.Tensor, ...]
-    totals: tuple[torch.Tensor, ...]
-    count: int
-    shift_t: torch.Tensor
-    shift_v: torch.Tensor
-    sum_v: torch.Tensor
-    sum_t: torch.Tensor
-    kind: str
+    def __init__(self, kind: str, shift_t: torch.Tensor, shift_v: torch.Tensor):
+        b, h, d = shift_v.shape
+        self.kind, self.count, self.shift_t, self.shift_v = kind, 0, shift_t, shift_v
+        self.sum_v, self.sum_t = torch.zeros_like(shift_v), torch.zeros_like(shift_t)
+        self.keys = shift_t.new_zeros(b, h, 0)
+        self.tables = shift_v.new_zeros(b, h, 0, d + 1)
+        self.totals = shift_v.new_zeros(b, h, 0, d + 1)
+        fast = shift_t.dtype == torch.float32
+        self.search = torch.zeros(b, h, 0, dtype=torch.int64, device=shift_t.device) if fast else None
+        self.run_sizes: list[int] = []
+        self.recent_t = shift_t.new_zeros(b, h, RECENT)
+        self.recent_rows = shift_v.new_zeros(b, h, RECENT, d + 1)
+        self.recent_rows[..., -1] = 1.0  # [v_j, 1]: the ones written once
+        self.recent = 0
+        self._bounds: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def stored(self) -> int:
+        return sum(self.run_sizes)
 
     def nbytes(self) -> int:
-        """Bytes of tensor memory held: (D + 2) numbers per past token plus O(D log n)."""
-        tensors = [*self.keys, *self.tables, *self.totals, self.shift_t, self.shift_v, self.sum_v, self.sum_t]
-        return sum(x.numel() * x.element_size() for x in tensors)
+        """Bytes of tensor memory in use: (D + 2) numbers per past token (D + 4 in float32 states, the
+        int64 search key), plus O(D log n) of run totals and O(L·D) of buffer."""
+        n, r = self.stored, len(self.run_sizes)
+        used = [self.keys[..., :n], self.tables[..., :n, :], self.totals[..., :r, :]]
+        used += [self.recent_t, self.recent_rows, self.shift_t, self.shift_v, self.sum_v, self.sum_t]
+        if self.search is not None:
+            used.append(self.search[..., :n])
+        return sum(x.numel() * x.element_size() for x in used)
+
+    # ---- runs -------------------------------------------------------------------------------------
+    def _reserve(self, size: int, runs: int) -> None:
+        """Room for ``size`` stored tokens and ``runs`` runs (doubling, so appends are amortised O(1))."""
+        if size > self.keys.shape[-1]:
+            cap = max(size, 2 * self.keys.shape[-1], 4 * RECENT)
+            self.keys = _grown(self.keys, cap, -1, 0.0)
+            self.tables = _grown(self.tables, cap, -2, 0.0)
+            if self.search is not None:
+                self.search = _grown(self.search, cap, -1, _FREE)
+        if runs > self.totals.shape[-2]:
+            self.totals = _grown(self.totals, max(runs, 2 * self.totals.shape[-2], 8), -2, 0.0)
+
+    def _write(self, start: int, index: int, run) -> None:
+        keys, table, total = run
+        end = start + keys.shape[-1]
+        self.keys[..., start:end] = keys
+        self.tables[..., start:end, :] = table
+        self.totals[..., index, :] = total
+        if self.search is not None:
+            self.search[..., start:end] = (index << 32) + _order(keys)
+
+    def _run(self, start: int, index: int):
+        size = self.run_sizes[index]
+        return (
+            self.keys[..., start : start + size].contiguous(),
+            self.tables[..., start : start + size, :],
+            self.totals[..., index, :],
+        )
+
+    def append_run(self, run) -> None:
+        """Append a sorted run at the tail, then merge equal-size tail runs (the binary counter)."""
+        start = self.stored
+        self._reserve(start + run[0].shape[-1], len(self.run_sizes) + 1)
+        self.run_sizes.append(run[0].shape[-1])
+        self._write(start, len(self.run_sizes) - 1, run)
+        while len(self.run_sizes) >= 2 and self.run_sizes[-1] == self.run_sizes[-2]:
+            last = len(self.run_sizes) - 1
+            start = self.stored - 2 * self.run_sizes[-1]
+            merged = _merge_runs(self._run(start, last - 1), self._run(start + self.run_sizes[-1], last))
+            self.run_sizes[-2:] = [2 * self.run_sizes[-1]]
+            self._write(start, last - 1, merged)
+        self._bounds = None
+
+    def _run_bounds(self) -> tuple[torch.Tensor, ...]:
+        """(run << 32, first slot, last slot, end) per run, as (R, 1) tensors; rebuilt when runs change."""
+        if self._bounds is None:
+            sizes = torch.tensor(self.run_sizes, device=self.keys.device)[:, None]
+            ends = sizes.cumsum(0)
+            offsets = torch.arange(len(self.run_sizes), device=sizes.device)[:, None] << 32
+            self._bounds = (offsets, ends - sizes, ends - 1, ends)
+        return self._bounds
+
+    # ---- F ----------------------------------------------------------------------------------------
+    def evaluate(self, x: torch.Tensor) -> torch.Tensor:
+        """``F(x) = Σ_{past j, t_j < x} (x − t_j) [v_j, 1]`` at ``x (B, H, K)`` → ``(B, H, K, D + 1)``."""
+        recent = F.relu(x[..., :, None] - self.recent_t[..., None, : self.recent])
+        out = recent @ self.recent_rows[..., : self.recent, :]
+        if not self.run_sizes:
+            return out
+        if self.search is None:  # float64: one binary search per run
+            start = 0
+            for index in range(len(self.run_sizes)):
+                out = out + _evaluate_run(*self._run(start, index), x)
+                start += self.run_sizes[index]
+            return out
+        offsets, starts, lasts, ends = self._run_bounds()
+        b, h, k = x.shape
+        runs, width = len(self.run_sizes), self.tables.shape[-1]
+        wanted = (offsets + _order(x)[..., None, :]).view(b, h, runs * k)
+        pos = torch.searchsorted(self.search, wanted, side="left").view(b, h, runs, k)  # keys[pos-1] < x
+        # the keys around x in each run: lo = pos − 1 and hi = pos, kept inside the run, in one gather
+        index = torch.cat([torch.maximum(pos - 1, starts), torch.minimum(pos, lasts)], dim=-1).view(b, h, -1)
+        keys = self.keys.gather(-1, index).view(b, h, runs, 2 * k)
+        rows = self.tables.gather(-2, index[..., None].expand(b, h, index.shape[-1], width))
+        rows = rows.view(b, h, runs, 2 * k, width)
+        key_lo, key_hi, f_lo, f_hi = keys[..., :k], keys[..., k:], rows[..., :k, :], rows[..., k:, :]
+        # F is linear from key_lo on: slope (f_hi − f_lo)/(key_hi − key_lo) between two keys, the run's
+        # total above its largest, 0 below its smallest (where f_lo = F(smallest key) = 0)
+        inside = (pos > starts) & (pos < ends)
+        gap = torch.where(inside, key_hi - key_lo, 1.0)[..., None]
+        above = self.totals[..., :runs, None, :] * (pos == ends)[..., None]
+        slope = torch.where(inside[..., None], (f_hi - f_lo) / gap, above)
+        return out + (f_lo + (x[..., None, :] - key_lo)[..., None] * slope).sum(2)
+
+    def push(self, t: torch.Tensor, v: torch.Tensor) -> None:
+        """Add one token: its shifted key score ``t (B, H)`` and value ``v (B, H, D)``."""
+        if self.recent == RECENT:  # the buffer becomes a run of L
+            self.append_run(_build_run(self.recent_t.clone(), self.recent_rows.clone()))
+            self.recent = 0
+        self.recent_t[..., self.recent] = t
+        self.recent_rows[..., self.recent, :-1] = v
+        self.recent += 1
+        self.count += 1
+        self.sum_v += v
+        self.sum_t += t
+
+
+def _grown(x: torch.Tensor, size: int, dim: int, fill) -> torch.Tensor:
+    shape = list(x.shape)
+    shape[dim] = size
+    new = torch.full(shape, fill, dtype=x.dtype, device=x.device)
+    new.narrow(dim, 0, x.shape[dim]).copy_(x)
+    return new
 
 
 def _evaluate_run(keys, table, total, x):
@@ -100,14 +229,6 @@ def _merge_runs(a, b):
     return keys, torch.gather(table, -2, order[..., None].expand_as(table)), total_a + total_b
 
 
-def _evaluate_all(state: SlicedDecodeState, x: torch.Tensor) -> torch.Tensor:
-    out = None
-    for run in zip(state.keys, state.tables, state.totals, strict=True):
-        part = _evaluate_run(*run, x)
-        out = part if out is None else out + part
-    return out
-
-
 def _check_step(name, s_t, t_t, v_t, state, kind):
     for label, x in (("s_t", s_t), ("t_t", t_t), ("v_t", v_t)):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
@@ -134,22 +255,9 @@ def _push(state, s_t, t_t, v_t, kind):
     acc = accumulation_dtype(s_t.dtype, t_t.dtype, v_t.dtype)
     s_t, t_t, v_t = s_t.to(acc), t_t.to(acc), v_t.to(acc)
     if state is None:
-        shift_v = v_t if kind == "relu" else torch.zeros_like(v_t)
-        state = SlicedDecodeState(
-            (), (), (), 0, t_t, shift_v, torch.zeros_like(v_t), torch.zeros_like(t_t), kind
-        )
-    t, v = t_t - state.shift_t, v_t - state.shift_v
-    rows = torch.cat([v, torch.ones_like(t)[..., None]], dim=-1)
-    runs = list(zip(state.keys, state.tables, state.totals, strict=True))
-    runs.append((t[..., None], torch.zeros_like(rows)[..., None, :], rows))
-    size = state.count + 1
-    while len(runs) >= 2 and runs[-1][0].shape[-1] == runs[-2][0].shape[-1]:  # equal runs merge
-        runs[-2:] = [_merge_runs(runs[-2], runs[-1])]
-    keys, tables, totals = (tuple(part) for part in zip(*runs, strict=True))
-    new = SlicedDecodeState(
-        keys, tables, totals, size, state.shift_t, state.shift_v, state.sum_v + v, state.sum_t + t, kind
-    )
-    return new, s_t - state.shift_t
+        state = SlicedDecodeState(kind, t_t.clone(), v_t.clone() if kind == "relu" else torch.zeros_like(v_t))
+    state.push(t_t - state.shift_t, v_t - state.shift_v if kind == "relu" else v_t)  # bump: no shift
+    return state, s_t - state.shift_t
 
 
 def sliced_relu_attention_step(
@@ -159,24 +267,26 @@ def sliced_relu_attention_step(
     state: SlicedDecodeState | None = None,
     eps: float = 1e-4,
 ) -> tuple[torch.Tensor, SlicedDecodeState]:
-    """One decoding step of causal sliced ReLU attention: ``(o_t (B, H, D), new state)``.
+    """One decoding step of causal sliced ReLU attention: ``(o_t (B, H, D), state)``.
 
     ``s_t, t_t (B, H)`` are the new token's query and key scores, ``v_t (B, H, D)`` its value;
-    ``state`` is None before the first token. The token is inserted, then queried (j <= i includes
-    itself), so the outputs equal ``sliced_relu_attention(..., causal=True)`` row by row. Time
-    O(D log n + log² n) amortised, memory (D + 2) numbers per past token; in float32 at least.
+    ``state`` is None before the first token, and is updated in place. The token is inserted, then
+    queried (j <= i includes itself), so the outputs equal ``sliced_relu_attention(..., causal=True)``
+    row by row. Time O(D log n + log² n) amortised, memory (D + 2) numbers per past token (D + 4 in
+    float32: the search key); sums in float32 at least.
     """
     _check_step("sliced_relu_attention_step", s_t, t_t, v_t, state, "relu")
     if not eps > 0:
         raise ValueError(f"sliced_relu_attention_step: eps must be > 0, got {eps}")
     with no_autocast(v_t.device):
         state, s = _push(state, s_t, t_t, v_t, "relu")
-        f = _evaluate_all(state, s[..., None])[..., 0, :]  # (B, H, D + 1): [Σ ReLU·v, Σ ReLU]
+        f = state.evaluate(s[..., None])[..., 0, :]  # (B, H, D + 1): [Σ ReLU·v, Σ ReLU]
         n = float(state.count)
-        relu_v, relu_mass = f[..., :-1], f[..., -1]
-        num = relu_v - state.sum_v / n * relu_mass[..., None]
-        den = 2 * relu_mass - n * s + state.sum_t  # Σ |s − t_j| = 2 Σ ReLU(s − t_j) − Σ (s − t_j)
-        out = 2 * num / den.clamp_min(eps)[..., None]
+        relu_v, relu_mass = f[..., :-1], f[..., -1:]
+        num = torch.addcmul(relu_v, state.sum_v, relu_mass, value=-1.0 / n)  # Σ ReLU·(v − v̄)
+        # Σ |s − t_j| = 2 Σ ReLU(s − t_j) − Σ (s − t_j)
+        den = torch.add(torch.add(state.sum_t, s, alpha=-n)[..., None], relu_mass, alpha=2.0)
+        out = num.div_(den.clamp_min_(eps)).mul_(2.0)
     return out.to(v_t.dtype), state
 
 
@@ -202,7 +312,7 @@ def sliced_relu_bump_attention_step(
     with no_autocast(v_t.device):
         state, s = _push(state, s_t, t_t, v_t, "bump")
         b = bandwidth.to(s.dtype)[None, :]
-        f = _evaluate_all(state, torch.stack([s - b, s, s + b], dim=-1))  # (B, H, 3, D + 1)
+        f = state.evaluate(torch.stack([s - b, s, s + b], dim=-1))  # (B, H, 3, D + 1)
         hat_sums = f[..., 0, :] - 2 * f[..., 1, :] + f[..., 2, :]  # b · Σ_j hat_j [v_j, 1]
         den = b * state.count if normaliser == "count" else hat_sums[..., -1] + mass_eps * b
         out = hat_sums[..., :-1] / den[..., None]
@@ -216,20 +326,24 @@ def _prefill(t: torch.Tensor, v: torch.Tensor, kind: str) -> SlicedDecodeState:
         )
     acc = accumulation_dtype(t.dtype, v.dtype)
     with no_autocast(v.device):
-        t, v = t.to(acc), v.to(acc)
-        shift_t = t[..., 0]
+        t, v = t.to(acc).contiguous(), v.to(acc).contiguous()  # scores may arrive as a transposed view
         shift_v = v[..., 0, :] if kind == "relu" else torch.zeros_like(v[..., 0, :])
-        t, v = t - shift_t[..., None], v - shift_v[..., None, :]
+        state = SlicedDecodeState(kind, t[..., 0].clone(), shift_v.clone())
+        t, v = t - state.shift_t[..., None], v - state.shift_v[..., None, :]
         rows = torch.cat([v, torch.ones_like(t)[..., None]], dim=-1)
-        runs, start, length = [], 0, t.shape[-1]
-        for bit in reversed(range(length.bit_length())):  # binary digits, largest run first
-            if length >> bit & 1:
-                runs.append(
-                    _build_run(t[..., start : start + (1 << bit)], rows[..., start : start + (1 << bit), :])
-                )
-                start += 1 << bit
-        keys, tables, totals = (tuple(part) for part in zip(*runs, strict=True))
-        return SlicedDecodeState(keys, tables, totals, length, shift_t, shift_v, v.sum(-2), t.sum(-1), kind)
+        length = t.shape[-1]
+        stored = (length - 1) // RECENT * RECENT  # what a step-by-step decoder would have sorted by now
+        start = 0
+        for bit in reversed(range((stored // RECENT).bit_length())):  # binary digits, largest run first
+            if (stored // RECENT) >> bit & 1:
+                size = RECENT << bit
+                state.append_run(_build_run(t[..., start : start + size], rows[..., start : start + size, :]))
+                start += size
+        state.recent = length - stored
+        state.recent_t[..., : state.recent] = t[..., stored:]
+        state.recent_rows[..., : state.recent, :-1] = v[..., stored:, :]
+        state.count, state.sum_v, state.sum_t = length, v.sum(-2), t.sum(-1)
+        return state
 
 
 def sliced_relu_attention_state(t: torch.Tensor, v: torch.Tensor) -> SlicedDecodeState:

@@ -240,6 +240,62 @@ def _load_chunk(ptr, row, pos, pmask, cols, cmask, T, W):
 
 
 @triton.jit
+def _store_chunk(ptr, x, row, pos, pmask, cols, cmask, T, W):
+    tl.store(
+        ptr + (row * T + pos)[:, None] * W + cols[None, :],
+        x.to(ptr.dtype.element_ty),
+        mask=pmask[:, None] & cmask[None, :],
+    )
+
+
+@triton.jit
+def _walk_start(D, DV, BD: tl.constexpr, BDV: tl.constexpr, C: tl.constexpr):
+    """What every causal linear kernel starts a row with: the row, its column ranges and masks, the
+    chunk's positions, the causal mask inside a chunk ([i, j]: query i sees key j) and a zero
+    float32 state ``(BD, BDV)`` with its ``(BD,)`` normaliser."""
+    row = tl.program_id(0).to(tl.int64)
+    cd = tl.arange(0, BD)
+    cv = tl.arange(0, BDV)
+    ci = tl.arange(0, C)
+    state = tl.full([BD, BDV], 0.0, tl.float32)
+    norm = tl.full([BD], 0.0, tl.float32)
+    return row, cd, cv, cd < D, cv < DV, ci, ci[:, None] >= ci[None, :], state, norm
+
+
+@triton.jit
+def _carry_keys(state, norm, fk, v, PRECISION: tl.constexpr):
+    """The state after a chunk: its keys' φ(k_j) v_jᵀ and φ(k_j) added."""
+    return state + tl.dot(tl.trans(fk), v, input_precision=PRECISION), norm + tl.reduce(fk, 0, _add)
+
+
+@triton.jit
+def _chunk_features(
+    q_ptr, k_ptr, v_ptr, mask_ptr, row, pos, pmask, cd, dmask, cv, vmask, T, D, DV, HEADS,
+    HAS_MASK: tl.constexpr,
+):  # fmt: skip
+    """One chunk's q, k, v (float32), which keys are real (``keep``) and the features φ(q), φ(k)
+    (zero on padded positions and columns): what every causal linear kernel starts a chunk with."""
+    q = _load_chunk(q_ptr, row, pos, pmask, cd, dmask, T, D)
+    k = _load_chunk(k_ptr, row, pos, pmask, cd, dmask, T, D)
+    v = _load_chunk(v_ptr, row, pos, pmask, cv, vmask, T, DV)
+    keep = pmask
+    if HAS_MASK:
+        keep = keep & (tl.load(mask_ptr + (row // HEADS) * T + pos, mask=pmask, other=0) != 0)
+    fq = tl.where(pmask[:, None] & dmask[None, :], _phi(q), 0.0)
+    fk = tl.where(keep[:, None] & dmask[None, :], _phi(k), 0.0)
+    return q, k, v, keep, fq, fk
+
+
+@triton.jit
+def _chunk_numerator(fq, fk, v, state, causal, PRECISION: tl.constexpr):
+    """The chunk's causal scores φ(q_i)·φ(k_j) (j <= i inside it) and numerators: the chunk's own
+    keys plus the carried state of every earlier chunk."""
+    scores = tl.where(causal, tl.dot(fq, tl.trans(fk), input_precision=PRECISION), 0.0)
+    num = tl.dot(scores, v, input_precision=PRECISION) + tl.dot(fq, state, input_precision=PRECISION)
+    return scores, num
+
+
+@triton.jit
 def linear_causal_fwd_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, den_ptr,
     T, D, DV, HEADS, eps,
@@ -247,40 +303,21 @@ def linear_causal_fwd_kernel(
 ):  # fmt: skip
     """``out_i = φ(q_i)ᵀ S_i / (φ(q_i)ᵀ z_i + eps)`` with ``S_i, z_i`` over keys ``j <= i``; saves the
     denominators ``φ(q_i)ᵀ z_i`` (without eps) for the backward pass."""
-    row = tl.program_id(0).to(tl.int64)
-    cd = tl.arange(0, BD)
-    cv = tl.arange(0, BDV)
-    dmask, vmask = cd < D, cv < DV
-    state = tl.full([BD, BDV], 0.0, tl.float32)
-    norm = tl.full([BD], 0.0, tl.float32)
-    ci = tl.arange(0, C)
-    causal = ci[:, None] >= ci[None, :]
+    row, cd, cv, dmask, vmask, ci, causal, state, norm = _walk_start(D, DV, BD, BDV, C)
     for c0 in range(0, T, C):
         pos = c0 + ci
         pmask = pos < T
-        q = _load_chunk(q_ptr, row, pos, pmask, cd, dmask, T, D)
-        k = _load_chunk(k_ptr, row, pos, pmask, cd, dmask, T, D)
-        v = _load_chunk(v_ptr, row, pos, pmask, cv, vmask, T, DV)
-        keep = pmask
-        if HAS_MASK:
-            keep = keep & (tl.load(mask_ptr + (row // HEADS) * T + pos, mask=pmask, other=0) != 0)
-        fq = tl.where(pmask[:, None] & dmask[None, :], _phi(q), 0.0)
-        fk = tl.where(keep[:, None] & dmask[None, :], _phi(k), 0.0)
-        scores = tl.dot(fq, tl.trans(fk), input_precision=PRECISION)
-        scores = tl.where(causal, scores, 0.0)
-        num = tl.dot(scores, v, input_precision=PRECISION) + tl.dot(fq, state, input_precision=PRECISION)
+        q, k, v, keep, fq, fk = _chunk_features(
+            q_ptr, k_ptr, v_ptr, mask_ptr, row, pos, pmask, cd, dmask, cv, vmask, T, D, DV, HEADS, HAS_MASK
+        )
+        scores, num = _chunk_numerator(fq, fk, v, state, causal, PRECISION)
         den = tl.reduce(scores, 1, _add) + tl.reduce(fq * norm[None, :], 1, _add)
         out = num / (den + eps)[:, None]
         if HAS_MASK:
             out = tl.where(keep[:, None], out, 0.0)
-        tl.store(
-            out_ptr + (row * T + pos)[:, None] * DV + cv[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=pmask[:, None] & vmask[None, :],
-        )
+        _store_chunk(out_ptr, out, row, pos, pmask, cv, vmask, T, DV)
         tl.store(den_ptr + row * T + pos, den, mask=pmask)
-        state += tl.dot(tl.trans(fk), v, input_precision=PRECISION)
-        norm += tl.reduce(fk, 0, _add)
+        state, norm = _carry_keys(state, norm, fk, v, PRECISION)
 
 
 @triton.jit
@@ -291,29 +328,16 @@ def linear_causal_bwd_q_kernel(
 ):  # fmt: skip
     """Gradient w.r.t. q (forward scan over the chunks, the forward's state), and the per-query
     ``dnum_i = g_i / (den_i + eps)`` (stored, float32) and ``dden_i = -g_i·o_i / (den_i + eps)``."""
-    row = tl.program_id(0).to(tl.int64)
-    cd = tl.arange(0, BD)
-    cv = tl.arange(0, BDV)
-    dmask, vmask = cd < D, cv < DV
-    state = tl.full([BD, BDV], 0.0, tl.float32)
-    norm = tl.full([BD], 0.0, tl.float32)
-    ci = tl.arange(0, C)
-    causal = ci[:, None] >= ci[None, :]
+    row, cd, cv, dmask, vmask, ci, causal, state, norm = _walk_start(D, DV, BD, BDV, C)
     for c0 in range(0, T, C):
         pos = c0 + ci
         pmask = pos < T
-        q = _load_chunk(q_ptr, row, pos, pmask, cd, dmask, T, D)
-        k = _load_chunk(k_ptr, row, pos, pmask, cd, dmask, T, D)
-        v = _load_chunk(v_ptr, row, pos, pmask, cv, vmask, T, DV)
+        q, k, v, keep, fq, fk = _chunk_features(
+            q_ptr, k_ptr, v_ptr, mask_ptr, row, pos, pmask, cd, dmask, cv, vmask, T, D, DV, HEADS, HAS_MASK
+        )
         g = _load_chunk(g_ptr, row, pos, pmask, cv, vmask, T, DV)
-        keep = pmask
-        if HAS_MASK:
-            keep = keep & (tl.load(mask_ptr + (row // HEADS) * T + pos, mask=pmask, other=0) != 0)
         g = tl.where(keep[:, None], g, 0.0)  # padded outputs are zeroed: no gradient flows there
-        fq = tl.where(pmask[:, None] & dmask[None, :], _phi(q), 0.0)
-        fk = tl.where(keep[:, None] & dmask[None, :], _phi(k), 0.0)
-        scores = tl.where(causal, tl.dot(fq, tl.trans(fk), input_precision=PRECISION), 0.0)
-        num = tl.dot(scores, v, input_precision=PRECISION) + tl.dot(fq, state, input_precision=PRECISION)
+        _, num = _chunk_numerator(fq, fk, v, state, causal, PRECISION)
         den = tl.load(den_ptr + row * T + pos, mask=pmask, other=1.0)
         inv = 1.0 / (den + eps)
         gnum = g * inv[:, None]
@@ -322,18 +346,10 @@ def linear_causal_bwd_q_kernel(
         gscores = tl.where(causal, gscores, 0.0)
         gfq = tl.dot(gscores, fk, input_precision=PRECISION)
         gfq += tl.dot(gnum, tl.trans(state), input_precision=PRECISION) + gden[:, None] * norm[None, :]
-        gq = gfq * _dphi(q)
-        tl.store(
-            dq_ptr + (row * T + pos)[:, None] * D + cd[None, :],
-            gq.to(dq_ptr.dtype.element_ty),
-            mask=pmask[:, None] & dmask[None, :],
-        )
-        tl.store(
-            gnum_ptr + (row * T + pos)[:, None] * DV + cv[None, :], gnum, mask=pmask[:, None] & vmask[None, :]
-        )
+        _store_chunk(dq_ptr, gfq * _dphi(q), row, pos, pmask, cd, dmask, T, D)
+        _store_chunk(gnum_ptr, gnum, row, pos, pmask, cv, vmask, T, DV)
         tl.store(gden_ptr + row * T + pos, gden, mask=pmask)
-        state += tl.dot(tl.trans(fk), v, input_precision=PRECISION)
-        norm += tl.reduce(fk, 0, _add)
+        state, norm = _carry_keys(state, norm, fk, v, PRECISION)
 
 
 @triton.jit
@@ -344,28 +360,16 @@ def linear_causal_bwd_kv_kernel(
 ):  # fmt: skip
     """Gradients w.r.t. k and v: the chunks walked from the last, carrying
     ``U = Σ_{later i} φ(q_i) dnum_iᵀ`` and ``u = Σ_{later i} φ(q_i) dden_i``."""
-    row = tl.program_id(0).to(tl.int64)
-    cd = tl.arange(0, BD)
-    cv = tl.arange(0, BDV)
-    dmask, vmask = cd < D, cv < DV
-    back = tl.full([BD, BDV], 0.0, tl.float32)
-    back_norm = tl.full([BD], 0.0, tl.float32)
-    ci = tl.arange(0, C)
-    causal = ci[:, None] >= ci[None, :]  # [i, j]: query i sees key j
+    row, cd, cv, dmask, vmask, ci, causal, back, back_norm = _walk_start(D, DV, BD, BDV, C)
     for step in range(0, NCHUNKS):
         c0 = (NCHUNKS - 1 - step) * C
         pos = c0 + ci
         pmask = pos < T
-        q = _load_chunk(q_ptr, row, pos, pmask, cd, dmask, T, D)
-        k = _load_chunk(k_ptr, row, pos, pmask, cd, dmask, T, D)
-        v = _load_chunk(v_ptr, row, pos, pmask, cv, vmask, T, DV)
+        _, k, v, keep, fq, fk = _chunk_features(
+            q_ptr, k_ptr, v_ptr, mask_ptr, row, pos, pmask, cd, dmask, cv, vmask, T, D, DV, HEADS, HAS_MASK
+        )
         gnum = _load_chunk(gnum_ptr, row, pos, pmask, cv, vmask, T, DV)
         gden = tl.load(gden_ptr + row * T + pos, mask=pmask, other=0.0)
-        keep = pmask
-        if HAS_MASK:
-            keep = keep & (tl.load(mask_ptr + (row // HEADS) * T + pos, mask=pmask, other=0) != 0)
-        fq = tl.where(pmask[:, None] & dmask[None, :], _phi(q), 0.0)
-        fk = tl.where(keep[:, None] & dmask[None, :], _phi(k), 0.0)
         scores = tl.where(causal, tl.dot(fq, tl.trans(fk), input_precision=PRECISION), 0.0)
         gscores = tl.dot(gnum, tl.trans(v), input_precision=PRECISION) + gden[:, None]
         gscores = tl.where(causal, gscores, 0.0)
@@ -374,16 +378,7 @@ def linear_causal_bwd_kv_kernel(
         gfk += tl.dot(v, tl.trans(back), input_precision=PRECISION) + back_norm[None, :]
         gv = tl.dot(tl.trans(scores), gnum, input_precision=PRECISION)
         gv += tl.dot(fk, back, input_precision=PRECISION)
-        gk = tl.where(keep[:, None], gfk * _dphi(k), 0.0)
-        tl.store(
-            dk_ptr + (row * T + pos)[:, None] * D + cd[None, :],
-            gk.to(dk_ptr.dtype.element_ty),
-            mask=pmask[:, None] & dmask[None, :],
-        )
-        tl.store(
-            dv_ptr + (row * T + pos)[:, None] * DV + cv[None, :],
-            gv.to(dv_ptr.dtype.element_ty),
-            mask=pmask[:, None] & vmask[None, :],
-        )
+        _store_chunk(dk_ptr, tl.where(keep[:, None], gfk * _dphi(k), 0.0), row, pos, pmask, cd, dmask, T, D)
+        _store_chunk(dv_ptr, gv, row, pos, pmask, cv, vmask, T, DV)
         back += tl.dot(tl.trans(fq), gnum, input_precision=PRECISION)
         back_norm += tl.reduce(fq * gden[:, None], 0, _add)

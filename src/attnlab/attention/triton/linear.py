@@ -18,16 +18,43 @@ import torch
 from attnlab.attention.precision import no_autocast
 from attnlab.attention.triton.runtime import kernels
 
-CHUNK = 32  # tokens per chunk: the quadratic block is CHUNK × CHUNK (64 spills registers on sm_90)
 NUM_WARPS = 8
+# Each program keeps a (D, Dv) float32 state on chip: up to 64 × 64 it fits every target's registers
+# (spills ≤ 1 KiB, tests/attention/test_triton_compile.py); at 128 it spills 1–8.7 KB, so wider heads
+# run the torch code (impl="auto") or are refused (impl="triton").
+MAX_HEAD_DIM = 64
 
 
-def _sizes(length: int, dim: int, dim_v: int) -> tuple[int, int, int]:
-    chunk = max(16, min(CHUNK, 1 << (length - 1).bit_length()))
+def launch_config(dtype: torch.dtype, capability: tuple[int, int]) -> dict:
+    """Chunk length ``C``, warps and pipeline stages for ``dtype`` on a GPU of ``capability``.
+
+    Chosen so that no kernel spills more than 1 KiB of registers per thread on sm_70, sm_80 or sm_90
+    in fp16, bf16 or fp32 (``tests/attention/test_triton_compile.py`` builds every combination):
+    half inputs take 32-token chunks on sm_90 (tensor-core tiles, no spills) and 16 elsewhere (32
+    spilled up to 2 KB on sm_80 and 6.7 KB on sm_70); float32 (exact products, no tensor cores) takes
+    16-token chunks without software pipelining (with it: 2.9 KB spilled on sm_80/90; with it at 32
+    tokens, as before: up to 6.5 KB on sm_80 and 5.8 KB on sm_90). Head dims up to `MAX_HEAD_DIM`.
+    """
+    half = dtype in (torch.float16, torch.bfloat16)
+    config = {"C": 32 if half and capability >= (9, 0) else 16, "num_warps": NUM_WARPS}
+    if not half:
+        config["num_stages"] = 1
+    return config
+
+
+def _capability(x: torch.Tensor) -> tuple[int, int]:
+    """The GPU's compute capability; under the interpreter (CPU tensors) an H100's."""
+    return torch.cuda.get_device_capability(x.device) if x.is_cuda else (9, 0)
+
+
+def _sizes(length: int, dim: int, dim_v: int, chunk: int) -> tuple[int, int, int]:
+    chunk = max(16, min(chunk, 1 << (length - 1).bit_length()))
     return chunk, max(16, 1 << (dim - 1).bit_length()), max(16, 1 << (dim_v - 1).bit_length())
 
 
-def _precision(dtype: torch.dtype) -> str:
+def precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision: exact float32 products for float32, TF32 for half inputs (whose
+    values carry fewer bits than TF32 anyway)."""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
@@ -38,7 +65,8 @@ class CausalLinearTriton(torch.autograd.Function):
     def forward(ctx, q, k, v, mask, heads, eps):
         rows, length, dim = q.shape
         dim_v = v.shape[-1]
-        chunk, block_d, block_v = _sizes(length, dim, dim_v)
+        config = launch_config(q.dtype, _capability(q))
+        chunk, block_d, block_v = _sizes(length, dim, dim_v, config.pop("C"))
         out = torch.empty_like(v)
         den = torch.empty(rows, length, dtype=torch.float32, device=q.device)
         with no_autocast(q.device):
@@ -46,7 +74,7 @@ class CausalLinearTriton(torch.autograd.Function):
                 q, k, v, mask if mask is not None else den, out, den,
                 length, dim, dim_v, heads, float(eps),
                 HAS_MASK=mask is not None, C=chunk, BD=block_d, BDV=block_v,
-                PRECISION=_precision(q.dtype), num_warps=NUM_WARPS,
+                PRECISION=precision(q.dtype), **config,
             )  # fmt: skip
         ctx.save_for_backward(q, k, v, den, *([] if mask is None else [mask]))
         ctx.heads, ctx.eps = heads, eps
@@ -63,7 +91,8 @@ class CausalLinearTriton(torch.autograd.Function):
             )
         rows, length, dim = q.shape
         dim_v = v.shape[-1]
-        chunk, block_d, block_v = _sizes(length, dim, dim_v)
+        config = launch_config(q.dtype, _capability(q))
+        chunk, block_d, block_v = _sizes(length, dim, dim_v, config.pop("C"))
         g = grad_out.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         gnum = torch.empty(rows, length, dim_v, dtype=torch.float32, device=q.device)
@@ -73,8 +102,8 @@ class CausalLinearTriton(torch.autograd.Function):
             "C": chunk,
             "BD": block_d,
             "BDV": block_v,
-            "PRECISION": _precision(q.dtype),
-            "num_warps": NUM_WARPS,
+            "PRECISION": precision(q.dtype),
+            **config,
         }
         mask_arg = mask if mask is not None else den
         with no_autocast(q.device):

@@ -211,6 +211,17 @@ def _mask(x, valid):
     return x if valid is None else x.masked_fill(~valid, 0.0)
 
 
+def _sorted_scores(s, t, v, valid, queries):
+    """What both forwards start with, as the torch ops do: the real-key counts, the centred scores
+    (rows with a NaN/inf score zeroed, ``bad``: NaN is written to their outputs at the end), the keys
+    sorted real-first ``(search, sorted, order)`` and the queries sorted ``(sorted, order)``."""
+    rows, length, _ = v.shape
+    count = _counts(valid, rows, length, s.dtype, v.device)
+    s, t = _centre_scores(s, t, valid, count, queries)
+    s, t, bad = _finite_rows(s, t)
+    return count, s, t, bad, _sort_real_first(t, valid), torch.sort(s, dim=1)
+
+
 # --------------------------------------------------------------------------------------------
 # Sliced ReLU
 # --------------------------------------------------------------------------------------------
@@ -223,13 +234,10 @@ class SlicedReLUTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s, t, v, valid, queries, eps):
         with no_autocast(v.device):
-            rows, length, _ = v.shape
             acc = s.dtype
-            count = _counts(valid, rows, length, acc, v.device)
-            s, t = _centre_scores(s, t, valid, count, queries)
-            s, t, bad = _finite_rows(s, t)  # rows with a NaN/inf score: NaN out, below
-            t_search, t_sorted, k_order = _sort_real_first(t, valid)
-            s_sorted, q_order = torch.sort(s, dim=1)
+            count, s, t, bad, (t_search, t_sorted, k_order), (s_sorted, q_order) = _sorted_scores(
+                s, t, v, valid, queries
+            )
             order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True)  # #{t < s}
             p_t = _exclusive_cumsum(t_sorted)
             below_t = torch.gather(p_t, 1, rank)
@@ -317,13 +325,10 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s, t, v, b, valid, queries):
         with no_autocast(v.device):
-            rows, length, _ = v.shape
-            acc = s.dtype
-            count = _counts(valid, rows, length, acc, v.device)
-            s, t = _centre_scores(s, t, valid, count, queries)
-            s, t, bad = _finite_rows(s, t)  # rows with a NaN/inf score: NaN out, below
-            t_search, t_sorted, k_order = _sort_real_first(t, valid)
-            s_sorted, q_order = torch.sort(s, dim=1)
+            length, acc = v.shape[1], s.dtype
+            count, s, t, bad, (t_search, t_sorted, k_order), (s_sorted, q_order) = _sorted_scores(
+                s, t, v, valid, queries
+            )
             (o_lo, lo), (o_mid, mid), (o_hi, hi) = _windows(s_sorted, q_order, t_search, k_order, b)
             vbar = _mean_rows(v, valid, count, acc)
             p_t = _exclusive_cumsum(t_sorted.to(torch.float64))

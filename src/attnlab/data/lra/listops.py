@@ -382,24 +382,18 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def ensure_listops(
-    out_dir: str | Path,
-    sizes: Mapping[str, int] | None = None,
-    seed: int = 0,
-    min_length: int = 500,
-    max_length: int = 2000,
-    max_depth: int = 10,
-    max_args: int = 10,
-    generate: bool = True,
-    progress: bool = True,
+    out_dir: str | Path, sizes: Mapping[str, int] | None = None, *, generate: bool = True, **settings
 ) -> dict[str, Path]:
-    """Paths of the three splits, generating them when missing (or raising MissingDataError)."""
+    """Paths of the three splits, generating them when missing (or raising MissingDataError).
+
+    ``sizes`` and ``settings`` (seed, lengths, depth, arguments, progress): `write_splits`'s."""
     paths = split_paths(out_dir)
     if all(path.is_file() for path in paths.values()):
         return paths
     if not generate:
         missing = ", ".join(path.name for path in paths.values() if not path.is_file())
         raise MissingDataError(out_dir, f"Missing {missing}. {_HOW_TO_OBTAIN}")
-    return write_splits(out_dir, sizes, seed, min_length, max_length, max_depth, max_args, progress)
+    return write_splits(out_dir, sizes, **settings)
 
 
 def _iter_rows(path: str | Path, bad_rows: BadRows | None = None) -> Iterator[tuple[int, str, int]]:

@@ -1,0 +1,83 @@
+"""Slice scores of the sliced layers: Π applied token by token, and their standardisation.
+
+One place for the score maps that a layer's parallel forward (`attnlab.attention.layers`) and its
+recurrent decoding (`attnlab.attention.decoding`) both apply, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.attention.precision import accumulation_dtype
+
+
+def slice_tokens(slicer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) -> (B, H, T): Π applied to each token's heads concatenated, a (B, T, H·D) tensor.
+
+    The head axis is moved next to D before flattening; reshaping (B, H, T, D) in place would glue
+    pieces of different tokens together, and a token's score would depend on other tokens.
+    """
+    b, h, t, d = x.shape
+    tokens = x.transpose(1, 2).reshape(b, t, h * d)
+    return slicer(tokens).transpose(1, 2)
+
+
+def standardise_scores(
+    s: torch.Tensor, t: torch.Tensor, key_padding_mask: torch.Tensor | None, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shift and scale s, t (B, H, T) by one mean and one std shared by both, per sequence and head.
+
+    Statistics run over valid tokens only: mean m of the pooled {s_i} ∪ {t_j}, var_s = mean (s_i − m)²,
+    var_t likewise, std = sqrt((var_s + var_t)/2 + eps), i.e. the std of the pooled set. Sharing them
+    keeps the s − t differences that the kernel sees meaningful. Computed in float32 at least.
+    """
+    acc = accumulation_dtype(s.dtype)
+    s, t = s.to(acc), t.to(acc)
+    # (B, 1, T) weights of the tokens that count
+    weight = torch.ones_like(s[:, :1]) if key_padding_mask is None else key_padding_mask[:, None, :].to(acc)
+    count = weight.sum(dim=-1, keepdim=True).clamp_min(1.0)
+    mean = ((s * weight).sum(-1, keepdim=True) + (t * weight).sum(-1, keepdim=True)) / (2 * count)
+    var_s = ((s - mean) ** 2 * weight).sum(-1, keepdim=True) / count
+    var_t = ((t - mean) ** 2 * weight).sum(-1, keepdim=True) / count
+    std = torch.sqrt((var_s + var_t) / 2 + eps)
+    return (s - mean) / std, (t - mean) / std
+
+
+def standardise_scores_prefix(
+    s: torch.Tensor, t: torch.Tensor, key_padding_mask: torch.Tensor | None, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal `standardise_scores`: s_i and t_i shifted and scaled by the pooled mean and std of the
+    valid {s_j, t_j : j <= i}, so no score depends on a later token. Unlike the whole-sequence map,
+    each token gets its own (running) map, fixed when it arrives, which is what a decoder can keep.
+    Sums run on scores shifted by the row's first valid key score (a constant: no cancellation from
+    a large common offset). Computed in float32 at least.
+    """
+    acc = accumulation_dtype(s.dtype)
+    s, t = s.to(acc), t.to(acc)
+    weight = torch.ones_like(s[:, :1]) if key_padding_mask is None else key_padding_mask[:, None, :].to(acc)
+    first = weight.argmax(dim=-1, keepdim=True).expand(-1, s.shape[1], -1)  # first valid token
+    shift = torch.gather(t, -1, first)
+    ds, dt = s - shift, t - shift
+    count = (2 * weight).cumsum(-1).clamp_min(1.0)
+    mean = ((ds + dt) * weight).cumsum(-1) / count
+    square = ((ds * ds + dt * dt) * weight).cumsum(-1) / count
+    std = torch.sqrt((square - mean * mean).clamp_min(0.0) + eps)
+    return (ds - mean) / std, (dt - mean) / std
+
+
+def standardise_step(s, t, stats, eps: float = 1e-6):
+    """One token of `standardise_scores_prefix` from running (shift, count, Σ, Σ²): scores (B, H).
+    The new s and t go through as one (2, B, H) tensor: a decoding step is a chain of small ops."""
+    acc = accumulation_dtype(s.dtype)
+    s, t = s.to(acc), t.to(acc)
+    if stats is None:
+        shift, count, total, squares = t, 0.0, torch.zeros_like(t), torch.zeros_like(t)
+    else:
+        shift, count, total, squares = stats
+    pair = torch.stack([s, t]) - shift
+    count, total, squares = count + 2, total + pair.sum(0), squares + (pair * pair).sum(0)
+    mean = total / count
+    std = torch.sqrt((squares / count - mean * mean).clamp_min_(0.0) + eps)
+    scores = (pair - mean) / std
+    return scores[0], scores[1], (shift, count, total, squares)

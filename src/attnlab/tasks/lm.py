@@ -1,0 +1,122 @@
+"""The causal language-model LightningModule: next-token cross-entropy, perplexity per token and per byte.
+
+Batches come from `attnlab.data.lm.LMDataModule`: ``labels`` are the next ids (-100 at pads). Evaluation
+sums over *tokens*, not batches: ``val/loss`` and ``test/loss`` are the mean cross-entropy (nats) of every
+target of the split, ``*/perplexity`` = exp(loss), ``*/bits_per_byte`` the total in bits over the UTF-8
+bytes those targets spell (`attnlab.data.lm.token_bytes`) and ``*/byte_perplexity`` = 2^bits_per_byte;
+``*/acc`` is next-token accuracy. summary.json gets them as ``test_loss``, ``test_perplexity``, ... beside
+the unigram baseline (``baseline_loss``, ...), and the throughput callback's tokens/s.
+
+Each checkpoint carries ``attnlab_lm``: the tokenizer's vocabulary and merges as plain strings (the file
+still loads with ``weights_only``), so ``attnlab generate`` decodes with the tokenizer the model learned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics.aggregation import SumMetric
+
+from attnlab.data.lm import IGNORE_INDEX
+from attnlab.tasks.classification import ClassificationTask
+
+CHECKPOINT_KEY = "attnlab_lm"
+_SUMS = ("nats", "tokens", "bytes", "correct")
+
+
+class CausalLMTask(L.LightningModule):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        weight_decay_exclude_norm_bias: bool = True,
+    ):
+        super().__init__()
+        self.model = model
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.exclude_norm_bias = weight_decay_exclude_norm_bias
+        self.sums = nn.ModuleDict(
+            {f"{stage}_{name}": SumMetric() for stage in ("val", "test") for name in _SUMS}
+        )
+        self.token_bytes: torch.Tensor | None = None  # from the datamodule at setup
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        sizes = getattr(datamodule, "token_bytes", None)
+        self.token_bytes = sizes.to(self.device) if sizes is not None else None
+
+    def _scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-position cross-entropy (B·T) in nats, the targets, and which positions are scored."""
+        logits = self.model(batch["input_ids"], batch.get("mask")).float()
+        targets = batch["labels"].flatten()
+        nats = F.cross_entropy(logits.flatten(0, 1), targets, ignore_index=IGNORE_INDEX, reduction="none")
+        return nats, logits.flatten(0, 1), targets
+
+    def training_step(self, batch, batch_idx):
+        nats, logits, targets = self._scores(batch)
+        scored = targets != IGNORE_INDEX
+        count = scored.sum().clamp_min(1)
+        loss = nats.sum() / count
+        acc = (logits.argmax(-1)[scored] == targets[scored]).float().sum() / count
+        size = batch["labels"].shape[0]
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=size)
+        self.log("train/acc", acc, on_step=True, on_epoch=False, batch_size=size)
+        return loss
+
+    def _eval_step(self, batch, stage: str) -> None:
+        nats, logits, targets = self._scores(batch)
+        scored = targets != IGNORE_INDEX
+        picked = targets[scored]
+        nbytes = self.token_bytes[picked].sum() if self.token_bytes is not None else torch.zeros(())
+        values = {
+            "nats": nats[scored].sum(),
+            "tokens": scored.sum(),
+            "bytes": nbytes,
+            "correct": (logits.argmax(-1)[scored] == picked).sum(),
+        }
+        for name, value in values.items():
+            self.sums[f"{stage}_{name}"].update(value.detach().double())
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, "test")
+
+    def _eval_epoch_end(self, stage: str) -> None:
+        metrics = {name: self.sums[f"{stage}_{name}"] for name in _SUMS}
+        if metrics["tokens"].update_count == 0:
+            return
+        total = {name: metric.compute() for name, metric in metrics.items()}  # summed over ranks
+        tokens = total["tokens"].clamp_min(1)
+        loss = total["nats"] / tokens
+        cap = math.log(1e30)  # an untrained model's exp() stays finite in the logs
+        self.log(f"{stage}/loss", loss.float(), prog_bar=True)
+        self.log(f"{stage}/acc", (total["correct"] / tokens).float(), prog_bar=True)
+        self.log(f"{stage}/perplexity", torch.exp(loss.clamp(max=cap)).float())
+        if total["bytes"] > 0:
+            bits = total["nats"] / total["bytes"] / math.log(2.0)
+            self.log(f"{stage}/bits_per_byte", bits.float())
+            self.log(f"{stage}/byte_perplexity", torch.exp2(bits.clamp(max=cap / math.log(2.0))).float())
+        for metric in metrics.values():
+            metric.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        tokenizer = getattr(datamodule, "tokenizer", None)
+        checkpoint[CHECKPOINT_KEY] = {"tokenizer": tokenizer.files() if tokenizer is not None else None}
+
+    _param_groups = ClassificationTask._param_groups
+    configure_optimizers = ClassificationTask.configure_optimizers
