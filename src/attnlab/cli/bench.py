@@ -10,9 +10,8 @@ is one step of causal sliced ReLU (`sliced_relu_attention_step`: sorted runs, O(
 `state_mb` column is the decoding state each keeps of the past ((D + 2) and 2·D numbers per token
 and head; constant for linear). The sliced step at T = 2^k merges no run (the amortised cost
 includes merges, up to O(T·D) for the step that completes a run). `sliced_relu_causal` and
-`sliced_relu_bump_causal` run the causal parallel ops. Under the table come the ratios
-`attnlab.cli.bench_ratios` lists: the official formulation's peak memory over sliced ReLU's
-(`sliced_relu_concat` / `sliced_relu`) and causal over bidirectional time. Time is the
+`sliced_relu_bump_causal` run the causal parallel ops. Under the table come the ratios of
+`attnlab.cli.bench_ratios` (official/sliced ReLU peak memory, causal/bidirectional time). Time is the
 median of `--repeats` calls after one warm-up call (CUDA is synchronised around each call).
 Peak memory is the largest amount of tensor memory allocated *on top of* what was live before
 the call (so the inputs themselves are excluded), measured during the warm-up call: on CUDA with
@@ -586,10 +585,7 @@ def main_attention(args: argparse.Namespace) -> int:
     try:
         with _sigterm_as_exit():
             run_bench(args, cells=cells)
-    except (
-        KeyboardInterrupt,
-        SystemExit,
-    ) as stop:  # a time limit's SIGTERM or Ctrl-C: keep what was measured
+    except (KeyboardInterrupt, SystemExit) as stop:  # SIGTERM (time limit) or Ctrl-C: keep the cells
         for cell in cells:
             if cell.status == "ok" and cell.repeats == 0:
                 cell.status, cell.note = "stopped", "interrupted while measuring"

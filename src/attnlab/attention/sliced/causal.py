@@ -95,7 +95,14 @@ def _tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None):
         s, t = s.masked_fill(~valid, -float("inf")), t.masked_fill(~valid, float("inf"))
     keys, key_order = torch.sort(t, dim=1)
     lo = torch.searchsorted(keys, s, side="left")
-    counts = (torch.searchsorted(keys, s, side="right") - lo).view(-1)
+    # the end of the run of equal keys at each sorted position (instead of a second binary search)
+    last = torch.arange(length, device=s.device).expand(n_rows, -1)
+    run_end = torch.where(keys[:, 1:] != keys[:, :-1], last[:, :-1] + 1, length)
+    run_end = torch.cat([run_end, run_end.new_full((n_rows, 1), length)], dim=1)
+    run_end = run_end.flip(1).cummin(1).values.flip(1)
+    at = lo.clamp_max(length - 1)
+    tied = torch.gather(keys, 1, at) == s
+    counts = torch.where(tied, torch.gather(run_end, 1, at) - lo, 0).view(-1)
     total = int(counts.sum())
     if total > TIE_PAIR_BUDGET * s.numel():
         return None
