@@ -199,8 +199,8 @@ def linear_attention_step(
         )
     with no_autocast(q_t.device):
         acc = accumulation_dtype(q_t.dtype)
-        phi_q = elu_feature_map(q_t.to(acc))
-        phi_k = elu_feature_map(k_t.to(acc))
+        phi = F.elu(torch.stack([q_t, k_t]).to(acc)).add_(1.0)  # φ(q), φ(k) = elu + 1 in one pass
+        phi_q, phi_k = phi[0], phi[1]
         v = v_t.to(acc)
         b, h, d = phi_k.shape
         if state is None:
@@ -213,15 +213,13 @@ def linear_attention_step(
                     f"state must be (S, z) of shapes {(b, h, d, v.shape[-1])} and {(b, h, d)}; "
                     f"got {tuple(s_prev.shape)} and {tuple(z_prev.shape)}"
                 )
-        if inplace and state is not None and s_prev.dtype == acc and s_prev.is_contiguous():
-            # S += φ(k) vᵀ as one batched rank-1 update, z += φ(k), both into the state's memory
-            s_new = s_prev.view(b * h, d, -1).baddbmm_(phi_k.reshape(b * h, d, 1), v.reshape(b * h, 1, -1))
-            s_new, z_new = s_new.view(s_prev.shape), z_prev.add_(phi_k)
+        if inplace and state is not None and s_prev.dtype == acc and z_prev.dtype == acc:
+            # S += φ(k) vᵀ, z += φ(k), into the state's memory: no allocation
+            s_new, z_new = s_prev.addcmul_(phi_k.unsqueeze(-1), v.unsqueeze(-2)), z_prev.add_(phi_k)
         else:
             s_new = s_prev + phi_k.unsqueeze(-1) * v.unsqueeze(-2)
             z_new = z_prev + phi_k
-        # [num | den] = φ(q)ᵀ [S | z]: one batched product
-        num = torch.bmm(phi_q.reshape(b * h, 1, d), s_new.view(b * h, d, -1)).view(b, h, -1)
-        den = (phi_q * z_new).sum(-1)
-        out = num / (den + eps).unsqueeze(-1)
+        num = torch.matmul(phi_q.unsqueeze(-2), s_new).squeeze(-2)  # φ(q)ᵀ S
+        den = (phi_q * z_new).sum(-1, keepdim=True).add_(eps)
+        out = num.div_(den)
     return out.to(v_t.dtype), (s_new, z_new)
