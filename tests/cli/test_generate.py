@@ -72,8 +72,10 @@ def test_generates_text_reproducibly_from_a_run_dir_or_a_checkpoint(runs, capsys
             "is a task=mlm run (model attnlab.models.mlm.MaskedLanguageModel); generate needs a causal",
         ),
         ("no_checkpoint", "no checkpoint in"),
+        ("no_tokenizer", "has no tokenizer ('attnlab_lm'): a task=mqar checkpoint"),
         ("too_long", "exceed the model's 24 positions (learned positions); ask for at most"),
         ("temperature", "--temperature -1.0: expected a number >= 0"),
+        ("device", "--device cuda: CUDA is not available here"),
     ],
 )
 def test_errors_are_one_line(runs, tmp_path, capsys, case, message):
@@ -94,8 +96,23 @@ def test_errors_are_one_line(runs, tmp_path, capsys, case, message):
             )
             (copy / "config.yaml").write_text(config)
         run = copy
+    elif case == "no_tokenizer":  # a causal LM without text: an MQAR run's checkpoint
+        copy = tmp_path / "run"
+        shutil.copytree(run, copy)
+        (copy / "config.yaml").write_text(
+            (copy / "config.yaml").read_text().replace("name: lm", "name: mqar")
+        )
+        for path in (copy / "checkpoints").glob("*.ckpt"):
+            checkpoint = torch.load(path, weights_only=True)
+            checkpoint.pop("attnlab_lm")
+            torch.save(checkpoint, path)
+        run = copy
     elif case == "too_long":
         args = ["--prompt", "a b c", "--max-new-tokens", "30"]
+    elif case == "device":
+        if torch.cuda.is_available():
+            pytest.skip("CUDA is available here")
+        args = ["--device", "cuda"]
     else:
         args = ["--temperature", "-1"]
     code, out, err = generate_cli(capsys, run, *args)

@@ -113,6 +113,8 @@ def main(args: argparse.Namespace) -> int:
         check_sampling(args.temperature, args.top_k, args.max_new_tokens)
         if args.threads is not None:
             torch.set_num_threads(args.threads)
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"--device {args.device}: CUDA is not available here (use --device cpu)")
         model, tokenizer, cfg = load_run(args.run, args.device)
         prompt = encode_prompt(tokenizer, args.prompt)
         total = len(prompt) + args.max_new_tokens
