@@ -91,7 +91,7 @@ def test_lm_learns_and_reports_perplexity_per_token_and_per_byte(tmp_path, data_
 @pytest.mark.slow
 @pytest.mark.parametrize("attn", causal_backends())
 def test_every_causal_backend_beats_the_unigram(tmp_path, data_dir, attn):
-    """A tiny run per backend (about a minute each on one thread) ends under the unigram's perplexity."""
+    """A tiny run per backend (seconds each on one thread) ends under the unigram's perplexity."""
     summary, _ = run(
         tmp_path, data_dir, f"attn={attn}", "task.max_steps=150", "task.val_check_interval=75",
         "task.module.optimizer.lr=3e-3", "task.module.scheduler.warmup_steps=10",
