@@ -28,3 +28,26 @@ def test_one_run_covers_every_causal_backend_and_context(tmp_path, capsys):
 def test_a_backend_without_a_causal_form_is_named(tmp_path, capsys):
     assert main(["bench", "generate", "--backends", "nope", "--out-dir", str(tmp_path)]) == 2
     assert "no causal form: nope (known: " in capsys.readouterr().err
+
+
+def test_a_failing_cell_is_marked_and_the_rest_still_written(tmp_path, capsys, monkeypatch):
+    """Out of memory at one context: that row says so, the longer ones are skipped, the other
+    backends run, and the CSV is written (nothing measured is lost)."""
+    from attnlab.cli import bench_generate
+
+    real = bench_generate.run_cell
+
+    def run_cell(backend, context, args):
+        if backend == "softmax" and context == 16:
+            raise MemoryError("can't allocate memory for the KV cache")
+        return real(backend, context, args)
+
+    monkeypatch.setattr(bench_generate, "run_cell", run_cell)
+    argv = ["bench", "generate", *SMALL, "--backends", "softmax", "linear", "--out-dir", str(tmp_path)]
+    assert main(argv) == 0
+    with open(tmp_path / "generate.csv") as handle:
+        rows = {(r["backend"], r["context"]): r["status"] for r in csv.DictReader(handle)}
+    assert rows[("softmax", "16")].startswith("oom: MemoryError: can't allocate")
+    assert rows[("softmax", "64")] == "skipped (after oom at a shorter context)"
+    assert rows[("linear", "16")] == rows[("linear", "64")] == "ok"
+    assert any(line.split()[:3] == ["softmax", "16", "oom:"] for line in capsys.readouterr().out.splitlines())

@@ -150,3 +150,17 @@ def test_top_k_and_temperature():
     draws = {int(next_token(logits, 1.0, 2, torch.Generator().manual_seed(s))) for s in range(200)}
     assert draws == {1, 2}  # only the two likeliest
     assert int(next_token(logits, 0.0, None, torch.Generator())) == 1
+
+
+def test_a_position_table_allows_exactly_the_tokens_it_has_positions_for(runs, capsys):
+    """Learned positions (max_len 24): the last new token is never fed back, so prompt + new - 1
+    positions are read; the error's "at most" is the exact limit."""
+    run = runs["softmax"]
+    code, _, err = generate_cli(capsys, run, "--prompt", "a b c", "--max-new-tokens", 30)
+    limit = int(err.rsplit("ask for at most", 1)[1])
+    code, text, err = generate_cli(capsys, run, "--prompt", "a b c", "--max-new-tokens", limit)
+    assert code == 0 and f"{limit} tokens in" in err
+    prompt = int(err.split("prompt of ")[1].split()[0])
+    assert limit == 24 - prompt + 1  # positions 0 .. 23 read, the last new token never fed back
+    code, _, err = generate_cli(capsys, run, "--prompt", "a b c", "--max-new-tokens", limit + 1)
+    assert code == 2 and f"ask for at most {limit}" in err

@@ -55,6 +55,26 @@ def test_prefill_then_steps_equal_the_parallel_forward(attn, extra, positions, s
     assert state[0] == ids.shape[1]
 
 
+@pytest.mark.parametrize("attn", ["sliced_relu", "sliced_relu_bump"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_long_prefill_and_steps_reach_the_sorted_runs(attn, dtype):
+    """Past the 32 recent tokens the sliced state keeps sorted runs (merged as they fill, searched
+    at once in float32): an 80-token sequence with a 40-token prompt goes through them at model level,
+    with the prefix score statistics."""
+    model = model_for(attn, "rope", 3)
+    model.max_len = 96
+    model = model.to(dtype)
+    ids = torch.randint(0, 19, (2, 80), generator=torch.Generator().manual_seed(5))
+    tolerance = 1e-9 if dtype == torch.float64 else 2e-4
+    with torch.no_grad():
+        parallel = model(ids)
+        logits, state = model.prefill(ids[:, :40])
+        torch.testing.assert_close(logits, parallel[:, :40], rtol=tolerance, atol=tolerance)
+        for t in range(40, ids.shape[1]):
+            step_logits, state = model.step(ids[:, t], state)
+            torch.testing.assert_close(step_logits, parallel[:, t], rtol=tolerance, atol=tolerance)
+
+
 @pytest.mark.parametrize("attn", causal_backends())
 def test_steps_from_nothing_equal_the_parallel_forward(attn):
     model = model_for(attn, "learned", 2)

@@ -279,7 +279,8 @@ def attention_step(layer, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tenso
 def state_nbytes(state) -> int:
     """Bytes of tensor memory a decoding state holds (a KV cache: its used rows, not its spare capacity)."""
     if isinstance(state, KVCache):
-        return 2 * state.k[:, :, : state.length].numel() * state.k.element_size()
+        used = (state.k[:, :, : state.length], state.v[:, :, : state.length])
+        return sum(x.numel() * x.element_size() for x in used)
     if isinstance(state, SlicedDecodeState):
         return state.nbytes()
     if isinstance(state, torch.Tensor):

@@ -7,8 +7,8 @@ For every backend and sequence length T the op runs on random inputs of shape (B
 a prefix of T tokens prefilled untimed: its time and memory stay flat in T. `sliced_relu_decode`
 is one step of causal sliced ReLU (`sliced_relu_attention_step`: sorted runs, O(D log² T)) and
 `softmax_decode` one step of softmax attention over a preallocated KV cache of T tokens; the
-`state_mb` column is the decoding state each keeps of the past ((D + 2) and 2·D numbers per token
-and head; constant for linear). The sliced step at T = 2^k merges no run (the amortised cost
+`state_mb` column is the decoding state each keeps of the past ((D + 4) numbers per token and head in
+float32, and 2·D; constant for linear). The sliced step at T = 2^k merges no run (the amortised cost
 includes merges, up to O(T·D) for the step that completes a run). `sliced_relu_causal` and
 `sliced_relu_bump_causal` run the causal parallel ops. Under the table come the ratios of
 `attnlab.cli.bench_ratios` (official/sliced ReLU peak memory, causal/bidirectional time). Time is the

@@ -182,14 +182,23 @@ def main(args: argparse.Namespace) -> int:
     print(f"{'backend':<18}{'context':>9}{'model ms/token':>16}{'attn us/token':>15}{'state MB':>11}")
     rows: list[dict] = []
     for backend in args.backends:
-        skip = False
+        skip, skip_reason = False, "time limit"
         for context in args.contexts:
             if skip:
-                row = dict.fromkeys(COLUMNS[2:5], float("nan")) | {"status": "skipped (time limit)"}
+                row = dict.fromkeys(COLUMNS[2:5], float("nan")) | {"status": f"skipped ({skip_reason})"}
                 rows.append({"backend": backend, "context": context, **row})
                 continue
             start = time.perf_counter()
-            row = run_cell(backend, context, args)
+            try:
+                row = run_cell(backend, context, args)
+            except Exception as err:  # noqa: BLE001 - out of memory or a backend's error: a marked row
+                status = "oom" if isinstance(err, torch.OutOfMemoryError | MemoryError) else "error"
+                note = f"{status}: {type(err).__name__}: {err}".splitlines()[0][:160]
+                row = {"backend": backend, "context": context, **dict.fromkeys(COLUMNS[2:5], float("nan"))}
+                row["status"], skip, skip_reason = note, True, f"after {status} at a shorter context"
+                rows.append(row)
+                print(f"{backend:<18}{context:>9,}  {note}", flush=True)
+                continue
             skip = time.perf_counter() - start > args.timeout_s
             rows.append(row)
             print(

@@ -117,13 +117,19 @@ def main(args: argparse.Namespace) -> int:
             raise UserError(f"--device {args.device}: CUDA is not available here (use --device cpu)")
         model, tokenizer, cfg = load_run(args.run, args.device)
         prompt = encode_prompt(tokenizer, args.prompt)
-        total = len(prompt) + args.max_new_tokens
+        # positions the model reads: the prompt's and every new token's but the last (never fed back)
+        total = len(prompt) + args.max_new_tokens - 1
         if total > model.max_len:
             if model.positions in ("learned", "sinusoidal"):  # its position table ends there
+                if len(prompt) >= model.max_len:
+                    raise UserError(
+                        f"--prompt: its {len(prompt)} tokens fill the model's {model.max_len} positions "
+                        f"({model.positions} positions); give at most {model.max_len - 1}"
+                    )
                 raise UserError(
                     f"--max-new-tokens {args.max_new_tokens}: the prompt's {len(prompt)} tokens and the new "
                     f"ones exceed the model's {model.max_len} positions ({model.positions} positions); "
-                    f"ask for at most {model.max_len - len(prompt)}"
+                    f"ask for at most {model.max_len - len(prompt) + 1}"
                 )
             model.max_len = total  # RoPE / no positions: nothing in the model ends at max_len
     except UserError as err:
