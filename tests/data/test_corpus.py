@@ -1,14 +1,16 @@
-"""Masked-LM data: tokenizer, corpus preparation from every file format, packing, masking."""
+"""Masked-LM (and causal-LM) data: tokenizer, corpus preparation from every file format, packing, masking."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 import torch
 
 from attnlab.data.common import DataError, MissingDataError
+from attnlab.data.lm import LMDataModule
 from attnlab.data.text_corpus import (
     MLMDataModule,
     PackedBlocks,
@@ -265,6 +267,43 @@ def test_eval_masks_are_fixed_and_the_baseline_scores_them(embedded):
     assert 4.0 < baseline["baseline_loss"] < np.log(1024)  # a unigram beats uniform
     batch = data._collate([test[i] for i in range(4)])
     assert batch["mask"].all() and set(batch) == {"input_ids", "labels", "mask"}
+
+
+@pytest.mark.parametrize("module", [MLMDataModule, LMDataModule])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(seq_len=0), "task.data.seq_len=0: expected an integer >= 1"),
+        (dict(seq_len="64"), "task.data.seq_len='64': expected an integer >= 1"),
+        (dict(batch_size=0), "task.data.batch_size=0: expected an integer >= 1"),
+    ],
+)
+def test_both_text_datamodules_check_their_shape_when_built(embedded, module, kwargs, message):
+    """One base (`CorpusBlocksDataModule`) checks seq_len and batch_size for task=mlm and task=lm alike,
+    at construction rather than at the first batch."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        module(embedded, **{"seq_len": 64, "batch_size": 8, **kwargs})
+
+
+def test_both_text_datamodules_load_the_same_corpus_once(embedded):
+    masked, causal = MLMDataModule(embedded, seq_len=64), LMDataModule(embedded, seq_len=64)
+    for data in (masked, causal):
+        data.setup()
+        datasets = data.datasets
+        data.setup()  # a second call keeps what the first loaded
+        assert data.datasets is datasets and data.max_length() == 64
+        assert data.train_items == "blocks of 64 tokens"
+        assert (data.train_lengths() == 64).all() and len(data.train_lengths()) == len(datasets["train"])
+    assert causal.tokenizer.files() == masked.tokenizer.files()
+    assert all(np.array_equal(causal.streams[s], masked.streams[s]) for s in ("train", "val", "test"))
+    # the causal baseline: add-one unigram of the train split, pads never counted, every test token scored
+    counts = np.bincount(np.asarray(causal.streams["train"]), minlength=1024).astype(float)
+    counts[causal.tokenizer.pad_id] = 0
+    targets = np.asarray(causal.streams["test"], dtype=np.int64)
+    nats = -np.log((counts + 1) / (counts.sum() + 1024))[targets]
+    baseline = causal.baselines("test")
+    assert baseline["baseline_loss"] == pytest.approx(nats.mean())
+    assert baseline["baseline_acc"] == pytest.approx((targets == counts.argmax()).mean())
 
 
 @pytest.mark.parametrize(

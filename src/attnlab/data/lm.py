@@ -13,18 +13,15 @@ comparable across tokenizers.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from attnlab.data.common import DataError
-from attnlab.data.loaders import SPLITS, ShardedDataModule
-from attnlab.data.text_corpus import PackedBlocks, TextCorpus
-from attnlab.errors import ConfigError
+from attnlab.data.corpus_blocks import CorpusBlocksDataModule
+from attnlab.data.loaders import SPLITS
+from attnlab.data.text_corpus import PackedBlocks
 
-log = logging.getLogger(__name__)
 IGNORE_INDEX = -100  # targets at padded positions: not scored
 
 
@@ -57,67 +54,25 @@ def token_bytes(tokenizer) -> torch.Tensor:
     return sizes
 
 
-class LMDataModule(ShardedDataModule):
+class LMDataModule(CorpusBlocksDataModule):
     """Next-token blocks of a `TextCorpus` for causal language modelling (``task=lm``)."""
 
-    def __init__(
-        self,
-        source: TextCorpus,
-        seq_len: int = 128,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        seed: int = 0,
-    ):
-        super().__init__()
-        if not isinstance(seq_len, int) or seq_len < 1:
-            raise ConfigError(
-                f"task.data.seq_len={seq_len!r}: expected an integer >= 1 (tokens read per block)"
-            )
-        if batch_size < 1:
-            raise ConfigError(f"task.data.batch_size={batch_size}: expected an integer >= 1")
-        self.source, self.seq_len = source, seq_len
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
-        self.num_workers, self.seed = num_workers, seed
-        self.datasets: dict[str, Dataset] = {}
-        self.streams: dict[str, np.ndarray] = {}
-
-    def prepare_data(self) -> None:
-        self.source.prepare()
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        self.tokenizer = self.source.tokenizer()
+    def _datasets(self) -> dict[str, Dataset]:
         self.token_bytes = token_bytes(self.tokenizer)
-        self.streams = self.source.load()
-        self.datasets = {
-            s: NextTokenBlocks(self.streams[s], self.seq_len, self.tokenizer.bos_id, self.tokenizer.pad_id)
-            for s in SPLITS
-        }
-        sizes = ", ".join(f"{s} {len(self.datasets[s]):,} blocks" for s in SPLITS)
-        log.info("data: %s (%s of %d tokens)", self.source.description, sizes, self.seq_len)
+        bos_id, pad_id = self.tokenizer.bos_id, self.tokenizer.pad_id
+        return {s: NextTokenBlocks(self.streams[s], self.seq_len, bos_id, pad_id) for s in SPLITS}
 
     # ---- what the pipeline reads ---------------------------------------------------------------------
     def model_kwargs(self) -> dict[str, int]:
         self.setup()
         return {"vocab_size": self.tokenizer.vocab_size}
 
-    def max_length(self, split: str = "train") -> int:
-        return self.seq_len
-
     def baselines(self, split: str = "test") -> dict[str, float]:
         """A unigram model of the train split (add-one smoothed) scored on ``split``'s targets: its
         cross-entropy ``baseline_loss`` (nats/token), ``baseline_perplexity``, ``baseline_bits_per_byte``
         and the accuracy of always answering the most frequent token (``baseline_acc``)."""
         self.setup()
-        vocab = self.tokenizer.vocab_size
-        counts = np.zeros(vocab, dtype=np.float64)
-        stream = self.streams["train"]
-        for start in range(0, len(stream), 1 << 24):  # chunks: a large memory-mapped stream stays on disk
-            counts += np.bincount(np.asarray(stream[start : start + (1 << 24)]), minlength=vocab)
-        counts[self.tokenizer.pad_id] = 0  # never a target
-        log_probs = np.log((counts + 1.0) / (counts.sum() + vocab))
+        counts, log_probs = self._unigram(never=[self.tokenizer.pad_id])  # a pad is never a target
         targets = np.asarray(self.streams[split], dtype=np.int64)  # every token of the split, </s> too
         if len(targets) == 0:
             raise DataError(self.source.short_name, f"the {split} split has no token to score")
@@ -135,10 +90,3 @@ class LMDataModule(ShardedDataModule):
         batch = {key: torch.stack([ex[key] for ex in examples]) for key in examples[0]}
         batch["mask"] = batch["input_ids"] != self.tokenizer.pad_id
         return batch
-
-    def train_lengths(self) -> np.ndarray:
-        return np.full(len(self.datasets["train"]), self.seq_len)
-
-    @property
-    def train_items(self) -> str:
-        return f"blocks of {self.seq_len} tokens"

@@ -35,8 +35,9 @@ import torch
 from torch.utils.data import Dataset
 
 from attnlab.data.common import DataError, MissingDataError, check_choice, removed_on_failure
+from attnlab.data.corpus_blocks import CorpusBlocksDataModule
 from attnlab.data.corpus_errors import document_texts, explain_load_failure
-from attnlab.data.loaders import SPLITS, ShardedDataModule
+from attnlab.data.loaders import SPLITS
 from attnlab.data.tokenizer import MERGES_FILE, VOCAB_FILE, BPETokenizer, load_bpe, train_bpe
 from attnlab.errors import ConfigError
 
@@ -466,7 +467,7 @@ class MaskedBlocks(Dataset):
 # ------------------------------------------------------------------------------------ datamodule
 
 
-class MLMDataModule(ShardedDataModule):
+class MLMDataModule(CorpusBlocksDataModule):
     """Packed, masked blocks of a `TextCorpus` for masked-LM pretraining.
 
     Training batches leave the loader unmasked and are masked on their device (``on_after_batch_transfer``)
@@ -476,20 +477,16 @@ class MLMDataModule(ShardedDataModule):
 
     def __init__(
         self,
-        source: TextCorpus,
-        seq_len: int = 128,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        seed: int = 0,
+        *args,
         mask_rate: float = 0.2,
         mask_prob: float = 0.8,
         random_prob: float = 0.1,
         mask_seed: int = 0,
+        **kwargs,
     ):
-        super().__init__()
-        if batch_size < 1:
-            raise ConfigError(f"task.data.batch_size={batch_size}: expected an integer >= 1")
+        """``*args``/``**kwargs``: `CorpusBlocksDataModule`'s (source, seq_len, batch sizes, workers, seed);
+        the masking (`mask_tokens`) and the seed of the fixed val/test masks by keyword."""
+        super().__init__(*args, **kwargs)
         if not 0 < mask_rate < 1:
             raise ConfigError(f"task.data.mask_rate={mask_rate}: expected a fraction in (0, 1)")
         if not (mask_prob >= 0 and random_prob >= 0 and mask_prob + random_prob <= 1):
@@ -497,31 +494,17 @@ class MLMDataModule(ShardedDataModule):
                 f"task.data.mask_prob={mask_prob}, random_prob={random_prob}: expected fractions >= 0 "
                 "summing to at most 1 (the rest of the predicted tokens stay unchanged)"
             )
-        self.source, self.seq_len = source, seq_len
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
-        self.num_workers, self.seed, self.mask_seed = num_workers, seed, mask_seed
+        self.mask_seed = mask_seed
         self.mask_rate, self.mask_prob, self.random_prob = mask_rate, mask_prob, random_prob
-        self.datasets: dict[str, Dataset] = {}
-        self.streams: dict[str, np.ndarray] = {}
 
-    def prepare_data(self) -> None:
-        self.source.prepare()
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        self.tokenizer = self.source.tokenizer()
+    def _datasets(self) -> dict[str, Dataset]:
         self.special_ids = torch.tensor(self.tokenizer.special_ids)
-        self.streams = self.source.load()
-        blocks = {
-            s: PackedBlocks(self.streams[s], self.seq_len, self.tokenizer.bos_id, self.tokenizer.pad_id)
-            for s in SPLITS
-        }
-        self.datasets = {"train": blocks["train"]}
+        bos_id, pad_id = self.tokenizer.bos_id, self.tokenizer.pad_id
+        blocks = {s: PackedBlocks(self.streams[s], self.seq_len, bos_id, pad_id) for s in SPLITS}
+        datasets: dict[str, Dataset] = {"train": blocks["train"]}
         for code, split in enumerate(("val", "test"), start=1):
-            self.datasets[split] = MaskedBlocks(blocks[split], self.mask, self.mask_seed, code)
-        sizes = ", ".join(f"{s} {len(self.datasets[s]):,} blocks" for s in SPLITS)
-        log.info("data: %s (%s of %d tokens)", self.source.description, sizes, self.seq_len)
+            datasets[split] = MaskedBlocks(blocks[split], self.mask, self.mask_seed, code)
+        return datasets
 
     def mask(self, ids: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return mask_tokens(
@@ -555,20 +538,11 @@ class MLMDataModule(ShardedDataModule):
         self.setup()
         return {"vocab_size": self.tokenizer.vocab_size, "pad_id": self.tokenizer.pad_id}
 
-    def max_length(self, split: str = "train") -> int:
-        return self.seq_len
-
     def baselines(self, split: str = "test") -> dict[str, float]:
         """A unigram model of the train split on ``split``'s masked tokens: its cross-entropy
         (``baseline_loss``, nats) and the accuracy of always answering the most frequent token."""
         self.setup()
-        vocab = self.tokenizer.vocab_size
-        counts = np.zeros(vocab, dtype=np.float64)
-        stream = self.streams["train"]
-        for start in range(0, len(stream), 1 << 24):  # chunks: a large memory-mapped stream stays on disk
-            counts += np.bincount(np.asarray(stream[start : start + (1 << 24)]), minlength=vocab)
-        counts[list(self.tokenizer.special_ids)] = 0  # never a masked target
-        log_probs = np.log((counts + 1.0) / (counts.sum() + vocab))  # add-one: unseen tokens stay finite
+        counts, log_probs = self._unigram(never=self.tokenizer.special_ids)  # never a masked target
         targets = np.concatenate(
             [
                 t[t >= 0].numpy()
@@ -589,10 +563,3 @@ class MLMDataModule(ShardedDataModule):
             torch.stack([ex["raw"] for ex in examples]) if "raw" in examples[0] else batch["input_ids"]
         ) != self.tokenizer.pad_id
         return batch
-
-    def train_lengths(self) -> np.ndarray:
-        return np.full(len(self.datasets["train"]), self.seq_len)
-
-    @property
-    def train_items(self) -> str:
-        return f"blocks of {self.seq_len} tokens"

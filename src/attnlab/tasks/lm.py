@@ -14,33 +14,23 @@ still loads with ``weights_only``), so ``attnlab generate`` decodes with the tok
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchmetrics.aggregation import SumMetric
 
 from attnlab.data.lm import IGNORE_INDEX
-from attnlab.tasks.classification import ClassificationTask
+from attnlab.tasks.language import LanguageModelTask
 
 CHECKPOINT_KEY = "attnlab_lm"
 _SUMS = ("nats", "tokens", "bytes", "correct")
 
 
-class CausalLMTask(L.LightningModule):
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: Callable[..., torch.optim.Optimizer],
-        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
-        weight_decay_exclude_norm_bias: bool = True,
-    ):
-        super().__init__()
-        self.model = model
-        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
-        self.exclude_norm_bias = weight_decay_exclude_norm_bias
+class CausalLMTask(LanguageModelTask):
+    def __init__(self, *args, **kwargs):
+        """The arguments of `LanguageModelTask` (model, optimizer, scheduler, weight decay rule)."""
+        super().__init__(*args, **kwargs)
         self.sums = nn.ModuleDict(
             {f"{stage}_{name}": SumMetric() for stage in ("val", "test") for name in _SUMS}
         )
@@ -83,12 +73,6 @@ class CausalLMTask(L.LightningModule):
         for name, value in values.items():
             self.sums[f"{stage}_{name}"].update(value.detach().double())
 
-    def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val")
-
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test")
-
     def _eval_epoch_end(self, stage: str) -> None:
         metrics = {name: self.sums[f"{stage}_{name}"] for name in _SUMS}
         if metrics["tokens"].update_count == 0:
@@ -107,16 +91,5 @@ class CausalLMTask(L.LightningModule):
         for metric in metrics.values():
             metric.reset()
 
-    def on_validation_epoch_end(self) -> None:
-        self._eval_epoch_end("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._eval_epoch_end("test")
-
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        tokenizer = getattr(datamodule, "tokenizer", None)
-        checkpoint[CHECKPOINT_KEY] = {"tokenizer": tokenizer.files() if tokenizer is not None else None}
-
-    _param_groups = ClassificationTask._param_groups
-    configure_optimizers = ClassificationTask.configure_optimizers
+        checkpoint[CHECKPOINT_KEY] = {"tokenizer": self._tokenizer_files()}

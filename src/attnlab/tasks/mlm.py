@@ -12,30 +12,20 @@ Each checkpoint also carries ``attnlab_mlm``: the model's shape and the tokenize
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchmetrics.aggregation import MeanMetric
 
 from attnlab.data.pretrained import CHECKPOINT_KEY  # what a GLUE fine-tune reads back
-from attnlab.tasks.classification import ClassificationTask
+from attnlab.tasks.language import LanguageModelTask
 
 
-class MaskedLMTask(L.LightningModule):
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: Callable[..., torch.optim.Optimizer],
-        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
-        weight_decay_exclude_norm_bias: bool = True,
-    ):
-        super().__init__()
-        self.model = model
-        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
-        self.exclude_norm_bias = weight_decay_exclude_norm_bias
+class MaskedLMTask(LanguageModelTask):
+    def __init__(self, *args, **kwargs):
+        """The arguments of `LanguageModelTask` (model, optimizer, scheduler, weight decay rule)."""
+        super().__init__(*args, **kwargs)
         self.eval_metrics = nn.ModuleDict(
             {f"{stage}_{name}": MeanMetric() for stage in ("val", "test") for name in ("loss", "acc")}
         )
@@ -64,12 +54,6 @@ class MaskedLMTask(L.LightningModule):
             self.eval_metrics[f"{stage}_loss"].update(loss.detach(), count)  # token-weighted means
             self.eval_metrics[f"{stage}_acc"].update(acc.detach(), count)
 
-    def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val")
-
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test")
-
     def _eval_epoch_end(self, stage: str) -> None:
         loss_metric, acc_metric = self.eval_metrics[f"{stage}_loss"], self.eval_metrics[f"{stage}_acc"]
         if loss_metric.update_count == 0:
@@ -81,19 +65,8 @@ class MaskedLMTask(L.LightningModule):
         loss_metric.reset()
         acc_metric.reset()
 
-    def on_validation_epoch_end(self) -> None:
-        self._eval_epoch_end("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._eval_epoch_end("test")
-
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        tokenizer = getattr(datamodule, "tokenizer", None)
         checkpoint[CHECKPOINT_KEY] = {
             "model": dict(getattr(self.model, "config", {})),
-            "tokenizer": tokenizer.files() if tokenizer is not None else None,
+            "tokenizer": self._tokenizer_files(),
         }
-
-    _param_groups = ClassificationTask._param_groups
-    configure_optimizers = ClassificationTask.configure_optimizers
