@@ -401,10 +401,14 @@ def test_resume_as_the_readme_writes_it_continues_the_same_run(tmp_path):
     tracking restored, metric rows and wall time of the killed attempt kept, attempts counted."""
     process = _readme_run(tmp_path, "logger=csv", "trainer.log_every_n_steps=1")
     runs = tmp_path / "outputs" / "listops" / "sliced_relu"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # start-up and data on a loaded 2-core machine take a while
     while not list(runs.glob("*/checkpoints/last.ckpt")) and time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"train.py ended (rc {process.returncode}) before its first checkpoint")
         time.sleep(0.05)
-    (last,) = runs.glob("*/checkpoints/last.ckpt")
+    found = list(runs.glob("*/checkpoints/last.ckpt"))
+    assert len(found) == 1, f"expected one run's last.ckpt after 180 s, found {found}"
+    (last,) = found
     _wait_for_step(process, last, KILL_AFTER)
     _kill(process)
     run_dir, killed_at = last.parent.parent, _step(last)
