@@ -127,11 +127,7 @@ def _dominance_sums(key: torch.Tensor, table: torch.Tensor, queries: list[_Query
             weights = (below & causal_mask[size]).to(table.dtype)
             out[:, start:stop] = torch.matmul(weights, tc[..., q.cols]).reshape(n_rows, -1, out.shape[-1])
 
-    full = length // chunk
-    if full:
-        local(0, chunk, full)
-    if length - full * chunk:
-        local(full * chunk, length - full * chunk, 1)
+    _over_chunks(local, length, chunk)
 
     half = chunk
     while half < length:
@@ -161,6 +157,16 @@ class _Term(NamedTuple):
     query: int
     block: int
     coef: torch.Tensor
+
+
+def _over_chunks(local, length: int, chunk: int) -> None:
+    """``local(start, size, count)`` over the ``count`` full chunks of ``size`` tokens, then the rest:
+    the dense level below the sorted ones, shared by the causal sums."""
+    full = length // chunk
+    if full:
+        local(0, chunk, full)
+    if length - full * chunk:
+        local(full * chunk, length - full * chunk, 1)
 
 
 def _level_layout(length: int, half: int):
@@ -251,11 +257,7 @@ def _combined_sums(
             for k, mask in enumerate(masks):
                 raw_sums[k, :, start:stop] = torch.matmul(mask, rc).reshape(n_rows, -1, raw.shape[-1])
 
-    full = length // chunk
-    if full:
-        local(0, chunk, full)
-    if length - full * chunk:
-        local(full * chunk, length - full * chunk, 1)
+    _over_chunks(local, length, chunk)
 
     half = chunk
     while half < length:
