@@ -4,8 +4,8 @@
 #  0. the GPU's name, versions and device-copy bandwidth → <out>/gpu.json
 #  1. attention ops, forward + backward, B·H = 64 (B = 8, H = 8), D = 64, T = 1K…64K in bf16: SDPA
 #     (flash), sliced ReLU and ReLU-bump on Triton and on torch, linear, causal linear on Triton and on
-#     torch; time and peak memory → <out>/ops_bfloat16/bench_attention.csv (the first call of each cell
-#     compiles the kernels outside the time limit)
+#     torch; time and peak memory → <out>/ops_bfloat16/bench_attention.csv (an extra first call per
+#     backend compiles the kernels outside the per-cell time limit)
 #  2. training throughput (samples/s, TFLOP/s, MFU) of the LRA ListOps and Text presets under softmax
 #     and sliced ReLU, bf16-mixed, 40 steps after 10 warm-up steps → <out>/train/ (Text needs its data)
 #  3. the ops again in fp16 and fp32 at 4K and 64K → <out>/ops_float16, <out>/ops_float32
