@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 
 from attnlab.cli import bench_bytes, bench_generate, bench_threads, bench_training
-from attnlab.cli.bench_args import positive_float, positive_int
+from attnlab.cli.bench_args import add_op_shape_arguments, positive_float, positive_int
 from attnlab.cli.bench_ratios import ratio_lines
 
 DEFAULT_BACKENDS = [
@@ -526,11 +526,7 @@ def register(subparsers) -> None:
         "--backends", nargs="+", default=DEFAULT_BACKENDS, choices=sorted(BACKENDS), metavar="NAME",
         help=f"backends to run (known: {', '.join(sorted(BACKENDS))}; default: %(default)s)",
     )  # fmt: skip
-    parser.add_argument("--seq-lens", nargs="+", type=positive_int, default=DEFAULT_SEQ_LENS, metavar="T")
-    parser.add_argument("-B", "--batch", type=positive_int, default=1)
-    parser.add_argument("--heads", type=positive_int, default=8)
-    parser.add_argument("--dim", type=positive_int, default=64, help="head dimension D")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    add_op_shape_arguments(parser, DEFAULT_SEQ_LENS, heads=8, dtypes=DTYPES, dtype="float32")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--mode", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed calls per cell (median)")

@@ -26,3 +26,13 @@ def load_average() -> str:
         return " / ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "n/a"
+
+
+def add_op_shape_arguments(parser, seq_lens: list[int], heads: int, dtypes, dtype: str) -> None:
+    """The shape of the random op inputs (B, H, T, D) and their dtype: what `bench attention` and
+    `bench bytes` both take, each with its own defaults."""
+    parser.add_argument("--seq-lens", nargs="+", type=positive_int, default=seq_lens, metavar="T")
+    parser.add_argument("-B", "--batch", type=positive_int, default=1)
+    parser.add_argument("--heads", type=positive_int, default=heads)
+    parser.add_argument("--dim", type=positive_int, default=64, help="head dimension D")
+    parser.add_argument("--dtype", choices=sorted(dtypes), default=dtype)

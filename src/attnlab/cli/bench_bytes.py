@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.bench_args import positive_int
+from attnlab.cli.bench_args import add_op_shape_arguments
 
 #: backend -> (name in ``attnlab bench attention``, keywords forcing the code measured)
 BYTE_BACKENDS: dict[str, tuple[str, dict]] = {
@@ -157,11 +157,7 @@ def register(kinds) -> None:
         "--backends", nargs="+", default=DEFAULT_BACKENDS, choices=list(BYTE_BACKENDS), metavar="NAME",
         help=f"backends to count (known: {', '.join(BYTE_BACKENDS)}; default: %(default)s)",
     )  # fmt: skip
-    parser.add_argument("--seq-lens", nargs="+", type=positive_int, default=[1024], metavar="T")
-    parser.add_argument("-B", "--batch", type=positive_int, default=1)
-    parser.add_argument("--heads", type=positive_int, default=2)
-    parser.add_argument("--dim", type=positive_int, default=64, help="head dimension D")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    add_op_shape_arguments(parser, [1024], heads=2, dtypes=DTYPES, dtype="bfloat16")
     parser.add_argument("--mode", choices=("fwd", "fwdbwd"), default="fwdbwd")
     parser.add_argument("--detail", action="store_true", help="every op and kernel, not the largest three")
     parser.add_argument("--seed", type=int, default=0)
