@@ -38,7 +38,15 @@ import torch
 
 from attnlab.attention.precision import accumulation_dtype, no_autocast
 from attnlab.attention.sliced.common import _rowdot, _rows, _take, _valid_rows
-from attnlab.attention.sliced.dominance import _combined_sums, _dominance_sums, _prefix_sums_, _Query, _Term
+from attnlab.attention.sliced.dominance import (
+    _combined_sums,
+    _dominance_sums,
+    _dominated_sums,
+    _prefix_sums_,
+    _Query,
+    _suffix_sums_,
+    _Term,
+)
 
 __all__ = ["DEFAULT_CHUNK", "causal_sliced_relu_attention", "causal_sliced_relu_bump_attention"]
 
@@ -51,8 +59,8 @@ DEFAULT_CHUNK = 32  # dense local block: below it a masked matmul beats sorting 
 
 
 def _suffix_sum(x: torch.Tensor) -> torch.Tensor:
-    """``Σ_{i ≥ j} x_i`` along dim 1 (``(N, T)`` or ``(N, T, D)``)."""
-    return x.flip(1).cumsum(1).flip(1) if x.dim() == 2 else _prefix_sums_(x.flip(1)).flip(1)
+    """``Σ_{i ≥ j} x_i`` along dim 1 (``(N, T)``, or ``(N, T, D)``: in place, ``_suffix_sums_``)."""
+    return x.flip(1).cumsum(1).flip(1) if x.dim() == 2 else _suffix_sums_(x.contiguous())
 
 
 def _prefix_sum(x: torch.Tensor) -> torch.Tensor:
@@ -196,20 +204,19 @@ class _CausalSlicedReLU(torch.autograd.Function):
         # Queries: dL/ds_i = a_i·(A_i − C_i vbar_i) + dden_i (#{t_j<s_i} − #{t_j>s_i}), j ≤ i.
         grad_s = _rowdot(a, sum_v) - count * a_vbar + grad_den * (count + count_le - n)
 
-        # Keys: sums over later queries i ≥ j with s_i > t_j, i.e. a prefix in reversed time with
-        # negated scores (-s_i < -t_j).
+        # Keys: sums over the later queries i ≥ j with s_i > t_j (the transposed dominance sums).
         table = torch.cat([a, s[..., None] * a, grad_den[..., None], a_vbar[..., None]], dim=-1)
-        queries = [_Query((-t).flip(1), "left")]
+        key = t if valid is None else t.masked_fill(~valid, float("inf"))
+        queries = [_Query(key, "left")]
         if pairs is None:
-            queries.append(_Query((-t).flip(1), "right", slice(2 * dim, 2 * dim + 1)))
-        above, *at_or_above = _dominance_sums(
-            _reverse_key(-s, valid), table.flip(1).contiguous(), queries, chunk
-        )
-        above = above.flip(1)
+            queries.append(_Query(key, "right", slice(2 * dim, 2 * dim + 1)))
+        x = s if valid is None else s.masked_fill(~valid, -float("inf"))
+        above, *at_or_above = _dominated_sums(x, table, queries, chunk)
+        del table
         sum_a, sum_sa = above[..., :dim], above[..., dim : 2 * dim]
         den_above, vbar_a_above = above[..., 2 * dim], above[..., 2 * dim + 1]
         if pairs is None:
-            at_or_above = at_or_above[0].flip(1)[..., 0]
+            at_or_above = at_or_above[0][..., 0]
         else:  # Σ_{i≥j, s_i>=t_j} dden_i: the tied pairs' share added to the strict sum
             at_or_above = den_above.contiguous()
             at_or_above.view(-1).index_add_(0, pairs[1], grad_den.reshape(-1)[pairs[0]])

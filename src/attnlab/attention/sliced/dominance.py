@@ -76,16 +76,49 @@ def _prefix_sums_(table: torch.Tensor, block: int = 32) -> torch.Tensor:
     return table
 
 
-def _left_halves(key: torch.Tensor, tables: list[torch.Tensor], n_blocks: int, half: int):
+def _suffix_sums_(table: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """In-place ``Σ_{k ≥ j}`` over dim 1 of a contiguous ``(R, L, W)`` table: ``_prefix_sums_`` run
+    from the end (blocks aligned to the last row), without the two copies ``flip`` would make."""
+    rows, length, width = table.shape
+    n_blocks = length // block
+    if n_blocks < 2:
+        for k in range(length - 2, -1, -1):
+            table[:, k] += table[:, k + 1]
+        return table
+    head = length - n_blocks * block
+    body = table[:, head:].view(rows, n_blocks, block, width)
+    for k in range(block - 2, -1, -1):
+        body[:, :, k] += body[:, :, k + 1]
+    carry = body[:, :, 0, :].flip(1).cumsum(1).flip(1)  # running total from each block's start on
+    body[:, :-1] += carry[:, 1:, None, :]
+    front = table[:, :head]
+    for k in range(head - 2, -1, -1):
+        front[:, k] += front[:, k + 1]
+    front += carry[:, :1, :]
+    return table
+
+
+def _left_halves(
+    key: torch.Tensor, tables: list[torch.Tensor], n_blocks: int, half: int, second: bool = False
+):
     """At one level: the keys of every block's left half sorted, ``(N, n_blocks, half)``, and for
-    each table the exclusive prefix sums of its rows in that order, ``(N·n_blocks, half + 1, W)``."""
-    n_rows = key.shape[0]
+    each table the exclusive prefix sums of its rows in that order, ``(N·n_blocks, half + 1, W)``.
+
+    ``second``: the right halves instead (``_dominated_sums``); positions past the end (the last
+    block's right half may be short) sort last (+inf keys) and read the last row, which no sum
+    that counts only finite keys below a threshold ever reaches."""
+    n_rows, length = key.shape
     block = 2 * half
     span = n_blocks * block
-    left_keys = _pad_to(key, span, float("inf"))[:, :span].view(n_rows, n_blocks, block)[..., :half]
-    sorted_keys, order = torch.sort(left_keys, dim=-1)
-    starts = torch.arange(n_blocks, device=key.device) * block
-    positions = order + starts[:, None]  # all < length: left halves lie before a right half
+    first = half if second else 0
+    halves = _pad_to(key, span, float("inf"))[:, :span].view(n_rows, n_blocks, block)[
+        ..., first : first + half
+    ]
+    sorted_keys, order = torch.sort(halves, dim=-1)
+    starts = torch.arange(n_blocks, device=key.device) * block + first
+    positions = order + starts[:, None]  # left halves lie before a right half: all < length
+    if second:
+        positions = positions.clamp_max_(length - 1)
     index = torch.cat([positions[..., :1], positions], dim=-1).view(n_rows, -1)  # row 0: zeroed
     prefixes = []
     for table in tables:
@@ -148,6 +181,68 @@ def _dominance_sums(key: torch.Tensor, table: torch.Tensor, queries: list[_Query
             _add_right_halves(out, rows, n_blocks, half, last_size)
         half = block
     return outs
+
+
+def _dominated_sums(x: torch.Tensor, table: torch.Tensor, keys: list[_Query], chunk: int) -> list:
+    """For every key set and position j: ``Σ_{i ≥ j, key_j < x_i} table_i`` (``key_j <= x_i`` for
+    side "right"): the transpose of ``_dominance_sums``, over the same pairs of positions.
+
+    The backward passes sum the queries' gradient rows over the later queries above each key.
+    Reversing time would turn that into ``_dominance_sums`` at the price of copying every table
+    and result (``flip``); here the levels sort the *right* half of each block instead (by
+    ``-x``: the rows in descending ``x``) and every key of the left half reads the sum of the
+    rows above it, and the dense chunks multiply by the transposed mask. ``x (N, T)`` may hold
+    -inf at rows that must never count; the keys' ``key_j`` may hold +inf (they count nothing).
+    """
+    n_rows, length, width = table.shape
+    outs = [table.new_zeros(n_rows, length, table[0, 0, q.cols].numel()) for q in keys]
+    causal_mask = {}
+
+    def local(start: int, size: int, count: int) -> None:
+        stop = start + size * count
+        xc = x[:, start:stop].reshape(n_rows, count, size)[..., :, None]  # rows: i
+        tc = table[:, start:stop].reshape(n_rows, count, size, width)
+        if size not in causal_mask:
+            causal_mask[size] = torch.ones(size, size, dtype=torch.bool, device=x.device).tril()
+        for q, out in zip(keys, outs, strict=True):
+            kc = q.x[:, start:stop].reshape(n_rows, count, size)[..., None, :]  # columns: j
+            below = kc < xc if q.side == "left" else kc <= xc
+            weights = (below & causal_mask[size]).to(table.dtype).transpose(-1, -2)
+            out[:, start:stop] = torch.matmul(weights, tc[..., q.cols]).reshape(n_rows, -1, out.shape[-1])
+
+    _over_chunks(local, length, chunk)
+
+    neg = -x  # x_i > k  <=>  -x_i < -k: right halves sorted by -x, rows in descending x
+    half = chunk
+    while half < length:
+        n_blocks, span, _, _, _ = _level_layout(length, half)
+        block = 2 * half
+        sorted_neg, (prefix,) = _left_halves(neg, [table], n_blocks, half, second=True)
+        prefix = prefix.view(n_rows, n_blocks * (half + 1), width)
+        row_starts = (torch.arange(n_blocks, device=x.device) * (half + 1))[:, None]
+        for q, out in zip(keys, outs, strict=True):
+            left = _pad_to(-q.x, span, 0.0)[:, :span].view(n_rows, n_blocks, block)[..., :half]
+            rank = torch.searchsorted(sorted_neg, left.contiguous(), side=q.side)
+            flat = (rank + row_starts).view(n_rows, -1)
+            if q.cols == slice(None):
+                rows = _gather_rows(prefix, flat)
+            else:
+                narrow = prefix[..., q.cols]
+                rows = torch.gather(narrow, 1, flat[..., None].expand(-1, -1, narrow.shape[-1]))
+            _add_left_halves(out, rows, n_blocks, half)
+        half = block
+    return outs
+
+
+def _add_left_halves(out: torch.Tensor, rows: torch.Tensor, n_blocks: int, half: int) -> None:
+    """``out``'s left-half positions at one level += ``rows (N, n_blocks·half, w)`` (left halves
+    always lie inside the sequence; only the last block's span may pass its end)."""
+    n_rows, _, w = out.shape
+    block, full = 2 * half, n_blocks - 1
+    if full:
+        view = out[:, : full * block].view(n_rows, full, block, w)[:, :, :half]
+        view += rows[:, : full * half].view(n_rows, full, half, w)
+    out[:, full * block : full * block + half] += rows[:, full * half :]
 
 
 class _Term(NamedTuple):
