@@ -47,6 +47,7 @@ from attnlab.attention.sliced.dominance import (
     _suffix_sums_,
     _Term,
 )
+from attnlab.attention.sliced.merged import _merged_dominance_sums, _merged_dominated_sums
 
 __all__ = ["DEFAULT_CHUNK", "causal_sliced_relu_attention", "causal_sliced_relu_bump_attention"]
 
@@ -156,17 +157,15 @@ class _CausalSlicedReLU(torch.autograd.Function):
         key = t if valid is None else t.masked_fill(~valid, float("inf"))
         ones = torch.ones_like(t) if real is None else real
         table = torch.cat([v, t[..., None] * v, ones[..., None], t[..., None]], dim=-1).contiguous()
-        # #{j <= i : t_j <= s_i} (for the gradient) is #{t_j < s_i} plus the tied pairs
-        pairs = _tied_pairs(s, t, valid)
-        queries = [_Query(s, "left")]
-        if pairs is None:  # too many ties to list: count them in a pass of their own
-            queries.append(_Query(s, "right", slice(2 * dim, 2 * dim + 1)))
-        below, *at_or_below = _dominance_sums(key, table, queries, chunk)
+        below, levels = _merged_dominance_sums(key, s, table, chunk)
         del table
         sum_v, sum_tv = below[..., :dim].contiguous(), below[..., dim : 2 * dim]  # A_i, B_i
         count, sum_t = below[..., 2 * dim], below[..., 2 * dim + 1]  # C_i, E_i: keys below s_i
-        if pairs is None:
-            count_le = at_or_below[0][..., 0]
+        # #{j <= i : t_j <= s_i} (for the gradient) is #{t_j < s_i} plus the tied pairs
+        pairs = _tied_pairs(s, t, valid)
+        if pairs is None:  # too many ties to list: count them in a pass of their own
+            weights = ones[..., None].contiguous()
+            count_le = _dominance_sums(key, weights, [_Query(s, "right")], chunk)[0][..., 0]
         else:
             count_le = count.contiguous()
             count_le.view(-1).index_add_(0, pairs[0], torch.ones_like(pairs[0], dtype=count.dtype))
@@ -185,7 +184,7 @@ class _CausalSlicedReLU(torch.autograd.Function):
             scale = scale.masked_fill(~valid, 0.0)
         out = num.mul_(scale[..., None])
         ctx.save_for_backward(s, t, v, sum_v, vbar, count, count_le, n_safe, relu_mass, den, out)
-        ctx.valid, ctx.eps, ctx.chunk, ctx.pairs = valid, eps, chunk, pairs
+        ctx.valid, ctx.eps, ctx.chunk, ctx.pairs, ctx.levels = valid, eps, chunk, pairs, levels
         return out
 
     @staticmethod
@@ -204,19 +203,17 @@ class _CausalSlicedReLU(torch.autograd.Function):
         # Queries: dL/ds_i = a_i·(A_i − C_i vbar_i) + dden_i (#{t_j<s_i} − #{t_j>s_i}), j ≤ i.
         grad_s = _rowdot(a, sum_v) - count * a_vbar + grad_den * (count + count_le - n)
 
-        # Keys: sums over the later queries i ≥ j with s_i > t_j (the transposed dominance sums).
+        # Keys: sums over the later queries i ≥ j with s_i > t_j (the transposed dominance sums,
+        # over the forward pass's levels).
         table = torch.cat([a, s[..., None] * a, grad_den[..., None], a_vbar[..., None]], dim=-1)
         key = t if valid is None else t.masked_fill(~valid, float("inf"))
-        queries = [_Query(key, "left")]
-        if pairs is None:
-            queries.append(_Query(key, "right", slice(2 * dim, 2 * dim + 1)))
-        x = s if valid is None else s.masked_fill(~valid, -float("inf"))
-        above, *at_or_above = _dominated_sums(x, table, queries, chunk)
+        above = _merged_dominated_sums(key, s, table, chunk, ctx.levels)
         del table
         sum_a, sum_sa = above[..., :dim], above[..., dim : 2 * dim]
         den_above, vbar_a_above = above[..., 2 * dim], above[..., 2 * dim + 1]
-        if pairs is None:
-            at_or_above = at_or_above[0][..., 0]
+        if pairs is None:  # Σ_{i≥j, s_i>=t_j} dden_i in a pass of its own
+            weights = grad_den[..., None].contiguous()
+            at_or_above = _dominated_sums(s, weights, [_Query(key, "right")], chunk)[0][..., 0]
         else:  # Σ_{i≥j, s_i>=t_j} dden_i: the tied pairs' share added to the strict sum
             at_or_above = den_above.contiguous()
             at_or_above.view(-1).index_add_(0, pairs[1], grad_den.reshape(-1)[pairs[0]])

@@ -102,30 +102,56 @@ def _left_halves(
     key: torch.Tensor, tables: list[torch.Tensor], n_blocks: int, half: int, second: bool = False
 ):
     """At one level: the keys of every block's left half sorted, ``(N, n_blocks, half)``, and for
-    each table the exclusive prefix sums of its rows in that order, ``(N·n_blocks, half + 1, W)``.
+    each table the exclusive prefix sums of its rows in that order (``_ordered_prefix``).
 
     ``second``: the right halves instead (``_dominated_sums``); positions past the end (the last
-    block's right half may be short) sort last (+inf keys) and read the last row, which no sum
-    that counts only finite keys below a threshold ever reaches."""
-    n_rows, length = key.shape
+    block's right half may be short) sort last (+inf keys), and no sum that counts only finite
+    keys below a threshold ever reaches their rows."""
+    n_rows = key.shape[0]
     block = 2 * half
     span = n_blocks * block
     first = half if second else 0
-    halves = _pad_to(key, span, float("inf"))[:, :span].view(n_rows, n_blocks, block)[
-        ..., first : first + half
-    ]
-    sorted_keys, order = torch.sort(halves, dim=-1)
-    starts = torch.arange(n_blocks, device=key.device) * block + first
-    positions = order + starts[:, None]  # left halves lie before a right half: all < length
-    if second:
-        positions = positions.clamp_max_(length - 1)
+    halves = _pad_to(key, span, float("inf"))[:, :span].view(n_rows, n_blocks, block)
+    sorted_keys, order = torch.sort(halves[..., first : first + half], dim=-1)
+    return sorted_keys, [_ordered_prefix(table, order, n_blocks, half, first) for table in tables]
+
+
+def _ordered_prefix(table: torch.Tensor, order: torch.Tensor, n_blocks: int, half: int, first: int = 0):
+    """Exclusive prefix sums of the rows of every block's left half (``first = 0``) or right half
+    (``first = half``) taken in ``order (N, n_blocks, half)`` (indices within the half):
+    ``(N, n_blocks·(half + 1), W)``, row 0 of each block 0. Right-half positions past the end
+    read the last row (their sums must never be read)."""
+    n_rows, length, width = table.shape
+    starts = torch.arange(n_blocks, device=table.device) * (2 * half) + first
+    positions = order + starts[:, None]  # a left half always lies before its right half: < length
+    if first:
+        positions = positions.clamp_max(length - 1)
     index = torch.cat([positions[..., :1], positions], dim=-1).view(n_rows, -1)  # row 0: zeroed
-    prefixes = []
-    for table in tables:
-        prefix = _gather_rows(table, index).view(n_rows * n_blocks, half + 1, table.shape[-1])
-        prefix[:, 0] = 0
-        prefixes.append(_prefix_sums_(prefix))
-    return sorted_keys, prefixes
+    prefix = _gather_rows(table, index).view(n_rows * n_blocks, half + 1, width)
+    prefix[:, 0] = 0
+    return _prefix_sums_(prefix).view(n_rows, n_blocks * (half + 1), width)
+
+
+def _dense_chunks(key, x, table, side: str, chunk: int, out: torch.Tensor, transpose: bool = False) -> None:
+    """The level below the sorted ones, written into every row of ``out``: inside chunks of
+    ``chunk`` consecutive tokens, ``out_i = Σ_{j ≤ i, key_j < x_i} table_j`` (``<=`` for side
+    "right") as a dense masked product, which also takes the diagonal ``j = i``; with
+    ``transpose`` the same pairs the other way, ``out_j = Σ_{i ≥ j, key_j < x_i} table_i``."""
+    n_rows, length, width = table.shape
+    compare = torch.lt if side == "left" else torch.le
+
+    def local(start: int, size: int, count: int) -> None:
+        stop = start + size * count
+        keys = key[:, start:stop].reshape(n_rows, count, 1, size)
+        thresholds = x[:, start:stop].reshape(n_rows, count, size, 1)
+        weights = table.new_empty(n_rows, count, size, size)
+        compare(keys, thresholds, out=weights).tril_()  # [i, j]: key_j below x_i, j <= i
+        if transpose:
+            weights = weights.transpose(-1, -2)
+        rows = table[:, start:stop].reshape(n_rows, count, size, width)
+        out[:, start:stop] = torch.matmul(weights, rows).reshape(n_rows, -1, width)
+
+    _over_chunks(local, length, chunk)
 
 
 class _Query(NamedTuple):
@@ -144,30 +170,15 @@ def _dominance_sums(key: torch.Tensor, table: torch.Tensor, queries: list[_Query
     contiguous. Returns one ``(N, T, w)`` tensor per query set (w = width of its column slice).
     """
     n_rows, length, width = table.shape
-    outs = [table.new_zeros(n_rows, length, table[0, 0, q.cols].numel()) for q in queries]
-    causal_mask = {}
-
-    def local(start: int, size: int, count: int) -> None:
-        stop = start + size * count
-        kc = key[:, start:stop].reshape(n_rows, count, size)
-        tc = table[:, start:stop].reshape(n_rows, count, size, width)
-        if size not in causal_mask:
-            causal_mask[size] = torch.ones(size, size, dtype=torch.bool, device=key.device).tril()
-        for q, out in zip(queries, outs, strict=True):
-            xc = q.x[:, start:stop].reshape(n_rows, count, size)
-            keys, thresholds = kc[..., None, :], xc[..., :, None]
-            below = keys < thresholds if q.side == "left" else keys <= thresholds
-            weights = (below & causal_mask[size]).to(table.dtype)
-            out[:, start:stop] = torch.matmul(weights, tc[..., q.cols]).reshape(n_rows, -1, out.shape[-1])
-
-    _over_chunks(local, length, chunk)
+    outs = [table.new_empty(n_rows, length, table[0, 0, q.cols].numel()) for q in queries]
+    for q, out in zip(queries, outs, strict=True):
+        _dense_chunks(key, q.x, table[..., q.cols], q.side, chunk, out)
 
     half = chunk
     while half < length:
         n_blocks, span, _, last_size, n_queries = _level_layout(length, half)
         block = 2 * half
         sorted_keys, (prefix,) = _left_halves(key, [table], n_blocks, half)
-        prefix = prefix.view(n_rows, n_blocks * (half + 1), width)
         row_starts = (torch.arange(n_blocks, device=key.device) * (half + 1))[:, None]
         for q, out in zip(queries, outs, strict=True):
             right = _pad_to(q.x, span, 0.0)[:, :span].view(n_rows, n_blocks, block)[..., half:]
@@ -195,22 +206,9 @@ def _dominated_sums(x: torch.Tensor, table: torch.Tensor, keys: list[_Query], ch
     -inf at rows that must never count; the keys' ``key_j`` may hold +inf (they count nothing).
     """
     n_rows, length, width = table.shape
-    outs = [table.new_zeros(n_rows, length, table[0, 0, q.cols].numel()) for q in keys]
-    causal_mask = {}
-
-    def local(start: int, size: int, count: int) -> None:
-        stop = start + size * count
-        xc = x[:, start:stop].reshape(n_rows, count, size)[..., :, None]  # rows: i
-        tc = table[:, start:stop].reshape(n_rows, count, size, width)
-        if size not in causal_mask:
-            causal_mask[size] = torch.ones(size, size, dtype=torch.bool, device=x.device).tril()
-        for q, out in zip(keys, outs, strict=True):
-            kc = q.x[:, start:stop].reshape(n_rows, count, size)[..., None, :]  # columns: j
-            below = kc < xc if q.side == "left" else kc <= xc
-            weights = (below & causal_mask[size]).to(table.dtype).transpose(-1, -2)
-            out[:, start:stop] = torch.matmul(weights, tc[..., q.cols]).reshape(n_rows, -1, out.shape[-1])
-
-    _over_chunks(local, length, chunk)
+    outs = [table.new_empty(n_rows, length, table[0, 0, q.cols].numel()) for q in keys]
+    for q, out in zip(keys, outs, strict=True):
+        _dense_chunks(q.x, x, table[..., q.cols], q.side, chunk, out, transpose=True)
 
     neg = -x  # x_i > k  <=>  -x_i < -k: right halves sorted by -x, rows in descending x
     half = chunk
@@ -218,7 +216,6 @@ def _dominated_sums(x: torch.Tensor, table: torch.Tensor, keys: list[_Query], ch
         n_blocks, span, _, _, _ = _level_layout(length, half)
         block = 2 * half
         sorted_neg, (prefix,) = _left_halves(neg, [table], n_blocks, half, second=True)
-        prefix = prefix.view(n_rows, n_blocks * (half + 1), width)
         row_starts = (torch.arange(n_blocks, device=x.device) * (half + 1))[:, None]
         for q, out in zip(keys, outs, strict=True):
             left = _pad_to(-q.x, span, 0.0)[:, :span].view(n_rows, n_blocks, block)[..., :half]
