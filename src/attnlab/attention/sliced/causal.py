@@ -47,7 +47,7 @@ from attnlab.attention.sliced.dominance import (
     _suffix_sums_,
     _Term,
 )
-from attnlab.attention.sliced.merged import _merged_dominance_sums, _merged_dominated_sums
+from attnlab.attention.sliced.merged import _merge_rows, _merged_dominance_sums, _merged_dominated_sums
 
 __all__ = ["DEFAULT_CHUNK", "causal_sliced_relu_attention", "causal_sliced_relu_bump_attention"]
 
@@ -97,13 +97,14 @@ def _tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None):
     hat'(0) = 0). They differ by the tied pairs only, which scores from real data have by accident
     (float32 at T = 16K: a few dozen per row), so the difference is added from this list instead
     of one more dominance pass over every level. Many ties (quantised scores, constant rows) return
-    None and the caller takes that exact pass. One sort and two binary searches per row.
+    None and the caller takes that exact pass. One merged sort of each row's keys and queries
+    (``_merge_rows``: the keys' order and every query's rank among them) and a scan of the runs.
     """
     n_rows, length = s.shape
     if valid is not None:  # padded positions never tie: -inf queries against +inf keys
         s, t = s.masked_fill(~valid, -float("inf")), t.masked_fill(~valid, float("inf"))
-    keys, key_order = torch.sort(t, dim=1)
-    lo = torch.searchsorted(keys, s, side="left")
+    key_order, lo, _, _ = _merge_rows(s, t)
+    keys = torch.gather(t, 1, key_order)
     # the end of the run of equal keys at each sorted position (instead of a second binary search)
     last = torch.arange(length, device=s.device).expand(n_rows, -1)
     run_end = torch.where(keys[:, 1:] != keys[:, :-1], last[:, :-1] + 1, length)
@@ -117,7 +118,7 @@ def _tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None):
         return None
     query = torch.repeat_interleave(torch.arange(s.numel(), device=s.device), counts)
     run_start = torch.cumsum(counts, 0) - counts  # where each query's pairs start in the list
-    position = lo.view(-1)[query] + torch.arange(total, device=s.device) - run_start[query]
+    position = lo.reshape(-1)[query] + torch.arange(total, device=s.device) - run_start[query]
     row_start = query - query % length
     key = key_order.view(-1)[row_start + position] + row_start
     keep = key <= query  # j <= i (same row)

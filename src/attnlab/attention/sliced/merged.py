@@ -63,34 +63,42 @@ def _merged_order(values: torch.Tensor, half: int) -> torch.Tensor:
 
 
 def _merge_level(key: torch.Tensor, x: torch.Tensor, n_blocks: int, half: int):
-    """One level's merged order: ``left_order (N, n_blocks, half)``, the left keys' indices in
-    ascending order; ``rank (N, n_blocks, half)``, for every right threshold ``#{left keys < it}``;
-    and the ``_Level`` the backward pass reads. Right positions past the end are -inf thresholds
-    (below every key: counted for none)."""
+    """One level's merged order (``_merge_rows`` over every block's left keys and right
+    thresholds): ``left_order``, ``rank`` and the ``_Level`` the backward pass reads. Right
+    positions past the end are -inf thresholds (below every key: counted for none)."""
     n_rows = key.shape[0]
     block, span = 2 * half, 2 * half * n_blocks
-    segments, size = n_rows * n_blocks, n_rows * 2 * half * n_blocks
     right = _pad_to(x, span, -float("inf"))[:, :span].view(n_rows, n_blocks, block)[..., half:]
     left = _pad_to(key, span, float("inf"))[:, :span].view(n_rows, n_blocks, block)[..., :half]
-    merged = _merged_order(torch.cat([right, left], dim=-1).view(segments, block), half)
-    base = (torch.arange(segments, device=key.device) * block)[:, None]
+    shape = (n_rows, n_blocks, half)
+    parts = _merge_rows(right.reshape(-1, half), left.reshape(-1, half))
+    left_order, rank, right_order, above = (part.view(shape) for part in parts)
+    return left_order, rank, _Level(half, n_blocks, right_order, above)
+
+
+def _merge_rows(right: torch.Tensor, left: torch.Tensor):
+    """Thresholds ``right (S, h)`` and keys ``left (S, h)`` of each row sorted together (thresholds
+    before equal keys), as four ``(S, h)`` integer tensors: ``left_order``, the keys' indices in
+    ascending order; ``rank``, per threshold ``#{keys < it}``; ``right_order``, the thresholds'
+    indices in descending order; ``above``, per key ``#{thresholds > it}``."""
+    segments, half = right.shape
+    block, size = 2 * half, 2 * half * segments
+    merged = _merged_order(torch.cat([right, left], dim=1), half)
+    base = (torch.arange(segments, device=right.device) * block)[:, None]
     is_key = merged.view(segments, block) - base >= half  # columns 0..half-1: thresholds
     keys_before = is_key.cumsum(1)
     keys_before -= is_key.to(torch.int64)
     # per element (original column): #keys and #thresholds before it in the merged order
-    position = torch.empty_like(merged).scatter_(0, merged, torch.arange(size, device=key.device))
+    position = torch.empty_like(merged).scatter_(0, merged, torch.arange(size, device=right.device))
     keys_ahead = keys_before.view(-1)[position].view(segments, block)
     thresholds_ahead = position.view(segments, block) - base - keys_ahead
     # every element's slot in [thresholds in order | keys in order]
     slot = torch.cat([thresholds_ahead[:, :half], keys_ahead[:, half:] + half], dim=1) + base
-    columns = torch.arange(block, device=key.device).repeat(segments)
+    columns = torch.arange(block, device=right.device).repeat(segments)
     grouped = torch.empty_like(merged).scatter_(0, slot.view(-1), columns).view(segments, block)
-    shape = (n_rows, n_blocks, half)
-    left_order = (grouped[:, half:] - half).reshape(shape)
-    rank = keys_ahead[:, :half].reshape(shape)
-    right_order = grouped[:, :half].flip(-1).reshape(shape)  # descending
-    above = (half - thresholds_ahead[:, half:]).reshape(shape)
-    return left_order, rank, _Level(half, n_blocks, right_order, above)
+    left_order = grouped[:, half:] - half
+    right_order = grouped[:, :half].flip(-1)  # descending
+    return left_order, keys_ahead[:, :half], right_order, half - thresholds_ahead[:, half:]
 
 
 def _merged_dominance_sums(key: torch.Tensor, x: torch.Tensor, table: torch.Tensor, chunk: int):
