@@ -21,16 +21,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
-from attnlab.attention.sliced.dominance import (
-    _add_left_halves,
-    _add_right_halves,
-    _dense_chunks,
-    _gather_rows,
-    _level_layout,
-    _ordered_prefix,
-    _pad_to,
-)
+from attnlab.attention.sliced.dominance import _dense_chunks, _level_layout, _pad_to, _prefix_sums_
 
 RADIX_MIN = 32768  # torch.sort takes its radix path for 1-D integer CPU tensors of this size and up
 
@@ -104,35 +97,79 @@ def _merge_rows(right: torch.Tensor, left: torch.Tensor):
 def _merged_dominance_sums(key: torch.Tensor, x: torch.Tensor, table: torch.Tensor, chunk: int):
     """``Σ_{j ≤ i, key_j < x_i} table_j`` for every i, ``(N, T, W)`` (``_dominance_sums`` with one
     "left" query), and the levels for ``_merged_dominated_sums``. ``key`` may hold +inf for keys
-    that never count; ``x`` is finite."""
-    n_rows, length, width = table.shape
-    out = table.new_empty(n_rows, length, width)
+    that never count; ``x`` is finite or -inf (counts nothing)."""
+    out = table.new_empty(table.shape)
     _dense_chunks(key, x, table, "left", chunk, out)
     levels = []
-    half = chunk
-    while half < length:
-        n_blocks, _, _, last_size, n_queries = _level_layout(length, half)
-        left_order, rank, level = _merge_level(key, x, n_blocks, half)
-        prefix = _ordered_prefix(table, left_order, n_blocks, half)
-        row_starts = (torch.arange(n_blocks, device=key.device) * (half + 1))[:, None]
-        flat = (rank + row_starts).view(n_rows, -1)[:, :n_queries]
-        _add_right_halves(out, _gather_rows(prefix, flat), n_blocks, half, last_size)
-        levels.append(level)
-        half *= 2
+    for group in _level_groups(table.shape[1], chunk):
+        merges = [_merge_level(key, x, _level_layout(table.shape[1], half)[0], half) for half in group]
+        levels += [level for _, _, level in merges]
+        orders = [(left_order, level, 0) for left_order, _, level in merges]
+        reads = [(rank, level, 1) for _, rank, level in merges]  # right halves read
+        _add_level_rows(out, table, orders, reads)
     return out, levels
 
 
 def _merged_dominated_sums(key, x, table: torch.Tensor, chunk: int, levels: list[_Level]) -> torch.Tensor:
     """``Σ_{i ≥ j, key_j < x_i} table_i`` for every j (``_dominated_sums`` with one "left" key set),
     over the pairs and with the levels of the ``_merged_dominance_sums`` call on ``key`` and ``x``."""
-    n_rows, length, width = table.shape
-    out = table.new_empty(n_rows, length, width)
+    out = table.new_empty(table.shape)
     _dense_chunks(key, x, table, "left", chunk, out, transpose=True)
-    for level in levels:
-        half, n_blocks = level.half, level.n_blocks
-        prefix = _ordered_prefix(table, level.right_order, n_blocks, half, first=half)
-        row_starts = (torch.arange(n_blocks, device=key.device) * (half + 1))[:, None]
-        _add_left_halves(
-            out, _gather_rows(prefix, (level.above + row_starts).view(n_rows, -1)), n_blocks, half
-        )
+    for first in range(0, len(levels), FUSED_LEVELS):
+        group = levels[first : first + FUSED_LEVELS]
+        orders = [(level.right_order, level, 1) for level in group]  # right halves, descending
+        reads = [(level.above, level, 0) for level in group]  # left halves read
+        _add_level_rows(out, table, orders, reads)
     return out
+
+
+FUSED_LEVELS = 4  # levels whose prefix tables are read in one gather (memory: 2 (N, T, W) tables)
+
+
+def _level_groups(length: int, chunk: int) -> list[list[int]]:
+    halves, half = [], chunk
+    while half < length:
+        halves.append(half)
+        half *= 2
+    return [halves[k : k + FUSED_LEVELS] for k in range(0, len(halves), FUSED_LEVELS)]
+
+
+def _add_level_rows(out: torch.Tensor, table: torch.Tensor, orders, reads) -> None:
+    """``out += `` the rows that several levels read, in one gather and one add.
+
+    ``orders``: per level ``(order (N, n_blocks, half), level, side)``, the rows of every block's
+    left (side 0) or right (side 1) half in the order of their exclusive prefix sums, which one
+    gather lays out level after level (row 0 of each block zero). ``reads``: per level
+    ``(count (N, n_blocks, half), level, side)``, how many rows of that prefix each position of
+    the other half reads. Every position then sums one row per level (the zero row where it reads
+    none) in one ``embedding_bag``: instead of a gather and an add of half the table per level,
+    one of the whole table per group of levels.
+    """
+    n_rows, length, width = table.shape
+    device = table.device
+    row_base = (torch.arange(n_rows, device=device) * length)[:, None, None]
+    gather, offsets, offset = [], [], 0
+    for order, level, side in orders:
+        half, n_blocks = level.half, level.n_blocks
+        first = half * side
+        positions = order + (torch.arange(n_blocks, device=device) * (2 * half) + first)[:, None]
+        if side:  # the last block's right half may pass the end: its rows are never read
+            positions = positions.clamp_max(length - 1)
+        gather.append((torch.cat([positions[..., :1], positions], dim=-1) + row_base).view(-1))
+        offsets.append(offset)
+        offset += gather[-1].numel()
+    prefixes = F.embedding_bag(torch.cat(gather)[:, None], table.view(-1, width), mode="sum")
+    bags = []
+    for (_, level, _), (count, _, side), start in zip(orders, reads, offsets, strict=True):
+        half, n_blocks = level.half, level.n_blocks
+        prefix = prefixes[start : start + n_rows * n_blocks * (half + 1)].view(-1, half + 1, width)
+        prefix[:, 0] = 0
+        _prefix_sums_(prefix)
+        block_rows = torch.arange(n_rows * n_blocks, device=device).view(n_rows, n_blocks, 1) * (half + 1)
+        span = 2 * half * n_blocks  # may end before the sequence (a last block without right half)
+        index = torch.full((n_rows, max(span, length)), start, dtype=torch.int64, device=device)
+        blocks = index[:, :span].view(n_rows, n_blocks, 2 * half)  # start: the zero row
+        blocks[..., half * side : half * side + half] += count + block_rows
+        bags.append(index[:, :length])
+    rows = F.embedding_bag(torch.stack(bags, dim=-1).view(-1, len(bags)), prefixes, mode="sum")
+    out += rows.view(out.shape)
