@@ -9,14 +9,18 @@ for the bump) of a few weight columns ``w``: a two-dimensional query (time and s
 ``attnlab.attention.sliced.dominance`` answers them for all i at once, vectorised over rows and
 columns, with a Python loop over log₂(T / chunk) levels only (divide and conquer over time: dense
 masked products inside chunks, sorted left halves and binary searches across them). The backward
-passes (hand-written ``autograd.Function``s) use the same routines with time reversed (``j ≥ i``
-becomes a prefix) and queries and keys exchanged. What keeps them within a few times the
-bidirectional ops (``attnlab bench attention`` prints the ratio):
+passes (hand-written ``autograd.Function``s) sum over the same pairs the other way (``j ≥ i``, queries
+and keys exchanged). What keeps them within a few times the bidirectional ops (``attnlab bench
+attention`` prints the ratio):
 
+- sliced ReLU: one merged sort of keys and queries per level (``attnlab.attention.sliced.merged``;
+  a radix sort of integer codes for float32) gives both passes their orders and counts, so the
+  backward pass neither sorts nor searches, and the levels are read up to five at a time (one gather
+  and one add per group instead of per level);
 - ReLU-bump: the hat window is a combination of four window sums; each level reads the prefix rows
   of all of it in one fused gather-and-weigh (``_combined_sums``), and the window sums the score
   and bandwidth gradients need (they do not depend on the output's gradient) are taken in the
-  forward pass over the same sorts, so the backward pass only runs the keys' side;
+  forward pass over the same sorts, so the backward pass only runs the keys' side (time reversed);
 - tied scores (``t_j = s_i``: kinks of both kernels) are taken apart from a list of the tied pairs
   (``_tied_pairs``) instead of one more pass over every level, unless there are many;
 - prefix sums over a middle dimension add rows instead of calling ``cumsum`` (``_prefix_sums_``).
