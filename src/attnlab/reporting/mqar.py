@@ -1,7 +1,10 @@
 """MQAR recall against model width and against sequence length, one line per backend.
 
 The width comes from the summary's `dim` when it has one, else from `task.model.dim` in the run dir's
-`config.yaml`.
+`config.yaml`. Two options change what a run computes without changing its backend's name, so they
+come from `config.yaml` too: `task.model.short_conv` (one panel per value: recall with and without the
+short convolution are different questions) and the causal bump's `attn.normaliser` (one line per
+value, named ``sliced_relu_bump (mass)``).
 """
 
 from __future__ import annotations
@@ -38,42 +41,70 @@ def run_width(run: RunSummary) -> int | None:
     return _positive_int(OmegaConf.select(config, "task.model.dim", default=None))
 
 
+def run_options(run: RunSummary) -> tuple[str, int]:
+    """The line and the short convolution of a run: ``(backend[ (normaliser)], short_conv)``.
+
+    The normaliser is named only where the backend has one (ReLU-bump); a run without a config (or
+    from before these options) counts as the defaults, ``short_conv`` 0.
+    """
+    config = load_run_config(run)
+    if config is None:
+        return run.attn, 0
+    from omegaconf import OmegaConf
+
+    normaliser = OmegaConf.select(config, "attn.normaliser", default=None)
+    taps = _positive_int(OmegaConf.select(config, "task.model.short_conv", default=None)) or 0
+    return (f"{run.attn} ({normaliser})" if isinstance(normaliser, str) else run.attn), taps
+
+
 @dataclass(frozen=True)
 class RecallPoint:
-    """MQAR accuracy of one backend at one (seq_len, width), over seeds."""
+    """MQAR accuracy of one backend (with its normaliser, if any) at one (seq_len, width, short_conv),
+    over seeds."""
 
     backend: str
     seq_len: int
     dim: int
     acc: Stat
+    short_conv: int = 0
+
+
+def _line_sort_key(line: str) -> tuple:
+    backend, _, option = line.partition(" (")
+    return (*backend_sort_key(backend), option)
 
 
 def mqar_points(runs: Sequence[RunSummary], metric: str = "test_acc") -> list[RecallPoint]:
-    """Group the MQAR runs by (backend, seq_len, width); runs without a width or the metric are left out."""
-    groups: dict[tuple[str, int, int], list[float]] = {}
+    """Group the MQAR runs by (backend and normaliser, seq_len, width, short_conv); runs without a width
+    or the metric are left out."""
+    groups: dict[tuple[str, int, int, int], list[float]] = {}
     for run in runs:
         if run.task != MQAR_TASK or run.get(metric) is None or _positive_int(run.get("seq_len")) is None:
             continue
         width = run_width(run)
         if width is not None:
-            groups.setdefault((run.attn, int(run.get("seq_len")), width), []).append(run.get(metric))
-    points = [RecallPoint(b, t, d, Stat.of(values)) for (b, t, d), values in groups.items()]
-    return sorted(points, key=lambda p: (backend_sort_key(p.backend), p.seq_len, p.dim))
+            line, taps = run_options(run)
+            groups.setdefault((line, int(run.get("seq_len")), width, taps), []).append(run.get(metric))
+    points = [RecallPoint(b, t, d, Stat.of(values), k) for (b, t, d, k), values in groups.items()]
+    return sorted(points, key=lambda p: (_line_sort_key(p.backend), p.short_conv, p.seq_len, p.dim))
 
 
 def _recall_plot(
     runs: Sequence[RunSummary], path: Path, metric: str, x: str, panel: str, title: str, xlabel: str
 ) -> Path:
-    """One panel per value of `panel` ("seq_len" or "dim"), one line per backend along `x`."""
+    """One panel per value of `panel` ("seq_len" or "dim") and of short_conv, one line per backend."""
     points = mqar_points(runs, metric)
-    panels = sorted({getattr(p, panel) for p in points})
-    style = style_by_backend(sorted({p.backend for p in points}, key=backend_sort_key))
+    panels = sorted({(getattr(p, panel), p.short_conv) for p in points})
+    with_conv = any(taps for _, taps in panels)
+    style = style_by_backend(sorted({p.backend for p in points}, key=_line_sort_key))
     base = Stat.of(r.get("baseline_acc") for r in runs if r.task == MQAR_TASK)
     fig, axes = panel_grid(max(1, len(panels)), title)
-    for ax, value in zip(axes, panels, strict=False):
+    for ax, (value, taps) in zip(axes, panels, strict=False):
         for backend in style:
             line = sorted(
-                (getattr(p, x), p.acc) for p in points if p.backend == backend and getattr(p, panel) == value
+                (getattr(p, x), p.acc)
+                for p in points
+                if p.backend == backend and getattr(p, panel) == value and p.short_conv == taps
             )
             if not line:
                 continue
@@ -99,12 +130,12 @@ def _recall_plot(
             sorted({getattr(p, x) for p in points}), [str(v) for v in sorted({getattr(p, x) for p in points})]
         )
         ax.set_ylim(-2, 102)
-        ax.set_title(f"{panel} {value}")
+        ax.set_title(f"{panel} {value}" + (f", short_conv {taps}" if with_conv else ""))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"MQAR {metric} (%)")
         ax.grid(True, which="both", alpha=0.3)
         # below the panel: points sit anywhere from chance to 100 %, a legend inside would hide some
-        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     if not panels:
         axes[0].text(
             0.5, 0.5, "no MQAR run with a width", ha="center", va="center", transform=axes[0].transAxes
