@@ -36,8 +36,12 @@ KERNELS = {
         {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **STREAM},
     ),
     "stream_totals_kernel": (
-        ["*i32", VAL, F32, F32, F32, F32, *["i32"] * 5],
-        {"HAS_XSHIFT": True, "HAS_W": True, **STREAM},
+        ["*i32", VAL, F32, F32, F32, F32, F32, *["i32"] * 5],
+        {"HAS_XSHIFT": True, "HAS_W": True, "SINKS_AS_SOURCES": False, "HAS_C4": True, **STREAM},
+    ),
+    "relu_backward_kernel": (
+        ["*i32", VAL, F32, F32, F32, VAL, F32, F32, F32, VAL, F32, F32, F32, *["i32"] * 6],
+        {"HAS_W": True, "HAS_KCARRY": True, **STREAM},
     ),
     # ReLU-bump's float64 streams: values and gradients in float32 whatever the op's dtype
     "stream_kernel[wide]": (
@@ -45,8 +49,8 @@ KERNELS = {
         {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **WIDE},
     ),
     "stream_totals_kernel[wide]": (
-        ["*i32", F32, F32, F32, F64, F64, *["i32"] * 5],
-        {"HAS_XSHIFT": True, "HAS_W": True, **WIDE},
+        ["*i32", F32, F32, F32, F64, F64, F64, *["i32"] * 5],
+        {"HAS_XSHIFT": True, "HAS_W": True, "SINKS_AS_SOURCES": False, "HAS_C4": False, **WIDE},
     ),
     "linear_causal_fwd_kernel": ([VAL, VAL, VAL, "*i8", VAL, F32, *["i32"] * 4, "fp32"], LINEAR),
     "linear_causal_bwd_q_kernel": (
