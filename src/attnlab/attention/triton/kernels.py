@@ -58,8 +58,7 @@ def _weighted_rows(
     x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype,
     HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr,
 ):  # fmt: skip
-    """Source rows ``x_j - shift``, ``w_j (x_j - shift)`` and ``u_j w_j (x_j - shift)``; zero rows off
-    the sources."""
+    """Source rows ``w_j (x_j - shift)`` and ``u_j w_j (x_j - shift)``; zero rows off the sources."""
     rows = tl.load(
         x_ptr + (row * T + j)[:, None] * D + d[None, :],
         mask=is_src[:, None] & dmask[None, :],
@@ -67,7 +66,6 @@ def _weighted_rows(
     ).to(acc_dtype)
     if HAS_XSHIFT:
         rows = rows - xshift[None, :]
-    plain = rows
     if HAS_W:
         weight = tl.load(w_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
     else:
@@ -75,7 +73,7 @@ def _weighted_rows(
     weight = tl.where(is_src, weight, 0.0)
     rows = rows * weight[:, None]
     score = tl.load(u_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
-    return plain, rows, rows * score[:, None]
+    return rows, rows * score[:, None]
 
 
 @triton.jit
@@ -100,8 +98,8 @@ def stream_totals_kernel(
     ``totals[row, chunk, 2/3, :]`` their compensations (the rounding errors of the block adds).
 
     ``SINKS_AS_SOURCES``: the entries ``e < T`` are the sources (sliced ReLU's backward walk sums the
-    queries of the forward's stream). ``HAS_C4``: also ``totals[row, chunk, 4, :] = Σ c4_e (x_e - shift)``
-    over the chunk's sources, unweighted (a plain reduction riding on the same read).
+    queries of the forward's stream). ``HAS_C4``: also ``totals[row, chunk, 4, :] = Σ c4_e w_e (x_e - shift)``
+    over the chunk's sources (a plain reduction riding on the same read)
     """
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -129,14 +127,14 @@ def stream_totals_kernel(
         else:
             is_src = pmask & (e >= T) & (e < 2 * T)  # never an index outside the row, written or not
             j = tl.where(is_src, e - T, 0)
-        plain, rows, scored = _weighted_rows(
+        rows, scored = _weighted_rows(
             x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
         )
         sum_w, err_w = _two_sum(sum_w, err_w, tl.reduce(rows, 0, _add))
         sum_x, err_x = _two_sum(sum_x, err_x, tl.reduce(scored, 0, _add))
         if HAS_C4:
             c4 = tl.load(c4_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
-            sum_c4 += tl.reduce(plain * c4[:, None], 0, _add)
+            sum_c4 += tl.reduce(rows * c4[:, None], 0, _add)
     planes = 5 if HAS_C4 else 4
     base = totals_ptr + ((row * NCHUNK + chunk) * planes) * D + d
     tl.store(base, sum_w, mask=dmask)
@@ -204,7 +202,7 @@ def stream_kernel(
         is_sink = pmask & (e >= 0) & (e < T)
         j = tl.where(is_src, e - T, 0)
         i = tl.where(is_sink, e, 0)
-        plain, rows, scored = _weighted_rows(
+        rows, scored = _weighted_rows(
             x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
         )
         # inclusive sums; a sink's own row is zero, so at a sink they are the sums strictly before it.
@@ -322,6 +320,41 @@ def relu_backward_kernel(
         tl.store(
             dv_ptr + (row * T + j)[:, None] * D + d[None, :], grad.to(dv_ptr.dtype.element_ty), mask=key2
         )
+
+
+@triton.jit
+def relu_scalars_kernel(
+    s_ptr, rank_ptr, rank_le_ptr, p_t_ptr, count_ptr, eps_ptr, queries_ptr,
+    c1_ptr, scale_ptr, dden_ptr, balance_ptr, mass_ptr,
+    T, HAS_QUERIES: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Sliced ReLU's per-query scalars in one pass (grid: rows, blocks of queries), from the ranks
+    ``r_i = #{t < s_i}``, ``#{t <= s_i}`` and the exclusive prefix sums ``p_t`` of the sorted keys:
+    ``den_i = Σ_j |s_i - t_j| = s_i (2 r_i - n) + Σ t - 2 Σ_{t_j<s_i} t_j``, the scale
+    ``a_i = 2 / max(den_i, eps)`` (0 off ``queries``), ``c1 = a s`` (the forward stream's ``c2`` is
+    ``-a``); for the backward ``dden_i = da_i/dden_i = -a_i² / 2`` (0 where the clamp holds),
+    ``#{t < s} - #{t > s}`` and ``R_i = Σ_{t_j<s_i} (s_i - t_j)``."""
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = i < T
+    at = row * T + i
+    s = tl.load(s_ptr + at, mask=m, other=0.0)
+    rank = tl.load(rank_ptr + at, mask=m, other=0)
+    rank_le = tl.load(rank_le_ptr + at, mask=m, other=0)
+    below = tl.load(p_t_ptr + row * (T + 1) + rank, mask=m, other=0.0)
+    total = tl.load(p_t_ptr + row * (T + 1) + T)
+    n = tl.load(count_ptr + row)
+    eps = tl.load(eps_ptr)
+    r = rank.to(s.dtype)
+    den = s * (2 * r - n) + total - 2 * below
+    scale = 2.0 / tl.maximum(den, eps)
+    if HAS_QUERIES:
+        scale = tl.where(tl.load(queries_ptr + at, mask=m, other=0) != 0, scale, 0.0)
+    tl.store(c1_ptr + at, scale * s, mask=m)
+    tl.store(scale_ptr + at, scale, mask=m)
+    tl.store(dden_ptr + at, tl.where(den >= eps, -0.5 * scale * scale, 0.0), mask=m)
+    tl.store(balance_ptr + at, (rank + rank_le).to(s.dtype) - n, mask=m)
+    tl.store(mass_ptr + at, s * r - below, mask=m)
 
 
 # --------------------------------------------------------------------------------------------

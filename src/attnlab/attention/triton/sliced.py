@@ -189,8 +189,9 @@ def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
     """Sliced ReLU's backward walk (``kernels.relu_backward_kernel``) over the forward's ``order``:
     returns dv ``(N, T, D)`` and the dots ``(3, N, T)``: g·P and g·P_t at the queries, (v - vbar)·Q
     at the keys. One pass over g first (``stream_totals_kernel``) sums the queries ``a g`` and
-    ``s a g`` per chunk (the walk starts each chunk at minus the sum above it) and ``Σ c4 g``, the
-    mean of dL/dw times ``count``. ``kcarry``: the forward's ``stream_carry`` (the key sums)."""
+    ``s a g`` per chunk (the walk starts each chunk at minus the sum above it) and ``Σ c4 a g``,
+    the mean of dL/dw times ``count`` (``c4``: R, ``a``: the scale). ``kcarry``: the forward's
+    ``stream_carry`` (the key sums)."""
     order, v, vbar, weight, t, g, a_scale, s, c4 = (
         None if x is None else x.contiguous() for x in (order, v, vbar, weight, t, g, a_scale, s, c4)
     )
@@ -229,7 +230,7 @@ def _split(start: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([high, (start - high.double()).to(dtype)], dim=2).contiguous()
 
 
-def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool):
+def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, finite: bool = False):
     """The merged ascending order of sinks and sources of one row, and each sink's source count.
 
     ``*_sorted`` are ascending ``(N, T)`` values, ``*_order`` their original indices. On ties,
@@ -240,11 +241,13 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool):
     The positions form a permutation only if both lists are ordered by one total order: NaN
     (which ``torch.sort`` puts last but compares false with everything) is read as +inf, last
     too, so that ``searchsorted`` agrees with the sort. The callers never pass NaN
-    (``_finite_rows``); this keeps the merge sound if one ever does. ``order`` starts at -1,
-    which the kernels skip: no slot can hold an index that was never written.
+    (``_finite_rows``); this keeps the merge sound if one ever does (``finite=True``: the caller
+    vouches that there is none, and the pass is skipped). ``order`` starts at -1, which the
+    kernels skip: no slot can hold an index that was never written.
     """
     rows, length = sink_sorted.shape
-    sink_sorted, src_sorted = (torch.nan_to_num(x, nan=float("inf")) for x in (sink_sorted, src_sorted))
+    if not finite:
+        sink_sorted, src_sorted = (torch.nan_to_num(x, nan=float("inf")) for x in (sink_sorted, src_sorted))
     before_sink = torch.searchsorted(src_sorted, sink_sorted, side="left" if sinks_first else "right")
     before_src = torch.searchsorted(sink_sorted, src_sorted, side="right" if sinks_first else "left")
     arange = torch.arange(length, device=sink_sorted.device)
@@ -258,6 +261,19 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool):
 def reverse(order: torch.Tensor, length: int) -> torch.Tensor:
     """The merged stream walked from the top with the roles exchanged (sources become sinks)."""
     return torch.remainder(order.flip(1) + length, 2 * length).to(torch.int32)
+
+
+def _relu_scalars(s, rank, rank_le, t_sorted, count, eps, queries):
+    """``kernels.relu_scalars_kernel``: ``(c1, scale, dden, balance, R)``, each ``(N, T)``."""
+    rows, length = s.shape
+    outs = [torch.empty_like(s) for _ in range(5)]
+    block = min(1024, max(16, 1 << (length - 1).bit_length()))
+    eps = torch.full((1,), eps, dtype=s.dtype, device=s.device)
+    kernels().relu_scalars_kernel[(rows, -(-length // block))](
+        s, rank, rank_le, _exclusive_cumsum(t_sorted), count, eps, queries if queries is not None else s,
+        *outs, length, HAS_QUERIES=queries is not None, BLOCK=block,
+    )  # fmt: skip
+    return outs
 
 
 def _mean_rows(values, valid, count, acc):
@@ -298,29 +314,22 @@ class SlicedReLUTriton(torch.autograd.Function):
             count, s, t, bad, (t_search, t_sorted, k_order), (s_sorted, q_order) = _sorted_scores(
                 s, t, v, valid, queries
             )
-            order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True)  # #{t < s}
-            p_t = _exclusive_cumsum(t_sorted)
-            below_t = torch.gather(p_t, 1, rank)
-            rank_f = rank.to(acc)
-            den = s * (2 * rank_f - count[:, None]) + p_t[:, -1:] - 2 * below_t
-            scale = _mask(2.0 / den.clamp_min(eps), queries)
+            order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True, finite=True)
+            rank_le = torch.searchsorted(t_search, s, side="right", out_int32=True)  # #{t <= s}
+            c1, scale, dden, balance, relu_mass = _relu_scalars(
+                s, rank, rank_le, t_sorted, count, eps, queries
+            )
             vbar = _mean_rows(v, valid, count, acc)
             weight = None if valid is None else valid.to(acc)
             out = torch.empty_like(v)
             carry = stream_carry(order, v, t, xshift=vbar, weight=weight)  # reused by the backward walk
-            stream(order, v, t, xshift=vbar, weight=weight, c1=scale * s, c2=-scale, out=out, carry=carry)
+            stream(order, v, t, xshift=vbar, weight=weight, c1=c1, c2=-scale, out=out, carry=carry)
             _nan_rows(out, bad, queries)
-
-            # for the backward pass: #{t < s} - #{t > s}, R_i = Σ_{t_j<s_i} (s_i - t_j), and for
-            # each key #{s < t_j}, #{s <= t_j} among the sorted queries
-            rank_le = torch.searchsorted(t_search, s, side="right")
-            balance = (rank + rank_le).to(acc) - count[:, None]
-            relu_mass = s * rank_f - below_t
+            # for the backward pass: each key's #{s < t_j}, #{s <= t_j} among the sorted queries
             q_lt = torch.searchsorted(s_sorted, t, side="left")
             q_le = torch.searchsorted(s_sorted, t, side="right")
-        ctx.save_for_backward(
-            s, t, v, vbar, den, count, order, balance, relu_mass, q_order, q_lt, q_le, carry
-        )
+        saved = (s, t, v, vbar, scale, dden, count, order, balance, relu_mass, q_order, q_lt, q_le, carry)
+        ctx.save_for_backward(*saved)
         ctx.valid, ctx.queries, ctx.eps, ctx.bad = valid, queries, eps, bad
         return out
 
@@ -332,22 +341,21 @@ class SlicedReLUTriton(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g):
-        s, t, v, vbar, den, count, order, balance, relu_mass, q_order, q_lt, q_le, carry = ctx.saved_tensors
-        valid, queries, eps = ctx.valid, ctx.queries, ctx.eps
-        acc = s.dtype
-        inv_d = 1.0 / den.clamp_min(eps)
-        a_scale = _mask(2.0 * inv_d, queries)
-        weight = None if valid is None else valid.to(acc)
+        s, t, v, vbar, scale, dden, count, order, balance, relu_mass, q_order, q_lt, q_le, carry = (
+            ctx.saved_tensors
+        )
+        valid, queries = ctx.valid, ctx.queries
+        weight = None if valid is None else valid.to(s.dtype)
 
         # One walk (``relu_backward``): at the queries g·P_w and g·P_tw, hence g·o and dL/ds; at
         # the keys dL/dv_j = Σ_{s_i>t_j} (s_i - t_j) a_i g_i minus its mean over the real keys
         # (Σ_i a_i R_i g_i / n) and w_j · Σ_{s_i>t_j} a_i g_i (w_j = v_j - vbar), for dL/dt.
         grad_v, (g_below, g_scored, w_dot_a) = relu_backward(
-            order, v, vbar, weight, t, g, a_scale, s, a_scale * relu_mass, count, carry
+            order, v, vbar, weight, t, g, scale, s, relu_mass, count, carry
         )
-        grad_den = -(a_scale * (s * g_below - g_scored)) * inv_d * (den >= eps)
-        grad_den = _mask(grad_den, queries)
-        grad_s = _mask(a_scale * g_below + grad_den * balance, queries)
+        # o_i = a_i (s_i P - P_t): dL/da_i = s_i g·P - g·P_t; the scale a is 0 off the kept queries
+        grad_den = dden * (s * g_below - g_scored)
+        grad_s = scale * g_below + grad_den * balance
 
         # dL/dt_j = Σ_{s_i<t_j} dden_i - Σ_{s_i>t_j} dden_i - w_j · Σ_{s_i>t_j} a_i g_i
         q_den = _exclusive_cumsum(torch.gather(grad_den, 1, q_order))
