@@ -58,7 +58,8 @@ def _weighted_rows(
     x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype,
     HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr,
 ):  # fmt: skip
-    """Source rows ``w_j (x_j - shift)`` and ``u_j w_j (x_j - shift)``; zero rows off the sources."""
+    """Source rows ``w_j (x_j - shift)`` and ``u_j w_j (x_j - shift)`` (zero rows off the sources),
+    and the weights ``w_j`` and ``u_j w_j``."""
     rows = tl.load(
         x_ptr + (row * T + j)[:, None] * D + d[None, :],
         mask=is_src[:, None] & dmask[None, :],
@@ -73,7 +74,7 @@ def _weighted_rows(
     weight = tl.where(is_src, weight, 0.0)
     rows = rows * weight[:, None]
     score = tl.load(u_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
-    return rows, rows * score[:, None]
+    return rows, rows * score[:, None], weight, weight * score
 
 
 @triton.jit
@@ -89,17 +90,19 @@ def _carried(carry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype):
 
 @triton.jit
 def stream_totals_kernel(
-    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr, c4_ptr, totals_ptr,
+    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr, c4_ptr, totals_ptr, scalars_ptr,
     T, D, L, CHUNK, NCHUNK,
     HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, SINKS_AS_SOURCES: tl.constexpr, HAS_C4: tl.constexpr,
-    BLOCK: tl.constexpr, BD: tl.constexpr,
+    SCALARS: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """``totals[row, chunk, 0/1, :]``: the chunk's sums of the source rows and score-weighted rows,
     ``totals[row, chunk, 2/3, :]`` their compensations (the rounding errors of the block adds).
 
     ``SINKS_AS_SOURCES``: the entries ``e < T`` are the sources (sliced ReLU's backward walk sums the
     queries of the forward's stream). ``HAS_C4``: also ``totals[row, chunk, 4, :] = Σ c4_e w_e (x_e - shift)``
-    over the chunk's sources (a plain reduction riding on the same read)
+    over the chunk's sources (a plain reduction riding on the same read). ``SCALARS``:
+    ``scalars[row, chunk, :] = Σ w, Σ u w`` and their compensations (one column of ones as source:
+    what a caller needs to shift the sums afterwards, ``Σ w (x - c) = Σ w x - c Σ w``).
     """
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -115,6 +118,11 @@ def stream_totals_kernel(
     err_w = tl.full([BD], 0.0, acc_dtype)
     err_x = tl.full([BD], 0.0, acc_dtype)
     sum_c4 = tl.full([BD], 0.0, acc_dtype)
+    one = tl.arange(0, 1)
+    count = tl.full([1], 0.0, acc_dtype)
+    count_u = tl.full([1], 0.0, acc_dtype)
+    err_count = tl.full([1], 0.0, acc_dtype)
+    err_count_u = tl.full([1], 0.0, acc_dtype)
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
@@ -127,7 +135,7 @@ def stream_totals_kernel(
         else:
             is_src = pmask & (e >= T) & (e < 2 * T)  # never an index outside the row, written or not
             j = tl.where(is_src, e - T, 0)
-        rows, scored = _weighted_rows(
+        rows, scored, weight, weight_u = _weighted_rows(
             x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
         )
         sum_w, err_w = _two_sum(sum_w, err_w, tl.reduce(rows, 0, _add))
@@ -135,6 +143,16 @@ def stream_totals_kernel(
         if HAS_C4:
             c4 = tl.load(c4_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
             sum_c4 += tl.reduce(rows * c4[:, None], 0, _add)
+        if SCALARS:
+            count, err_count = _two_sum(count, err_count, tl.reduce(weight, 0, _add))
+            count_u, err_count_u = _two_sum(count_u, err_count_u, tl.reduce(weight_u, 0, _add))
+    if SCALARS:  # noqa: SIM102 - a constexpr, then a runtime test: two statements for triton
+        if dblk == 0:
+            at = scalars_ptr + (row * NCHUNK + chunk) * 4 + one
+            tl.store(at, count)
+            tl.store(at + 1, count_u)
+            tl.store(at + 2, err_count)
+            tl.store(at + 3, err_count_u)
     planes = 5 if HAS_C4 else 4
     base = totals_ptr + ((row * NCHUNK + chunk) * planes) * D + d
     tl.store(base, sum_w, mask=dmask)
@@ -202,7 +220,7 @@ def stream_kernel(
         is_sink = pmask & (e >= 0) & (e < T)
         j = tl.where(is_src, e - T, 0)
         i = tl.where(is_sink, e, 0)
-        rows, scored = _weighted_rows(
+        rows, scored, _, _ = _weighted_rows(
             x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
         )
         # inclusive sums; a sink's own row is zero, so at a sink they are the sums strictly before it.
@@ -320,6 +338,27 @@ def relu_backward_kernel(
         tl.store(
             dv_ptr + (row * T + j)[:, None] * D + d[None, :], grad.to(dv_ptr.dtype.element_ty), mask=key2
         )
+
+
+@triton.jit
+def merge_kernel(
+    sink_before_ptr, sink_order_ptr, src_before_ptr, src_order_ptr, order_ptr, counts_ptr, T,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One merged stream per row from two sorted lists (grid: rows, blocks of T), and each sink's
+    source count: the k-th sorted sink goes to slot ``k + sink_before[k]`` as entry ``sink_order[k]``,
+    the k-th sorted source to ``k + src_before[k]`` as ``T + src_order[k]``;
+    ``counts[sink_order[k]] = sink_before[k]`` (see ``sliced.merge``)."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = k < T
+    before = tl.load(sink_before_ptr + row * T + k, mask=m, other=0)
+    sink = tl.load(sink_order_ptr + row * T + k, mask=m, other=0)
+    tl.store(order_ptr + row * 2 * T + k + before, sink.to(tl.int32), mask=m)
+    tl.store(counts_ptr + row * T + sink, before.to(counts_ptr.dtype.element_ty), mask=m)
+    before = tl.load(src_before_ptr + row * T + k, mask=m, other=0)
+    src = tl.load(src_order_ptr + row * T + k, mask=m, other=0)
+    tl.store(order_ptr + row * 2 * T + k + before, (src + T).to(tl.int32), mask=m)
 
 
 @triton.jit

@@ -47,7 +47,7 @@ from attnlab.attention.sliced.common import (
     _nan_rows,
     _sort_real_first,
 )
-from attnlab.attention.triton.runtime import kernels
+from attnlab.attention.triton.runtime import interpret_mode, kernels
 
 
 @dataclass
@@ -85,32 +85,43 @@ def _layout(x: torch.Tensor, total: int, wide: bool) -> tuple[int, int, int, int
     return block_d, d_blocks, chunk, -(-total // chunk)
 
 
-def _totals(order, x, score, xshift, weight, layout, *, sinks_as_sources=False, c4=None):
-    """Each chunk's sums ``(rows, chunks, 4, D)`` (``stream_totals_kernel``; 5 planes with ``c4``)."""
+def _totals(order, x, score, xshift, weight, layout, *, sinks_as_sources=False, c4=None, scalars=None):
+    """Each chunk's sums ``(rows, chunks, 4, D)`` (``stream_totals_kernel``; 5 planes with ``c4``;
+    with ``scalars``, a ``(rows, chunks, 4)`` tensor, the chunks' ``Σ w``, ``Σ u w`` go there)."""
     block_d, d_blocks, chunk, n_chunks = layout
     rows, length, dim = x.shape
     totals = torch.empty(rows, n_chunks, 4 if c4 is None else 5, dim, dtype=score.dtype, device=x.device)
     kernels().stream_totals_kernel[(rows, n_chunks, d_blocks)](
         order, x, xshift if xshift is not None else score, weight if weight is not None else score,
-        score, c4 if c4 is not None else score, totals, length, dim, order.shape[1], chunk, n_chunks,
+        score, c4 if c4 is not None else score, totals, scalars if scalars is not None else score,
+        length, dim, order.shape[1], chunk, n_chunks,
         HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, SINKS_AS_SOURCES=sinks_as_sources,
-        HAS_C4=c4 is not None, BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
+        HAS_C4=c4 is not None, SCALARS=scalars is not None, BLOCK=TUNING.block, BD=block_d,
+        num_warps=TUNING.num_warps,
     )  # fmt: skip
     return totals
 
 
-def stream_carry(order, x, score, *, xshift=None, weight=None, wide=False) -> torch.Tensor | None:
-    """The chunks' starting sums of ``stream(order, x, score, ...)`` (None: one chunk, nothing
-    carried), for a caller that walks the same sources again (sliced ReLU's backward)."""
-    order, x, score, xshift, weight = (
-        None if a is None else a.contiguous() for a in (order, x, score, xshift, weight)
-    )
-    if wide:
-        score = score.double()
-    layout = _layout(x, order.shape[1], wide)
+def centred_carry(order, v, score, weight, count):
+    """The mean ``vbar (N, D)`` of the sources of ``stream(order, v, score, xshift=vbar,
+    weight=weight)`` (over ``count`` real ones) and that stream's chunk carry (None: one chunk), from
+    one pass over v. With one chunk that pass is the mean; with several, the chunks' unshifted sums
+    (compensated) and their ``Σ w``, ``Σ w u`` give both: ``Σ w (v - vbar) = Σ w v - vbar Σ w``,
+    in float64, with the very ``vbar`` the kernels will subtract."""
+    order, v, score, weight = (None if a is None else a.contiguous() for a in (order, v, score, weight))
+    acc = score.dtype
+    layout = _layout(v, order.shape[1], False)
     if layout[3] == 1:
-        return None
-    return _carry(_totals(order, x, score, xshift, weight, layout))
+        return _mean_rows(v, None if weight is None else weight > 0, count, acc), None
+    scalars = torch.empty(v.shape[0], layout[3], 4, dtype=acc, device=v.device)
+    totals = _totals(order, v, score, None, weight, layout, scalars=scalars)
+    raw = totals[:, :, :2].double() + totals[:, :, 2:].double()  # (N, chunks, 2, D)
+    vbar = (raw[:, :, 0].sum(dim=1) / count[:, None]).to(acc)
+    mass = scalars[:, :, :2].double() + scalars[:, :, 2:].double()  # Σ w, Σ w u per chunk
+    centred = raw - mass[..., None] * vbar.double()[:, None, None, :]
+    start = torch.zeros_like(centred)
+    torch.cumsum(centred[:, :-1], dim=1, out=start[:, 1:])
+    return vbar, _split(start, acc)
 
 
 def stream(
@@ -139,8 +150,8 @@ def stream(
     (N, T)`` (accumulation dtype) scales the second running sum. Sinks: with ``out``, write (or with
     ``accumulate`` add) ``c1 P + c2 Px (+ c3 vec)``; with ``y``, return the dots ``(3, N, T)`` of
     ``y - yshift`` with P, Px (and ``vec``), and with ``c4`` also ``Σ_i c4_i (y_i - yshift)``
-    ``(N, D)``. Returns ``(dots or None, ysum or None)``. ``carry``: the chunks' starting sums from
-    ``stream_carry`` on the same sources (computed here when the row has several chunks and it is None).
+    ``(N, D)``. Returns ``(dots or None, ysum or None)``. ``carry``: the chunks' starting sums (computed
+    here when the row has several chunks and it is None; ``centred_carry`` gives them with the mean).
 
     ``wide``: every sum in float64 whatever the inputs (the scores are read as float64, which sets
     the kernels' accumulation dtype): ``out`` must be float64, the dots come back float64. For
@@ -191,7 +202,7 @@ def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
     at the keys. One pass over g first (``stream_totals_kernel``) sums the queries ``a g`` and
     ``s a g`` per chunk (the walk starts each chunk at minus the sum above it) and ``Σ c4 a g``,
     the mean of dL/dw times ``count`` (``c4``: R, ``a``: the scale). ``kcarry``: the forward's
-    ``stream_carry`` (the key sums)."""
+    ``centred_carry`` (the key sums)."""
     order, v, vbar, weight, t, g, a_scale, s, c4 = (
         None if x is None else x.contiguous() for x in (order, v, vbar, weight, t, g, a_scale, s, c4)
     )
@@ -248,19 +259,37 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, fin
     rows, length = sink_sorted.shape
     if not finite:
         sink_sorted, src_sorted = (torch.nan_to_num(x, nan=float("inf")) for x in (sink_sorted, src_sorted))
-    before_sink = torch.searchsorted(src_sorted, sink_sorted, side="left" if sinks_first else "right")
-    before_src = torch.searchsorted(sink_sorted, src_sorted, side="right" if sinks_first else "left")
-    arange = torch.arange(length, device=sink_sorted.device)
-    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=sink_sorted.device)
+    device = sink_sorted.device
+    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=device)
+    if device.type == "cuda" or interpret_mode():  # the slots and counts in one kernel
+        before_sink, before_src = (
+            torch.searchsorted(a, b, side=side, out_int32=True)
+            for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
+        )
+        counts = torch.empty(rows, length, dtype=torch.int64, device=device)
+        block = min(1024, max(16, 1 << (length - 1).bit_length()))
+        kernels().merge_kernel[(rows, -(-length // block))](
+            before_sink, sink_order, before_src, src_order, order, counts, length, BLOCK=block
+        )
+        return order, counts
+    before_sink, before_src = (
+        torch.searchsorted(a, b, side=side)
+        for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
+    )
+    arange = torch.arange(length, device=device)
     order.scatter_(1, arange + before_sink, sink_order.to(torch.int32))
     order.scatter_(1, arange + before_src, (src_order + length).to(torch.int32))
     counts = torch.empty_like(before_sink).scatter_(1, sink_order, before_sink)
     return order, counts
 
 
-def reverse(order: torch.Tensor, length: int) -> torch.Tensor:
-    """The merged stream walked from the top with the roles exchanged (sources become sinks)."""
-    return torch.remainder(order.flip(1) + length, 2 * length).to(torch.int32)
+def _merge_sides(sink_sorted, src_sorted, sinks_first):
+    """``(sorted, values, side)`` of merge's two ``searchsorted`` calls: sinks among the sources,
+    sources among the sinks, ties on the side ``sinks_first`` says."""
+    return (
+        (src_sorted, sink_sorted, "left" if sinks_first else "right"),
+        (sink_sorted, src_sorted, "right" if sinks_first else "left"),
+    )
 
 
 def _relu_scalars(s, rank, rank_le, t_sorted, count, eps, queries):
@@ -319,10 +348,9 @@ class SlicedReLUTriton(torch.autograd.Function):
             c1, scale, dden, balance, relu_mass = _relu_scalars(
                 s, rank, rank_le, t_sorted, count, eps, queries
             )
-            vbar = _mean_rows(v, valid, count, acc)
             weight = None if valid is None else valid.to(acc)
+            vbar, carry = centred_carry(order, v, t, weight, count)  # carry: reused by the backward walk
             out = torch.empty_like(v)
-            carry = stream_carry(order, v, t, xshift=vbar, weight=weight)  # reused by the backward walk
             stream(order, v, t, xshift=vbar, weight=weight, c1=c1, c2=-scale, out=out, carry=carry)
             _nan_rows(out, bad, queries)
             # for the backward pass: each key's #{s < t_j}, #{s <= t_j} among the sorted queries
@@ -495,4 +523,4 @@ def sliced_relu_bump(s, t, v, width, valid, queries, acc):
     return out.view(batch, heads, length, dim)
 
 
-__all__ = ["StreamTuning", "TUNING", "merge", "reverse", "sliced_relu", "sliced_relu_bump", "stream"]
+__all__ = ["StreamTuning", "TUNING", "merge", "sliced_relu", "sliced_relu_bump", "stream"]
