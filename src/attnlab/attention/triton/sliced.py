@@ -47,7 +47,7 @@ from attnlab.attention.sliced.common import (
     _nan_rows,
     _sort_real_first,
 )
-from attnlab.attention.triton.runtime import kernels
+from attnlab.attention.triton.runtime import interpret_mode, kernels
 
 
 @dataclass
@@ -76,6 +76,54 @@ def _chunk_len(rows: int, length: int, d_blocks: int, device: torch.device) -> i
     return -(-chunk // TUNING.block) * TUNING.block
 
 
+def _layout(x: torch.Tensor, total: int, wide: bool) -> tuple[int, int, int, int]:
+    """``(block_d, d_blocks, chunk, n_chunks)``: a walk over ``total`` entries per row of ``x``."""
+    rows, _, dim = x.shape
+    block_d = min(TUNING.wide_block_d if wide else TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
+    d_blocks = -(-dim // block_d)
+    chunk = _chunk_len(rows, total, d_blocks, x.device)
+    return block_d, d_blocks, chunk, -(-total // chunk)
+
+
+def _totals(order, x, score, xshift, weight, layout, *, sinks_as_sources=False, c4=None, scalars=None):
+    """Each chunk's sums ``(rows, chunks, 4, D)`` (``stream_totals_kernel``; 5 planes with ``c4``;
+    with ``scalars``, a ``(rows, chunks, 4)`` tensor, the chunks' ``Σ w``, ``Σ u w`` go there)."""
+    block_d, d_blocks, chunk, n_chunks = layout
+    rows, length, dim = x.shape
+    totals = torch.empty(rows, n_chunks, 4 if c4 is None else 5, dim, dtype=score.dtype, device=x.device)
+    kernels().stream_totals_kernel[(rows, n_chunks, d_blocks)](
+        order, x, xshift if xshift is not None else score, weight if weight is not None else score,
+        score, c4 if c4 is not None else score, totals, scalars if scalars is not None else score,
+        length, dim, order.shape[1], chunk, n_chunks,
+        HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, SINKS_AS_SOURCES=sinks_as_sources,
+        HAS_C4=c4 is not None, SCALARS=scalars is not None, BLOCK=TUNING.block, BD=block_d,
+        num_warps=TUNING.num_warps,
+    )  # fmt: skip
+    return totals
+
+
+def centred_carry(order, v, score, weight, count):
+    """The mean ``vbar (N, D)`` of the sources of ``stream(order, v, score, xshift=vbar,
+    weight=weight)`` (over ``count`` real ones) and that stream's chunk carry (None: one chunk), from
+    one pass over v. With one chunk that pass is the mean; with several, the chunks' unshifted sums
+    (compensated) and their ``Σ w``, ``Σ w u`` give both: ``Σ w (v - vbar) = Σ w v - vbar Σ w``,
+    in float64, with the very ``vbar`` the kernels will subtract."""
+    order, v, score, weight = (None if a is None else a.contiguous() for a in (order, v, score, weight))
+    acc = score.dtype
+    layout = _layout(v, order.shape[1], False)
+    if layout[3] == 1:
+        return _mean_rows(v, None if weight is None else weight > 0, count, acc), None
+    scalars = torch.empty(v.shape[0], layout[3], 4, dtype=acc, device=v.device)
+    totals = _totals(order, v, score, None, weight, layout, scalars=scalars)
+    raw = totals[:, :, :2].double() + totals[:, :, 2:].double()  # (N, chunks, 2, D)
+    vbar = (raw[:, :, 0].sum(dim=1) / count[:, None]).to(acc)
+    mass = scalars[:, :, :2].double() + scalars[:, :, 2:].double()  # Σ w, Σ w u per chunk
+    centred = raw - mass[..., None] * vbar.double()[:, None, None, :]
+    start = torch.zeros_like(centred)
+    torch.cumsum(centred[:, :-1], dim=1, out=start[:, 1:])
+    return vbar, _split(start, acc)
+
+
 def stream(
     order: torch.Tensor,
     x: torch.Tensor,
@@ -94,6 +142,7 @@ def stream(
     dot_vec: bool = False,
     c4: torch.Tensor | None = None,
     wide: bool = False,
+    carry: torch.Tensor | None = None,
 ):
     """Walk the merged stream ``order (N, 2T)`` (see ``kernels.stream_kernel``).
 
@@ -101,7 +150,8 @@ def stream(
     (N, T)`` (accumulation dtype) scales the second running sum. Sinks: with ``out``, write (or with
     ``accumulate`` add) ``c1 P + c2 Px (+ c3 vec)``; with ``y``, return the dots ``(3, N, T)`` of
     ``y - yshift`` with P, Px (and ``vec``), and with ``c4`` also ``Σ_i c4_i (y_i - yshift)``
-    ``(N, D)``. Returns ``(dots or None, ysum or None)``.
+    ``(N, D)``. Returns ``(dots or None, ysum or None)``. ``carry``: the chunks' starting sums (computed
+    here when the row has several chunks and it is None; ``centred_carry`` gives them with the mean).
 
     ``wide``: every sum in float64 whatever the inputs (the scores are read as float64, which sets
     the kernels' accumulation dtype): ``out`` must be float64, the dots come back float64. For
@@ -119,23 +169,11 @@ def stream(
         if out is not None and out.dtype != torch.float64:
             raise ValueError(f"stream: wide=True adds into a float64 out, got {out.dtype}")
     rows, length, dim = x.shape
-    total = order.shape[1]
     acc = score.dtype
-    block_d = min(TUNING.wide_block_d if wide else TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
-    d_blocks = -(-dim // block_d)
-    chunk = _chunk_len(rows, total, d_blocks, x.device)
-    n_chunks = -(-total // chunk)
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1], wide)
     dummy = score
-    carry = None
-    if n_chunks > 1:
-        totals = torch.empty(rows, n_chunks, 4, dim, dtype=acc, device=x.device)
-        k.stream_totals_kernel[(rows, n_chunks, d_blocks)](
-            order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy,
-            score, totals, length, dim, total, chunk, n_chunks,
-            HAS_XSHIFT=xshift is not None, HAS_W=weight is not None,
-            BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
-        )  # fmt: skip
-        carry = _carry(totals)
+    if n_chunks > 1 and carry is None:
+        carry = _carry(_totals(order, x, score, xshift, weight, layout))
     dots = torch.empty(d_blocks, 3, rows, length, dtype=acc, device=x.device) if y is not None else None
     ysum = torch.empty(rows, n_chunks, dim, dtype=acc, device=x.device) if c4 is not None else None
     write = 0 if out is None else (2 if accumulate else 1)
@@ -146,7 +184,7 @@ def stream(
         y if y is not None else dummy, yshift if yshift is not None else dummy,
         dots if dots is not None else dummy, c4 if c4 is not None else dummy,
         ysum if ysum is not None else dummy, carry if carry is not None else dummy,
-        rows, length, dim, total, chunk, n_chunks,
+        rows, length, dim, order.shape[1], chunk, n_chunks,
         HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, WRITE=write, HAS_C3=c3 is not None,
         DOTS=y is not None, DOT_VEC=dot_vec, HAS_YSHIFT=yshift is not None, YSUM=c4 is not None,
         HAS_CARRY=carry is not None, BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
@@ -158,6 +196,35 @@ def stream(
     return dots, ysum
 
 
+def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
+    """Sliced ReLU's backward walk (``kernels.relu_backward_kernel``) over the forward's ``order``:
+    returns dv ``(N, T, D)`` and the dots ``(3, N, T)``: g·P and g·P_t at the queries, (v - vbar)·Q
+    at the keys. One pass over g first (``stream_totals_kernel``) sums the queries ``a g`` and
+    ``s a g`` per chunk (the walk starts each chunk at minus the sum above it) and ``Σ c4 a g``,
+    the mean of dL/dw times ``count`` (``c4``: R, ``a``: the scale). ``kcarry``: the forward's
+    ``centred_carry`` (the key sums)."""
+    order, v, vbar, weight, t, g, a_scale, s, c4 = (
+        None if x is None else x.contiguous() for x in (order, v, vbar, weight, t, g, a_scale, s, c4)
+    )
+    rows, length, dim = v.shape
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1], False)
+    totals = _totals(order, g, s, None, a_scale, layout, sinks_as_sources=True, c4=c4)
+    mean = totals[:, :, 4].sum(dim=1) / count[:, None]
+    wide = totals[:, :, :2].double() + totals[:, :, 2:4].double()
+    above = wide.flip(1).cumsum(1).flip(1)  # Σ over this chunk and the ones after it
+    qcarry = _split(-above, s.dtype)
+    dots = torch.empty(d_blocks, 3, rows, length, dtype=s.dtype, device=v.device)
+    grad_v = torch.empty_like(v)
+    kernels().relu_backward_kernel[(rows, n_chunks, d_blocks)](
+        order, v, vbar, weight if weight is not None else s, t, g, a_scale, s, mean,
+        grad_v, dots, kcarry if kcarry is not None else s, qcarry,
+        rows, length, dim, order.shape[1], chunk, n_chunks,
+        HAS_W=weight is not None, HAS_KCARRY=kcarry is not None, BLOCK=TUNING.block, BD=block_d,
+        num_warps=TUNING.num_warps,
+    )  # fmt: skip
+    return grad_v, dots.sum(dim=0) if d_blocks > 1 else dots[0]
+
+
 def _carry(totals: torch.Tensor) -> torch.Tensor:
     """Each chunk's starting sums from the chunks' totals ``(rows, chunks, 4, D)`` (sums, then their
     compensations), in the same layout: summed in float64 (a chunk-sized tensor, cheap), then split
@@ -165,11 +232,16 @@ def _carry(totals: torch.Tensor) -> torch.Tensor:
     wide = totals[:, :, :2].double() + totals[:, :, 2:].double()
     start = torch.zeros_like(wide)
     torch.cumsum(wide[:, :-1], dim=1, out=start[:, 1:])
-    high = start.to(totals.dtype)
-    return torch.cat([high, (start - high.double()).to(totals.dtype)], dim=2).contiguous()
+    return _split(start, totals.dtype)
 
 
-def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool):
+def _split(start: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Float64 sums ``(rows, chunks, 2, D)`` as ``dtype``'s nearest values then their remainders."""
+    high = start.to(dtype)
+    return torch.cat([high, (start - high.double()).to(dtype)], dim=2).contiguous()
+
+
+def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, finite: bool = False):
     """The merged ascending order of sinks and sources of one row, and each sink's source count.
 
     ``*_sorted`` are ascending ``(N, T)`` values, ``*_order`` their original indices. On ties,
@@ -180,24 +252,57 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool):
     The positions form a permutation only if both lists are ordered by one total order: NaN
     (which ``torch.sort`` puts last but compares false with everything) is read as +inf, last
     too, so that ``searchsorted`` agrees with the sort. The callers never pass NaN
-    (``_finite_rows``); this keeps the merge sound if one ever does. ``order`` starts at -1,
-    which the kernels skip: no slot can hold an index that was never written.
+    (``_finite_rows``); this keeps the merge sound if one ever does (``finite=True``: the caller
+    vouches that there is none, and the pass is skipped). ``order`` starts at -1, which the
+    kernels skip: no slot can hold an index that was never written.
     """
     rows, length = sink_sorted.shape
-    sink_sorted, src_sorted = (torch.nan_to_num(x, nan=float("inf")) for x in (sink_sorted, src_sorted))
-    before_sink = torch.searchsorted(src_sorted, sink_sorted, side="left" if sinks_first else "right")
-    before_src = torch.searchsorted(sink_sorted, src_sorted, side="right" if sinks_first else "left")
-    arange = torch.arange(length, device=sink_sorted.device)
-    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=sink_sorted.device)
+    if not finite:
+        sink_sorted, src_sorted = (torch.nan_to_num(x, nan=float("inf")) for x in (sink_sorted, src_sorted))
+    device = sink_sorted.device
+    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=device)
+    if device.type == "cuda" or interpret_mode():  # the slots and counts in one kernel
+        before_sink, before_src = (
+            torch.searchsorted(a, b, side=side, out_int32=True)
+            for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
+        )
+        counts = torch.empty(rows, length, dtype=torch.int64, device=device)
+        block = min(1024, max(16, 1 << (length - 1).bit_length()))
+        kernels().merge_kernel[(rows, -(-length // block))](
+            before_sink, sink_order, before_src, src_order, order, counts, length, BLOCK=block
+        )
+        return order, counts
+    before_sink, before_src = (
+        torch.searchsorted(a, b, side=side)
+        for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
+    )
+    arange = torch.arange(length, device=device)
     order.scatter_(1, arange + before_sink, sink_order.to(torch.int32))
     order.scatter_(1, arange + before_src, (src_order + length).to(torch.int32))
     counts = torch.empty_like(before_sink).scatter_(1, sink_order, before_sink)
     return order, counts
 
 
-def reverse(order: torch.Tensor, length: int) -> torch.Tensor:
-    """The merged stream walked from the top with the roles exchanged (sources become sinks)."""
-    return torch.remainder(order.flip(1) + length, 2 * length).to(torch.int32)
+def _merge_sides(sink_sorted, src_sorted, sinks_first):
+    """``(sorted, values, side)`` of merge's two ``searchsorted`` calls: sinks among the sources,
+    sources among the sinks, ties on the side ``sinks_first`` says."""
+    return (
+        (src_sorted, sink_sorted, "left" if sinks_first else "right"),
+        (sink_sorted, src_sorted, "right" if sinks_first else "left"),
+    )
+
+
+def _relu_scalars(s, rank, rank_le, t_sorted, count, eps, queries):
+    """``kernels.relu_scalars_kernel``: ``(c1, scale, dden, balance, R)``, each ``(N, T)``."""
+    rows, length = s.shape
+    outs = [torch.empty_like(s) for _ in range(5)]
+    block = min(1024, max(16, 1 << (length - 1).bit_length()))
+    eps = torch.full((1,), eps, dtype=s.dtype, device=s.device)
+    kernels().relu_scalars_kernel[(rows, -(-length // block))](
+        s, rank, rank_le, _exclusive_cumsum(t_sorted), count, eps, queries if queries is not None else s,
+        *outs, length, HAS_QUERIES=queries is not None, BLOCK=block,
+    )  # fmt: skip
+    return outs
 
 
 def _mean_rows(values, valid, count, acc):
@@ -238,26 +343,21 @@ class SlicedReLUTriton(torch.autograd.Function):
             count, s, t, bad, (t_search, t_sorted, k_order), (s_sorted, q_order) = _sorted_scores(
                 s, t, v, valid, queries
             )
-            order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True)  # #{t < s}
-            p_t = _exclusive_cumsum(t_sorted)
-            below_t = torch.gather(p_t, 1, rank)
-            rank_f = rank.to(acc)
-            den = s * (2 * rank_f - count[:, None]) + p_t[:, -1:] - 2 * below_t
-            scale = _mask(2.0 / den.clamp_min(eps), queries)
-            vbar = _mean_rows(v, valid, count, acc)
+            order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True, finite=True)
+            rank_le = torch.searchsorted(t_search, s, side="right", out_int32=True)  # #{t <= s}
+            c1, scale, dden, balance, relu_mass = _relu_scalars(
+                s, rank, rank_le, t_sorted, count, eps, queries
+            )
             weight = None if valid is None else valid.to(acc)
+            vbar, carry = centred_carry(order, v, t, weight, count)  # carry: reused by the backward walk
             out = torch.empty_like(v)
-            stream(order, v, t, xshift=vbar, weight=weight, c1=scale * s, c2=-scale, out=out)
+            stream(order, v, t, xshift=vbar, weight=weight, c1=c1, c2=-scale, out=out, carry=carry)
             _nan_rows(out, bad, queries)
-
-            # for the backward pass: #{t < s} - #{t > s}, R_i = Σ_{t_j<s_i} (s_i - t_j), and for
-            # each key #{s < t_j}, #{s <= t_j} among the sorted queries
-            rank_le = torch.searchsorted(t_search, s, side="right")
-            balance = (rank + rank_le).to(acc) - count[:, None]
-            relu_mass = s * rank_f - below_t
+            # for the backward pass: each key's #{s < t_j}, #{s <= t_j} among the sorted queries
             q_lt = torch.searchsorted(s_sorted, t, side="left")
             q_le = torch.searchsorted(s_sorted, t, side="right")
-        ctx.save_for_backward(s, t, v, vbar, den, count, order, balance, relu_mass, q_order, q_lt, q_le)
+        saved = (s, t, v, vbar, scale, dden, count, order, balance, relu_mass, q_order, q_lt, q_le, carry)
+        ctx.save_for_backward(*saved)
         ctx.valid, ctx.queries, ctx.eps, ctx.bad = valid, queries, eps, bad
         return out
 
@@ -269,32 +369,22 @@ class SlicedReLUTriton(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g):
-        s, t, v, vbar, den, count, order, balance, relu_mass, q_order, q_lt, q_le = ctx.saved_tensors
-        valid, queries, eps = ctx.valid, ctx.queries, ctx.eps
-        length = s.shape[1]
-        acc = s.dtype
-        inv_d = 1.0 / den.clamp_min(eps)
-        a_scale = _mask(2.0 * inv_d, queries)
-        weight = None if valid is None else valid.to(acc)
+        s, t, v, vbar, scale, dden, count, order, balance, relu_mass, q_order, q_lt, q_le, carry = (
+            ctx.saved_tensors
+        )
+        valid, queries = ctx.valid, ctx.queries
+        weight = None if valid is None else valid.to(s.dtype)
 
-        # Queries (keys as sources): g·P_w and g·P_tw at each query, hence g·o and dL/ds.
-        # The same walk sums Σ_i a_i R_i g_i: the mean of dL/dw over the real keys times n (below).
-        dots, mean_sum = stream(order, v, t, xshift=vbar, weight=weight, y=g, c4=a_scale * relu_mass)
-        g_below, g_scored = dots[0], dots[1]
-        grad_den = -(a_scale * (s * g_below - g_scored)) * inv_d * (den >= eps)
-        grad_den = _mask(grad_den, queries)
-        grad_s = _mask(a_scale * g_below + grad_den * balance, queries)
+        # One walk (``relu_backward``): at the queries g·P_w and g·P_tw, hence g·o and dL/ds; at
+        # the keys dL/dv_j = Σ_{s_i>t_j} (s_i - t_j) a_i g_i minus its mean over the real keys
+        # (Σ_i a_i R_i g_i / n) and w_j · Σ_{s_i>t_j} a_i g_i (w_j = v_j - vbar), for dL/dt.
+        grad_v, (g_below, g_scored, w_dot_a) = relu_backward(
+            order, v, vbar, weight, t, g, scale, s, relu_mass, count, carry
+        )
+        # o_i = a_i (s_i P - P_t): dL/da_i = s_i g·P - g·P_t; the scale a is 0 off the kept queries
+        grad_den = dden * (s * g_below - g_scored)
+        grad_s = scale * g_below + grad_den * balance
 
-        # Keys (queries above them as sources): dL/dw_j = Σ_{s_i>t_j} (s_i - t_j) a_i g_i, minus its
-        # mean over the real keys, Σ_i a_i R_i g_i / n; and (v_j - vbar) · Σ_{s_i>t_j} a_i g_i.
-        mean = mean_sum / count[:, None]
-        key_w = torch.ones_like(t) if valid is None else valid.to(acc)
-        grad_v = torch.empty_like(v)
-        dots, _ = stream(
-            reverse(order, length), g, s, weight=a_scale,
-            c1=-t * key_w, c2=key_w, c3=-key_w, vec=mean, out=grad_v, y=v, yshift=vbar,
-        )  # fmt: skip
-        w_dot_a = dots[0]
         # dL/dt_j = Σ_{s_i<t_j} dden_i - Σ_{s_i>t_j} dden_i - w_j · Σ_{s_i>t_j} a_i g_i
         q_den = _exclusive_cumsum(torch.gather(grad_den, 1, q_order))
         den_below = torch.gather(q_den, 1, q_lt)
@@ -433,4 +523,4 @@ def sliced_relu_bump(s, t, v, width, valid, queries, acc):
     return out.view(batch, heads, length, dim)
 
 
-__all__ = ["StreamTuning", "TUNING", "merge", "reverse", "sliced_relu", "sliced_relu_bump", "stream"]
+__all__ = ["StreamTuning", "TUNING", "merge", "sliced_relu", "sliced_relu_bump", "stream"]
