@@ -32,7 +32,7 @@ LINEAR = {"HAS_MASK": True, "BD": 64, "BDV": 64}
 # kernel -> (argument types, constants); every flag on, the widest tiles the ops launch (D ≤ 64 per block)
 KERNELS = {
     "stream_kernel": (
-        ["*i32", VAL, *[F32] * 7, VAL, VAL, *[F32] * 5, *["i32"] * 6],
+        ["*i32", VAL, *[F32] * 7, VAL, F32, VAL, *[F32] * 5, *["i32"] * 6],
         {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **STREAM},
     ),
     "stream_totals_kernel": (
@@ -50,13 +50,32 @@ KERNELS = {
         ["*i32", VAL, F32, F32, F32, VAL, F32, F32, F32, VAL, F32, F32, F32, *["i32"] * 6],
         {"HAS_W": True, "HAS_KCARRY": True, **STREAM},
     ),
-    # ReLU-bump's float64 streams: values and gradients in float32 whatever the op's dtype
+    # ReLU-bump's float64 streams: values, gradients and the last stream's output in the op's dtype
     "stream_kernel[wide]": (
-        ["*i32", F32, F32, F32, F64, F64, F64, F64, F32, F64, F32, F32, F64, F32, F64, F64, *["i32"] * 6],
+        [
+            "*i32",
+            VAL,
+            F32,
+            F32,
+            F64,
+            F64,
+            F64,
+            F64,
+            F32,
+            VAL,
+            F64,
+            VAL,
+            F32,
+            F64,
+            F32,
+            F64,
+            F64,
+            *["i32"] * 6,
+        ],
         {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **WIDE},
     ),
     "stream_totals_kernel[wide]": (
-        ["*i32", F32, F32, F32, F64, F64, F64, F64, *["i32"] * 5],
+        ["*i32", VAL, F32, F32, F64, F64, F64, F64, *["i32"] * 5],
         {
             "HAS_XSHIFT": True,
             "HAS_W": True,
@@ -83,7 +102,7 @@ CASES = [
     (kernel, target, dtype)
     for kernel in KERNELS
     for target in TARGETS
-    for dtype in (["fp32"] if kernel.endswith(("[wide]", "[scalar]")) else DTYPES)
+    for dtype in (["fp32"] if kernel.endswith("[scalar]") else DTYPES)
 ]
 
 

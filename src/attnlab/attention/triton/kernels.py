@@ -166,7 +166,7 @@ def stream_totals_kernel(
 @triton.jit
 def stream_kernel(
     order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr,
-    c1_ptr, c2_ptr, c3_ptr, vec_ptr, out_ptr,
+    c1_ptr, c2_ptr, c3_ptr, vec_ptr, out_ptr, partial_ptr,
     y_ptr, yshift_ptr, dots_ptr, c4_ptr, ysum_ptr, carry_ptr,
     N, T, D, L, CHUNK, NCHUNK,
     HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, WRITE: tl.constexpr, HAS_C3: tl.constexpr,
@@ -176,7 +176,8 @@ def stream_kernel(
     """One chunk of one row's stream, one block of D columns (grid: rows, chunks, D blocks).
 
     At every sink i (with P, Px the sums over the sources before it):
-    ``WRITE`` 1: ``out[i] = c1 P + c2 Px (+ c3 vec)``; 2: the same added to ``out[i]``;
+    ``WRITE`` 1: ``out[i] = c1 P + c2 Px (+ c3 vec)``; 2: the same plus ``partial[i]`` (which may
+    be ``out`` itself, or a wider buffer the last of several streams reads while it writes ``out``);
     ``DOTS``: ``dots[dblk, 0/1/2, row, i] = y_i' · P, y_i' · Px, y_i' · vec`` with
     ``y' = y - yshift`` (partial over this D block; the caller sums the blocks); ``YSUM``:
     ``ysum[row, chunk] = Σ_i c4_i y_i'`` over the chunk's sinks.
@@ -238,10 +239,12 @@ def stream_kernel(
             if HAS_C3:
                 c3 = tl.load(c3_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
                 value += c3[:, None] * vec[None, :]
-            target = out_ptr + (row * T + i)[:, None] * D + d[None, :]
+            at = (row * T + i)[:, None] * D + d[None, :]
             if WRITE == 2:
-                value += tl.load(target, mask=sink2, other=0.0).to(acc_dtype)
-            tl.store(target, value.to(out_ptr.dtype.element_ty), mask=sink2)
+                value += tl.load(partial_ptr + at, mask=sink2, other=0.0).to(acc_dtype)
+            if out_ptr.dtype.element_ty != value.dtype:  # via float32, as torch converts float64
+                value = value.to(tl.float32)
+            tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=sink2)
         if DOTS:
             y = tl.load(y_ptr + (row * T + i)[:, None] * D + d[None, :], mask=sink2, other=0.0)
             y = y.to(acc_dtype)

@@ -143,18 +143,24 @@ def stream(
     c4: torch.Tensor | None = None,
     wide: bool = False,
     carry: torch.Tensor | None = None,
+    partial: torch.Tensor | None = None,
 ):
     """Walk the merged stream ``order (N, 2T)`` (see ``kernels.stream_kernel``).
 
     Sources: rows of ``x (N, T, D)``, minus ``xshift (N, D)``, times ``weight (N, T)``; ``score
     (N, T)`` (accumulation dtype) scales the second running sum. Sinks: with ``out``, write (or with
-    ``accumulate`` add) ``c1 P + c2 Px (+ c3 vec)``; with ``y``, return the dots ``(3, N, T)`` of
-    ``y - yshift`` with P, Px (and ``vec``), and with ``c4`` also ``Σ_i c4_i (y_i - yshift)``
-    ``(N, D)``. Returns ``(dots or None, ysum or None)``. ``carry``: the chunks' starting sums (computed
-    here when the row has several chunks and it is None; ``centred_carry`` gives them with the mean).
+    ``accumulate`` add) ``c1 P + c2 Px (+ c3 vec)``; with ``y``, return the dots ``(2, N, T)`` of
+    ``y - yshift`` with P, Px (``(3, N, T)``: and ``vec``, with ``dot_vec``), and with ``c4``
+    also ``Σ_i c4_i (y_i - yshift)`` ``(N, D)``. Returns ``(dots or None, ysum or None)``.
+    ``carry``: the chunks' starting sums (computed here when the row has several chunks and it is
+    None; ``centred_carry`` gives them with the mean).
+
+    ``partial``: with ``accumulate``, the buffer whose values are added (default ``out``): the
+    last of several streams reads the float64 partial sums and writes ``out`` in its own dtype.
 
     ``wide``: every sum in float64 whatever the inputs (the scores are read as float64, which sets
-    the kernels' accumulation dtype): ``out`` must be float64, the dots come back float64. For
+    the kernels' accumulation dtype; pass them as float64 to convert once): the buffer added into
+    must be float64, the dots come back float64. For
     callers that combine several streams whose prefix sums cancel down to small window sums
     (ReLU-bump): in float32, the rounding of a block's partial sums, or of a coefficient times a
     prefix sum, is the size of the prefix sum times eps, large next to a narrow window's sum.
@@ -164,10 +170,11 @@ def stream(
         None if a is None else a.contiguous()
         for a in (order, x, score, xshift, weight, c1, c2, c3, vec, y, yshift, c4)
     )
+    partial = out if partial is None else partial.contiguous()
     if wide:
         score = score.double()
-        if out is not None and out.dtype != torch.float64:
-            raise ValueError(f"stream: wide=True adds into a float64 out, got {out.dtype}")
+        if out is not None and accumulate and partial.dtype != torch.float64:
+            raise ValueError(f"stream: wide=True adds float64 partial sums, got {partial.dtype}")
     rows, length, dim = x.shape
     acc = score.dtype
     layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1], wide)
@@ -181,7 +188,8 @@ def stream(
         order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy, score,
         c1 if c1 is not None else dummy, c2 if c2 is not None else dummy, c3 if c3 is not None else dummy,
         vec if vec is not None else dummy, out if out is not None else dummy,
-        y if y is not None else dummy, yshift if yshift is not None else dummy,
+        partial if partial is not None else dummy, y if y is not None else dummy,
+        yshift if yshift is not None else dummy,
         dots if dots is not None else dummy, c4 if c4 is not None else dummy,
         ysum if ysum is not None else dummy, carry if carry is not None else dummy,
         rows, length, dim, order.shape[1], chunk, n_chunks,
@@ -190,7 +198,8 @@ def stream(
         HAS_CARRY=carry is not None, BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
     )  # fmt: skip
     if dots is not None:
-        dots = dots.sum(dim=0) if d_blocks > 1 else dots[0]
+        planes = 3 if dot_vec else 2
+        dots = dots[:, :planes].sum(dim=0) if d_blocks > 1 else dots[0, :planes]
     if ysum is not None:
         ysum = ysum.sum(dim=1)
     return dots, ysum
@@ -319,12 +328,15 @@ def _mask(x, valid):
 def _sorted_scores(s, t, v, valid, queries):
     """What both forwards start with, as the torch ops do: the real-key counts, the centred scores
     (rows with a NaN/inf score zeroed, ``bad``: NaN is written to their outputs at the end), the keys
-    sorted real-first ``(search, sorted, order)`` and the queries sorted ``(sorted, order)``."""
+    sorted real-first ``(search, sorted, order)`` and the kept queries sorted first ``(search,
+    order)``: the two sorts of the op, which the backward passes reuse. The dropped queries (their
+    s is 0, their scale or coefficient too) sort last as +inf: sinks at the end of every stream."""
     rows, length, _ = v.shape
     count = _counts(valid, rows, length, s.dtype, v.device)
     s, t = _centre_scores(s, t, valid, count, queries)
     s, t, bad = _finite_rows(s, t)
-    return count, s, t, bad, _sort_real_first(t, valid), torch.sort(s, dim=1)
+    s_search, _, q_order = _sort_real_first(s, queries)
+    return count, s, t, bad, _sort_real_first(t, valid), (s_search, q_order)
 
 
 # --------------------------------------------------------------------------------------------
@@ -402,9 +414,9 @@ class SlicedReLUTriton(torch.autograd.Function):
 def _windows(centres_sorted, centre_order, search, search_order, width):
     """Merged streams and ranks of the windows (c - b, c] and (c, c + b) of sorted centres among
     sorted scores: ``#{x <= c - b}``, ``#{x <= c}``, ``#{x < c + b}`` (as ``_hat_windows``)."""
-    lo = merge(centres_sorted - width, centre_order, search, search_order, sinks_first=False)
-    mid = merge(centres_sorted, centre_order, search, search_order, sinks_first=False)
-    hi = merge(centres_sorted + width, centre_order, search, search_order, sinks_first=True)
+    lo = merge(centres_sorted - width, centre_order, search, search_order, sinks_first=False, finite=True)
+    mid = merge(centres_sorted, centre_order, search, search_order, sinks_first=False, finite=True)
+    hi = merge(centres_sorted + width, centre_order, search, search_order, sinks_first=True, finite=True)
     return lo, mid, hi
 
 
@@ -416,33 +428,56 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
     def forward(ctx, s, t, v, b, valid, queries):
         with no_autocast(v.device):
             length, acc = v.shape[1], s.dtype
-            count, s, t, bad, (t_search, t_sorted, k_order), (s_sorted, q_order) = _sorted_scores(
+            count, s, t, bad, (t_search, t_sorted, k_order), (s_search, q_order) = _sorted_scores(
                 s, t, v, valid, queries
             )
-            (o_lo, lo), (o_mid, mid), (o_hi, hi) = _windows(s_sorted, q_order, t_search, k_order, b)
+            (o_lo, lo), (o_mid, mid), (o_hi, hi) = _windows(s_search, q_order, t_search, k_order, b)
             vbar = _mean_rows(v, valid, count, acc)
             p_t = _exclusive_cumsum(t_sorted.to(torch.float64))
             # The three window edges are three streams whose prefix sums cancel down to the window
             # sums: their coefficients, the sums at the sinks and the output add up in float64
-            # (``wide``), so the cancellation costs nothing (the (N, T) scalars: cheap).
+            # (``wide``), so the cancellation costs nothing (the (N, T) scalars: cheap). The first
+            # two streams write and add into a float64 buffer, the last reads it and writes the
+            # output in v's dtype (one rounding, as a float64 output converted afterwards).
             coef = _mask((1.0 / (count[:, None] * b)).expand(-1, length), queries)
-            s64, b64, coef64 = s.double(), b.double(), coef.double()
+            s64, t64, b64, coef64 = s.double(), t.double(), b.double(), coef.double()
             rows_terms, scored_terms = _hat_terms(lo, mid, hi, s64, b64, coef64)
             left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, torch.float64)
             mass = coef64 * ((b64 - s64) * left_n + left_t + (b64 + s64) * right_n - right_t)
             weight = None if valid is None else valid.to(acc)
-            out = torch.empty(v.shape, dtype=torch.float64, device=v.device)
+            partial = torch.empty(v.shape, dtype=torch.float64, device=v.device)
+            out = torch.empty_like(v)
             for n, (order, (_, c1), (_, c2)) in enumerate(
                 zip((o_lo, o_mid, o_hi), rows_terms, scored_terms, strict=True)
             ):
                 stream(
-                    order, v, t, xshift=vbar, weight=weight, c1=c1, c2=c2, out=out, accumulate=n > 0,
-                    c3=mass if n == 0 else None, vec=vbar if n == 0 else None, wide=True,
+                    order, v, t64, xshift=vbar, weight=weight, c1=c1, c2=c2, wide=True,
+                    out=out if n == 2 else partial, accumulate=n > 0, partial=partial,
+                    c3=mass if n == 0 else None, vec=vbar if n == 0 else None,
                 )  # fmt: skip
             _nan_rows(out, bad, queries)
-        ctx.save_for_backward(s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order)
+        saved = (
+            s,
+            t,
+            v,
+            b,
+            vbar,
+            coef,
+            p_t,
+            lo,
+            mid,
+            hi,
+            o_lo,
+            o_mid,
+            o_hi,
+            t_search,
+            k_order,
+            s_search,
+            q_order,
+        )
+        ctx.save_for_backward(*saved)
         ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
-        return out.to(v.dtype)
+        return out
 
     @staticmethod
     @_first_order_only("sliced_relu_bump_attention")
@@ -452,52 +487,58 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g):
-        s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order = ctx.saved_tensors
+        s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order, s_search, q_order = (
+            ctx.saved_tensors
+        )
         valid, queries = ctx.valid, ctx.queries
         acc = s.dtype
         weight = None if valid is None else valid.to(acc)
+        s64, t64, b64, coef64 = s.double(), t.double(), b.double(), coef.double()
 
-        # Queries (as in the torch op): window sums of the centred values dotted with g.
-        s_sorted, q_order = torch.sort(s, dim=1)
-        o_below, below = merge(s_sorted, q_order, t_search, k_order, sinks_first=True)  # #{t < s}
+        # Queries (as in the torch op): window sums of the centred values dotted with g. The
+        # forward's sorts are reused: no sort here.
+        o_below, below = merge(
+            s_search, q_order, t_search, k_order, sinks_first=True, finite=True
+        )  # #{t < s}
         # The dots come back in float64 (``wide``) and are combined in float64: they cancel as the
         # forward's window sums do.
         kw = {"xshift": vbar, "weight": weight, "y": g, "wide": True}
-        d_lo, _ = stream(o_lo, v, t, **kw)
-        d_mid, _ = stream(o_mid, v, t, **kw, vec=vbar, dot_vec=True)
-        d_hi, _ = stream(o_hi, v, t, **kw)
-        d_below, _ = stream(o_below, v, t, **kw)
+        d_lo, _ = stream(o_lo, v, t64, **kw)
+        d_mid, _ = stream(o_mid, v, t64, **kw, vec=vbar, dot_vec=True)
+        d_hi, _ = stream(o_hi, v, t64, **kw)
+        d_below, _ = stream(o_below, v, t64, **kw)
         (g_lo, gx_lo), (g_mid, gx_mid), (g_hi, gx_hi) = d_lo[:2], d_mid[:2], d_hi[:2]
         g_below, g_vbar = d_below[0], d_mid[2]
         left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, torch.float64)
         tied = (mid - below).double()
-        s64, b64, coef64 = s.double(), b.double(), coef.double()
         grad_s = coef64 * (g_hi - g_mid + g_lo - g_below + g_vbar * (right_n - left_n + tied))
         left, right = g_mid - g_lo + g_vbar * left_n, g_hi - g_mid + g_vbar * right_n
         left_x, right_x = gx_mid - gx_lo + g_vbar * left_t, gx_hi - gx_mid + g_vbar * right_t
         grad_b = (coef64 / b64 * (s64 * (left - right) + right_x - left_x)).sum(dim=1, keepdim=True)
         grad_s, grad_b = grad_s.to(acc), grad_b.to(acc)
 
-        # Keys: the windows with queries and keys exchanged, sources c_i g_i over the sorted queries.
-        s_search, _, q_real_order = _sort_real_first(s, queries)
-        (o_klo, k_lo), (o_kmid, k_mid), (o_khi, k_hi) = _windows(t_search, k_order, s_search, q_real_order, b)
-        o_kbelow, _ = merge(t_search, k_order, s_search, q_real_order, sinks_first=True)
-        key_w = torch.ones_like(t) if valid is None else valid.to(acc)
-        rows_terms, scored_terms = _hat_terms(k_lo, k_mid, k_hi, t.double(), b64, key_w.double())
-        grad_v = torch.empty(v.shape, dtype=torch.float64, device=v.device)
+        # Keys: the windows with queries and keys exchanged, sources c_i g_i over the sorted queries
+        # (the dropped ones last, as +inf: their coefficient is 0).
+        (o_klo, k_lo), (o_kmid, k_mid), (o_khi, k_hi) = _windows(t_search, k_order, s_search, q_order, b)
+        o_kbelow, _ = merge(t_search, k_order, s_search, q_order, sinks_first=True, finite=True)
+        key_w = torch.ones_like(t64) if valid is None else valid.double()
+        rows_terms, scored_terms = _hat_terms(k_lo, k_mid, k_hi, t64, b64, key_w)
+        partial = torch.empty(v.shape, dtype=torch.float64, device=v.device)
+        grad_v = torch.empty_like(v)
         v_dots = []
         for n, (order, (_, c1), (_, c2)) in enumerate(
             zip((o_klo, o_kmid, o_khi), rows_terms, scored_terms, strict=True)
         ):
             dots, _ = stream(
-                order, g, s, weight=coef, c1=c1, c2=c2, out=grad_v, accumulate=n > 0, y=v, wide=True
+                order, g, s64, weight=coef, c1=c1, c2=c2, out=grad_v if n == 2 else partial,
+                accumulate=n > 0, partial=partial, y=v, wide=True,
             )  # fmt: skip
             v_dots.append(dots[0])
-        dots, _ = stream(o_kbelow, g, s, weight=coef, y=v, wide=True)
+        dots, _ = stream(o_kbelow, g, s64, weight=coef, y=v, wide=True)
         v_lo, v_mid, v_hi = v_dots
         grad_t = _nan_rows(_mask((v_hi - v_mid + v_lo - dots[0]).to(acc), valid), ctx.bad, valid)
         grad_s = _nan_rows(_mask(grad_s, queries), ctx.bad, queries)
-        grad_v = _nan_rows(grad_v, ctx.bad, valid).to(v.dtype)
+        grad_v = _nan_rows(grad_v, ctx.bad, valid)
         return grad_s, grad_t, grad_v, _nan_rows(grad_b, ctx.bad), None, None
 
 
