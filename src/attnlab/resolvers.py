@@ -28,8 +28,10 @@ def lra_padded_queries(backend: str) -> str:
 
 def scaled(value: int, length: int, reference: int) -> int:
     """``value × length / reference`` rounded down, at least 1: a count stated at a reference length and
-    kept in proportion at another (Zoology's MQAR length sweep scales the pairs with the length and keeps
-    the tokens per batch, so the batch shrinks as the length grows)."""
+    kept in proportion at another (attnlab's MQAR length sweep scales the pairs with the length, as
+    Zoology's does, and keeps the tokens per batch, so the batch shrinks as the length grows). The
+    floor of 1 means the proportion no longer holds past ``value × length < reference`` (a batch of
+    64 at 64 tokens stays 1 sequence from 4,096 tokens on)."""
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in (value, length, reference)):
         raise ConfigError(f"attnlab_scaled:{value!r},{length!r},{reference!r}: expected three integers >= 1")
     return max(1, value * length // reference)

@@ -117,6 +117,25 @@ def test_short_conv_and_the_normaliser_are_kept_apart(tmp_path):
     assert report.files["mqar_vs_width.png"].stat().st_size > 5000
 
 
+def test_vocabularies_are_kept_apart_with_their_own_chance(tmp_path):
+    """The width sweep's 64-token point (vocabulary 128) and the length sweep's (512) are different
+    tasks: reported together they stay two points, each with its runs' best constant guess."""
+    for name, vocab, acc, base in (("w", 128, 0.9, 0.02), ("l", 512, 0.5, 0.004)):
+        _run(
+            tmp_path / "both",
+            name,
+            "softmax",
+            64,
+            64,
+            acc,
+            config=f"  data:\n    source:\n      vocab_size: {vocab}\n",
+        )
+        path = tmp_path / "both" / name / "summary.json"
+        path.write_text(path.read_text().replace('"baseline_acc": 0.02', f'"baseline_acc": {base}'))
+    points = mqar_points(load_runs([tmp_path / "both"]).runs)
+    assert [(p.vocab, p.acc.mean, p.baseline.mean) for p in points] == [(128, 0.9, 0.02), (512, 0.5, 0.004)]
+
+
 def test_report_draws_the_mqar_plots_only_with_mqar_runs(tmp_path):
     report = make_report([_sweep(tmp_path / "sweep")], tmp_path / "out")
     for name in MQAR_FILES:

@@ -317,8 +317,21 @@ class SlicedAttentionLayer(AttentionLayer):
 
     slicer: nn.Module
 
+    @property
+    def folded(self) -> bool:
+        """Whether `forward` folds Π into the projection (no RoPE): its Linear modules are then not
+        called, their weights are read (`attnlab.flops` counts the folded matmul instead)."""
+        return self.rotary is None
+
+    def folded_flops(self, rows: int) -> float:
+        """Forward FLOPs of `fold_scores` on ``rows`` tokens: the products A·W_q and A·W_k, then one
+        ``dim → 2·out + qkv_dim`` map per token."""
+        first = self.slicer[0] if isinstance(self.slicer, nn.Sequential) else self.slicer
+        out = first.out_features
+        return 2.0 * (2 * out * self.qkv_dim * self.dim + rows * self.dim * (2 * out + self.qkv_dim))
+
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        if self.rotary is not None:
+        if not self.folded:
             return super().forward(x, key_padding_mask)
         self.check_input(x, key_padding_mask)
         s, t, v = fold_scores(self.qkv, self.slicer, self.num_heads, x)

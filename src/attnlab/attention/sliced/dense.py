@@ -172,6 +172,11 @@ class _DenseBump(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        with no_autocast(grad.device):
+            return _DenseBump._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
         s0, t0, b, v, count, diff, hat, scale, out = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: the formula's own graph, to any order
             inputs = (s0, t0, b, v)
