@@ -111,3 +111,17 @@ def test_bad_peak_is_named():
         ValueError, match="peak_flops must be a positive number of FLOP/s per device or null, got -1"
     ):
         ThroughputMonitor(peak_flops=-1)
+
+
+@pytest.mark.parametrize("backend", ["sliced_relu", "sliced_relu_bump"])
+@pytest.mark.parametrize("rope", [False, True])
+def test_model_counter_counts_the_sliced_projections_folded_or_not(backend, rope):
+    """Without RoPE the sliced layers run Π folded into the projection and call no Linear module for
+    it (`SlicedAttentionLayer.folded`): the counter still counts the matmuls they run."""
+    layer = build_attention(backend, dim=32, num_heads=4, rope=rope, path="sorted")
+    assert layer.folded is not rope
+    x = torch.randn(3, 20, 32)
+    counter = FlopCounter().attach(layer)
+    projections = counted(layer, x)  # the sorted op runs no matmul: these are the projections
+    op = 3 * 4 * attention_flops(backend, 20, 8)
+    assert counter.forward_flops - op == pytest.approx(projections, rel=1e-12)

@@ -52,7 +52,7 @@ def test_mqar_configs_build_for_causal_backends_and_refuse_others(train_config, 
         return
     model = build().eval()
     module = instantiate(cfg.task.module, model=model)
-    assert module.metrics["test_acc"].num_classes == vocab == 128
+    assert module.metrics["test_acc"].num_classes == vocab == (512 if "sweep_seqlen" in config else 128)
     with torch.no_grad():
         out = model(torch.randint(1, vocab, (2, 16)))
     assert out.shape == (2, 16, vocab) and torch.isfinite(out).all()
@@ -82,8 +82,29 @@ def test_docs_default_command_trains_the_default_backend(tmp_path):
 
 
 SWEPT_BACKENDS = "attn=softmax,linear,performer,sliced_relu,sliced_relu_bump"
-SWEPT = {"sweep_width": "task.model.dim=32,64,128", "sweep_seqlen": "task.data.source.seq_len=64,128,256"}
-POINTS = {"sweep_width": [(32, 64), (64, 64), (128, 64)], "sweep_seqlen": [(64, 64), (64, 128), (64, 256)]}
+SWEPT = {"sweep_width": "task.model.dim=32,64,128", "sweep_seqlen": "task.data.source.seq_len=64,256,1024"}
+POINTS = {"sweep_width": [(32, 64), (64, 64), (128, 64)], "sweep_seqlen": [(64, 64), (64, 256), (64, 1024)]}
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "pairs", "batch", "train"), [(64, 8, 64, 20000), (256, 32, 16, 5000), (1024, 128, 4, 1250)]
+)
+def test_the_length_sweep_scales_pairs_and_keeps_tokens_per_batch(train_config, seq_len, pairs, batch, train):
+    """Zoology's protocol: one pair per 8 tokens; 4,096 tokens a batch and 1.28M a training split at
+    every length, so each point of the sweep sees as many queries."""
+    cfg = train_config("experiment=mqar/sweep_seqlen", f"task.data.source.seq_len={seq_len}")
+    data = cfg.task.data
+    assert (data.source.num_kv_pairs, data.batch_size, data.source.sizes.train) == (pairs, batch, train)
+    assert data.batch_size * seq_len == 4096 and data.source.vocab_size >= 2 * pairs + 2
+    assert cfg.task.model.max_len == seq_len
+
+
+def test_a_bad_length_in_the_length_sweep_is_named(tmp_path):
+    """The scaled counts refuse a length they cannot scale, as a one-line error naming the key."""
+    done = _train_py(tmp_path, "experiment=mqar/sweep_seqlen", "task.data.source.seq_len=0", timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "error: task.data.batch_size:" in done.stderr
+    assert "attnlab_scaled:64,64,0: expected three integers >= 1" in done.stderr
 
 
 @pytest.mark.slow

@@ -4,7 +4,10 @@
   (`attnlab.resume.resume_run_dir`);
 - ``${attnlab_accumulate:<global batch>,<micro-batch>,<devices>,<nodes>}``: gradient accumulation that
   keeps a stated global batch over any number of devices (`attnlab.batching.accumulation`);
-- ``${attnlab_lra_padded_queries:${attn.name}}``: LRA's black-pixel rule for the chosen backend.
+- ``${attnlab_lra_padded_queries:${attn.name}}``: LRA's black-pixel rule for the chosen backend;
+- ``${attnlab_scaled:<value>,<length>,<reference length>}``: a count that grows (or, with the two
+  lengths swapped, shrinks) in proportion to the sequence length, e.g. MQAR's key-value pairs and
+  batch size in the length sweep (`scaled`).
 
 Only light imports: ``train.py`` registers them before Hydra composes the config.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from attnlab.batching import accumulation
+from attnlab.errors import ConfigError
 from attnlab.resume import resume_run_dir
 
 
@@ -22,10 +26,22 @@ def lra_padded_queries(backend: str) -> str:
     return "lra" if backend == "softmax" else "attend"
 
 
+def scaled(value: int, length: int, reference: int) -> int:
+    """``value × length / reference`` rounded down, at least 1: a count stated at a reference length and
+    kept in proportion at another (attnlab's MQAR length sweep scales the pairs with the length, as
+    Zoology's does, and keeps the tokens per batch, so the batch shrinks as the length grows). The
+    floor of 1 means the proportion no longer holds past ``value × length < reference`` (a batch of
+    64 at 64 tokens stays 1 sequence from 4,096 tokens on)."""
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in (value, length, reference)):
+        raise ConfigError(f"attnlab_scaled:{value!r},{length!r},{reference!r}: expected three integers >= 1")
+    return max(1, value * length // reference)
+
+
 RESOLVERS = {
     "attnlab_resume_dir": resume_run_dir,
     "attnlab_accumulate": accumulation,
     "attnlab_lra_padded_queries": lra_padded_queries,
+    "attnlab_scaled": scaled,
 }
 
 

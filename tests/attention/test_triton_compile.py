@@ -32,21 +32,64 @@ LINEAR = {"HAS_MASK": True, "BD": 64, "BDV": 64}
 # kernel -> (argument types, constants); every flag on, the widest tiles the ops launch (D ≤ 64 per block)
 KERNELS = {
     "stream_kernel": (
-        ["*i32", VAL, *[F32] * 7, VAL, VAL, *[F32] * 5, *["i32"] * 6],
+        ["*i32", VAL, *[F32] * 7, VAL, F32, VAL, *[F32] * 5, *["i32"] * 6],
         {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **STREAM},
     ),
     "stream_totals_kernel": (
-        ["*i32", VAL, F32, F32, F32, F32, *["i32"] * 5],
-        {"HAS_XSHIFT": True, "HAS_W": True, **STREAM},
+        ["*i32", VAL, F32, F32, F32, F32, F32, F32, *["i32"] * 5],
+        {
+            "HAS_XSHIFT": True,
+            "HAS_W": True,
+            "SINKS_AS_SOURCES": False,
+            "HAS_C4": True,
+            "SCALARS": True,
+            **STREAM,
+        },
     ),
-    # ReLU-bump's float64 streams: values and gradients in float32 whatever the op's dtype
+    "relu_backward_kernel": (
+        ["*i32", VAL, F32, F32, F32, VAL, F32, F32, F32, VAL, F32, F32, F32, *["i32"] * 6],
+        {"HAS_W": True, "HAS_KCARRY": True, **STREAM},
+    ),
+    # ReLU-bump's float64 streams: values, gradients and the last stream's output in the op's dtype
     "stream_kernel[wide]": (
-        ["*i32", F32, F32, F32, F64, F64, F64, F64, F32, F64, F32, F32, F64, F32, F64, F64, *["i32"] * 6],
+        [
+            "*i32",
+            VAL,
+            F32,
+            F32,
+            F64,
+            F64,
+            F64,
+            F64,
+            F32,
+            VAL,
+            F64,
+            VAL,
+            F32,
+            F64,
+            F32,
+            F64,
+            F64,
+            *["i32"] * 6,
+        ],
         {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **WIDE},
     ),
     "stream_totals_kernel[wide]": (
-        ["*i32", F32, F32, F32, F64, F64, *["i32"] * 5],
-        {"HAS_XSHIFT": True, "HAS_W": True, **WIDE},
+        ["*i32", VAL, F32, F32, F64, F64, F64, F64, *["i32"] * 5],
+        {
+            "HAS_XSHIFT": True,
+            "HAS_W": True,
+            "SINKS_AS_SOURCES": False,
+            "HAS_C4": False,
+            "SCALARS": False,
+            **WIDE,
+        },
+    ),
+    # scalar (N, T) passes, in the accumulation dtype whatever the op's
+    "merge_kernel[scalar]": (["*i32", "*i64", "*i32", "*i64", "*i32", "*i64", "i32"], {"BLOCK": 1024}),
+    "relu_scalars_kernel[scalar]": (
+        [F32, "*i64", "*i32", F32, F32, F32, "*i1", *[F32] * 5, "i32"],
+        {"HAS_QUERIES": True, "BLOCK": 1024},
     ),
     "linear_causal_fwd_kernel": ([VAL, VAL, VAL, "*i8", VAL, F32, *["i32"] * 4, "fp32"], LINEAR),
     "linear_causal_bwd_q_kernel": (
@@ -59,7 +102,7 @@ CASES = [
     (kernel, target, dtype)
     for kernel in KERNELS
     for target in TARGETS
-    for dtype in (["fp32"] if kernel.endswith("[wide]") else DTYPES)
+    for dtype in (["fp32"] if kernel.endswith("[scalar]") else DTYPES)
 ]
 
 

@@ -138,3 +138,21 @@ def test_stream_skips_slots_that_were_never_written(interpret):
     triton_sliced.stream(order, x, score, c1=ones, c2=zeros, out=out)
     assert torch.equal(out[0, 1], x[0, 0]) and torch.allclose(out[0, 3], x[0, 0] + x[0, 2])
     assert (out[0, [0, 2, 4]] == 7.0).all()
+
+
+def test_merge_kernel_equals_the_torch_merge_with_ties(interpret, monkeypatch):
+    """Under the interpreter (as on CUDA) merge places the slots with ``merge_kernel``; it must give
+    the order and counts of the torch scatters, ties on either side included."""
+    gen = torch.Generator().manual_seed(3)
+    sinks = torch.randint(0, 6, (3, 40), generator=gen).double()  # many ties
+    srcs = torch.randint(0, 6, (3, 40), generator=gen).double()
+    sink_sorted, sink_order = torch.sort(sinks, dim=1)
+    src_sorted, src_order = torch.sort(srcs, dim=1)
+    for sinks_first in (True, False):
+        args = (sink_sorted, sink_order, src_sorted, src_order, sinks_first)
+        kernel = triton_sliced.merge(*args)
+        monkeypatch.setattr(triton_sliced, "interpret_mode", lambda: False)
+        scattered = triton_sliced.merge(*args)
+        monkeypatch.undo()
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert torch.equal(kernel[0], scattered[0]) and torch.equal(kernel[1], scattered[1])

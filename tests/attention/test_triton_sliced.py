@@ -154,3 +154,21 @@ def test_gpu_matches_float64_torch_op(kind, dtype):
     assert (out.double() - expected).abs().max() <= tol * expected.abs().max()
     for got, want in zip(grads, expected_grads, strict=True):
         assert (got.double() - want).abs().max() <= 10 * tol * want.abs().max()
+
+
+@pytest.mark.parametrize("kind", ["relu", "bump"])
+def test_backward_sorts_nothing(interpret, kind):
+    """The forward's two sorts (keys real-first, kept queries first) serve the backward pass too:
+    its op list holds no sort (the bump's re-sorted s twice before)."""
+    from attnlab.cli.byte_count import count_bytes
+
+    args = inputs(1, 2, 40, 8, seed=11, dtype=torch.float32)
+    mask = torch.arange(40)[None, :] < 33
+    fast, _ = OPS[kind]
+    leaves = [x.detach().clone().requires_grad_() for x in (args if kind == "bump" else args[:3])]
+    out = fast(*leaves, key_padding_mask=mask, impl="triton")
+    assert [r.calls for r in count_bytes(lambda: fast(*leaves, key_padding_mask=mask, impl="triton"))
+            if r.name == "sort"] == [2]  # fmt: skip
+    backward = count_bytes(lambda: out.backward(torch.ones_like(out)))
+    assert not [r for r in backward if r.name in ("sort", "argsort", "msort")]
+    assert all(x.grad is not None for x in leaves)

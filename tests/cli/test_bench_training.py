@@ -10,8 +10,8 @@ from attnlab.cli.main import main
 
 
 def test_training_bench_reports_every_backend_and_the_ratios(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(bench_training.TASKS, "vit_cifar10", (9, 2))  # tiny stand-ins for the real sizes
-    monkeypatch.setitem(bench_training.TASKS, "pathx", (40, 1))
+    monkeypatch.setitem(bench_training.TASKS, "vit_cifar10", (9, 2, "learned"))  # tiny stand-ins
+    monkeypatch.setitem(bench_training.TASKS, "pathx", (40, 1, "none"))
     out = tmp_path / "training.json"
     code = main(
         ["bench", "training", "--tasks", "vit_cifar10", "pathx", "--steps", "1", "--warmup", "0",
@@ -26,7 +26,29 @@ def test_training_bench_reports_every_backend_and_the_ratios(tmp_path, capsys, m
     printed = capsys.readouterr().out
     assert "load average before" in printed and "load average after" in printed
     assert "crossover: dense up to T=64 for sliced_relu" in printed
-    assert "| vit_cifar10 | 9 | 2 |" in printed and "sliced_relu_bump / softmax" in printed
+    assert "| vit_cifar10 | 9 | 2 | learned |" in printed and "sliced_relu_bump / softmax" in printed
+    assert "| pathx | 40 | 1 | none |" in printed
+
+
+def test_training_bench_rows_take_their_tasks_positions_or_the_one_asked(monkeypatch, tmp_path):
+    """Without RoPE the sliced layers fold Π into the projection, so the row's positions matter."""
+    seen = []
+    monkeypatch.setattr(bench_training, "build", lambda *a, positions, **k: seen.append(positions) or (0, 0))
+    monkeypatch.setattr(bench_training, "run_steps", lambda *a: 1.0)
+    for choice, expected in (("task", ["learned", "rope"]), ("none", ["none", "none"])):
+        seen.clear()
+        argv = ["--tasks", "vit_cifar10", "t64", "--backends", "softmax", "--out", str(tmp_path / "o.json")]
+        args = bench_training_args(argv, choice)
+        bench_training.run(args, log=lambda *_: None)
+        assert seen == expected
+
+
+def bench_training_args(argv, positions):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    bench_training.register(parser.add_subparsers())
+    return parser.parse_args(["training", *argv, "--positions", positions])
 
 
 def test_training_bench_path_reaches_the_sliced_layers():

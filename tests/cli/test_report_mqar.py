@@ -13,9 +13,18 @@ MQAR_FILES = ("mqar_vs_width.png", "mqar_vs_seqlen.png")
 
 
 def _run(
-    root: Path, name: str, attn: str, dim: int, seq_len: int, acc: float, seed: int = 0, in_summary=False
+    root: Path,
+    name: str,
+    attn: str,
+    dim: int,
+    seq_len: int,
+    acc: float,
+    seed: int = 0,
+    in_summary=False,
+    config: str = "",
 ):
-    """A run dir as the pipeline writes it: summary.json, and config.yaml holding task.model.dim."""
+    """A run dir as the pipeline writes it: summary.json, and config.yaml holding task.model.dim (and
+    `config`, more of the resolved config)."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     summary = {
@@ -31,7 +40,7 @@ def _run(
     if in_summary:
         summary["dim"] = dim  # once the summary carries it, config.yaml is not needed
     else:
-        (run_dir / "config.yaml").write_text(f"task:\n  name: mqar\n  model:\n    dim: {dim}\n")
+        (run_dir / "config.yaml").write_text(f"task:\n  name: mqar\n  model:\n    dim: {dim}\n{config}")
     (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
@@ -77,6 +86,54 @@ def test_width_from_summary_then_config_else_the_run_is_left_out(tmp_path):
     runs = {r.path.parent.name: r for r in load_runs([tmp_path]).runs}
     assert [run_width(runs[n]) for n in "abcd"] == [48, 96, None, None]
     assert [(p.dim, p.acc.n) for p in mqar_points(list(runs.values()))] == [(48, 1), (96, 1)]
+
+
+def test_short_conv_and_the_normaliser_are_kept_apart(tmp_path):
+    """The width sweep of docs/mqar.md runs every backend with short_conv 0 and 3, and the causal bump
+    with both normalisers: four different models under one backend name, never averaged together."""
+    conv = "    short_conv: 3\n"
+    for i, (attn, extra, acc) in enumerate(
+        [
+            ("sliced_relu_bump", "attn:\n  normaliser: count\n", 0.12),
+            ("sliced_relu_bump", f"{conv}attn:\n  normaliser: count\n", 0.98),
+            ("sliced_relu_bump", f"{conv}attn:\n  normaliser: mass\n", 0.50),
+            ("sliced_relu_bump", "attn:\n  normaliser: mass\n", 0.11),
+            ("softmax", "", 0.99),
+            ("softmax", conv, 1.0),
+        ]
+    ):
+        _run(tmp_path / "sweep", f"r{i}", attn, 64, 64, acc, config=extra)
+    runs = load_runs([tmp_path / "sweep"]).runs
+    points = [(p.backend, p.short_conv, p.acc.mean) for p in mqar_points(runs)]
+    assert points == [
+        ("softmax", 0, 0.99),
+        ("softmax", 3, 1.0),
+        ("sliced_relu_bump (count)", 0, 0.12),
+        ("sliced_relu_bump (count)", 3, 0.98),
+        ("sliced_relu_bump (mass)", 0, 0.11),
+        ("sliced_relu_bump (mass)", 3, 0.50),
+    ]
+    report = make_report([tmp_path / "sweep"], tmp_path / "out")
+    assert report.files["mqar_vs_width.png"].stat().st_size > 5000
+
+
+def test_vocabularies_are_kept_apart_with_their_own_chance(tmp_path):
+    """The width sweep's 64-token point (vocabulary 128) and the length sweep's (512) are different
+    tasks: reported together they stay two points, each with its runs' best constant guess."""
+    for name, vocab, acc, base in (("w", 128, 0.9, 0.02), ("l", 512, 0.5, 0.004)):
+        _run(
+            tmp_path / "both",
+            name,
+            "softmax",
+            64,
+            64,
+            acc,
+            config=f"  data:\n    source:\n      vocab_size: {vocab}\n",
+        )
+        path = tmp_path / "both" / name / "summary.json"
+        path.write_text(path.read_text().replace('"baseline_acc": 0.02', f'"baseline_acc": {base}'))
+    points = mqar_points(load_runs([tmp_path / "both"]).runs)
+    assert [(p.vocab, p.acc.mean, p.baseline.mean) for p in points] == [(128, 0.9, 0.02), (512, 0.5, 0.004)]
 
 
 def test_report_draws_the_mqar_plots_only_with_mqar_runs(tmp_path):

@@ -30,6 +30,7 @@ from attnlab.attention.performer import PerformerFeatureMap, performer_attention
 from attnlab.attention.precision import FLOAT_DTYPES
 from attnlab.attention.rope import RotaryEmbedding
 from attnlab.attention.scores import (  # noqa: F401  (public here too: the layers' score maps)
+    fold_scores,
     slice_tokens,
     standardise_scores,
     standardise_scores_prefix,
@@ -182,6 +183,12 @@ class AttentionLayer(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must implement attend()")
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        self.check_input(x, key_padding_mask)
+        q, k, v = self.heads(x)
+        o = self.attend(q, k, v, key_padding_mask)
+        return self.out_proj(self.merge(o))
+
+    def check_input(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> None:
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected x of shape (B, T, dim={self.dim}), got {tuple(x.shape)}")
         if key_padding_mask is not None and (
@@ -191,9 +198,6 @@ class AttentionLayer(nn.Module):
                 f"key_padding_mask must be bool of shape (B, T) = {tuple(x.shape[:2])}, True = real token; "
                 f"got dtype {key_padding_mask.dtype}, shape {tuple(key_padding_mask.shape)}"
             )
-        q, k, v = self.heads(x)
-        o = self.attend(q, k, v, key_padding_mask)
-        return self.out_proj(self.merge(o))
 
     def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, object]:
         """A causal layer's forward on a prompt x (B, T, dim) and its decoding state after it
@@ -301,7 +305,47 @@ class PerformerAttention(AttentionLayer):
 STANDARDISE = ("auto", "sequence", "prefix", "none")
 
 
-class SlicedReLUAttention(AttentionLayer):
+class SlicedAttentionLayer(AttentionLayer):
+    """What both sliced layers share: Π (`slicer`) maps q and k to one score per head, then
+    `attend_scores(s, t, v, key_padding_mask)` runs the backend's op on the scores.
+
+    Without RoPE, `forward` folds Π's first linear map into the q/k projection (`fold_scores`): the
+    same function of the same parameters, with one small matmul per token where there were two. With
+    RoPE (a rotation that depends on the position sits between them) it takes q and k as the other
+    layers do. Decoding (`step`, `prefill`) always takes q and k: one token at a time gains nothing.
+    """
+
+    slicer: nn.Module
+
+    @property
+    def folded(self) -> bool:
+        """Whether `forward` folds Π into the projection (no RoPE): its Linear modules are then not
+        called, their weights are read (`attnlab.flops` counts the folded matmul instead)."""
+        return self.rotary is None
+
+    def folded_flops(self, rows: int) -> float:
+        """Forward FLOPs of `fold_scores` on ``rows`` tokens: the products A·W_q and A·W_k, then one
+        ``dim → 2·out + qkv_dim`` map per token."""
+        first = self.slicer[0] if isinstance(self.slicer, nn.Sequential) else self.slicer
+        out = first.out_features
+        return 2.0 * (2 * out * self.qkv_dim * self.dim + rows * self.dim * (2 * out + self.qkv_dim))
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.folded:
+            return super().forward(x, key_padding_mask)
+        self.check_input(x, key_padding_mask)
+        s, t, v = fold_scores(self.qkv, self.slicer, self.num_heads, x)
+        return self.out_proj(self.merge(self.attend_scores(s, t, v, key_padding_mask)))
+
+    def attend(self, q, k, v, key_padding_mask):
+        s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
+        return self.attend_scores(s, t, v, key_padding_mask)
+
+    def attend_scores(self, s, t, v, key_padding_mask):
+        raise NotImplementedError(f"{type(self).__name__} must implement attend_scores()")
+
+
+class SlicedReLUAttention(SlicedAttentionLayer):
     """Sliced ReLU attention (docs/attention.md): Π maps each token's concatenated heads to a score per head.
 
     `projection="mlp"` is H·D -> H·D -> H with GELU, `"linear"` is H·D -> H. The same Π maps q to s and
@@ -365,8 +409,7 @@ class SlicedReLUAttention(AttentionLayer):
         self.projection = projection
         self.eps = eps
 
-    def attend(self, q, k, v, key_padding_mask):
-        s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
+    def attend_scores(self, s, t, v, key_padding_mask):
         if self.standardise == "sequence":
             s, t = standardise_scores(s, t, key_padding_mask)
         elif self.standardise == "prefix":
@@ -385,7 +428,7 @@ class SlicedReLUAttention(AttentionLayer):
         return self.output_dropout(o)
 
 
-class SlicedReLUBumpAttention(AttentionLayer):
+class SlicedReLUBumpAttention(SlicedAttentionLayer):
     """Sliced ReLU-bump attention: linear Π without bias, no standardisation, learned per-head bandwidth.
 
     `normaliser="count"` divides by the number of keys (the paper's bump); `"mass"` (causal layers only)
@@ -424,8 +467,7 @@ class SlicedReLUBumpAttention(AttentionLayer):
         """Per-head hat width b_h = softplus(θ_h) + 1e-4 (> 0 so the kernel never degenerates)."""
         return F.softplus(self.bandwidth_logit) + 1e-4
 
-    def attend(self, q, k, v, key_padding_mask):
-        s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
+    def attend_scores(self, s, t, v, key_padding_mask):
         o = sliced_relu_bump_attention(
             s,
             t,

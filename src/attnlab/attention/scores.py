@@ -7,6 +7,7 @@ recurrent decoding (`attnlab.attention.decoding`) both apply, so the two cannot 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnlab.attention.precision import accumulation_dtype
@@ -21,6 +22,40 @@ def slice_tokens(slicer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     b, h, t, d = x.shape
     tokens = x.transpose(1, 2).reshape(b, t, h * d)
     return slicer(tokens).transpose(1, 2)
+
+
+def fold_scores(
+    qkv: nn.Linear, slicer: nn.Module, num_heads: int, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """s, t (B, H, T) and v (B, H, T, D) from x (B, T, dim): what `slice_tokens` gives on the q and k
+    of the fused projection, with Π's first linear map folded into that projection.
+
+    Without a rotation between them, Π's first map A (out × H·D) and the q projection W_q compose:
+    A (W_q x + b_q) = (A W_q) x + A b_q. The product is (out × dim), computed once per call, so each
+    token costs one dim → out map for s and one for t where it cost a dim → H·D map and then
+    H·D → out: at width 64 and two heads, ReLU-bump's q/k work per token falls from 2·64·64 + 2·64·2
+    to 2·64·2 multiply-adds, the MLP Π's from 4·64·64 to 2·64·64. It is the same function of the same
+    parameters (autograd differentiates through the product), equal to rounding.
+    """
+    first, rest = (slicer[0], slicer[1:]) if isinstance(slicer, nn.Sequential) else (slicer, None)
+    width, out = qkv.out_features // 3, first.out_features
+    w_q, w_k, w_v = qkv.weight.split(width)
+    weight = torch.cat([first.weight @ w_q, first.weight @ w_k, w_v])
+    bias = None
+    if qkv.bias is not None or first.bias is not None:
+        zero = qkv.weight.new_zeros(out)
+        b_q, b_k, b_v = qkv.bias.split(width) if qkv.bias is not None else (None, None, zero.new_zeros(width))
+        folded = [zero if b is None else first.weight @ b for b in (b_q, b_k)]
+        if first.bias is not None:
+            folded = [b + first.bias for b in folded]
+        bias = torch.cat([*folded, b_v])
+    batch, length, _ = x.shape
+    scores, v = F.linear(x, weight, bias).split([2 * out, width], dim=-1)
+    scores = scores.view(batch, length, 2, out)
+    if rest is not None:
+        scores = rest(scores)
+    s, t = scores.permute(2, 0, 3, 1)  # (2, B, H, T)
+    return s, t, v.view(batch, length, num_heads, width // num_heads).transpose(1, 2)
 
 
 def standardise_scores(

@@ -2,12 +2,15 @@
 
 What a user choosing a backend for a task wants to know: how many training samples per second the
 model trains on, at that task's sequence length. The workload is the shared encoder every task
-builds on (``SequenceClassifier``: 2 layers, width 64, 2 heads, MLP 128, RoPE, mean pooling; the
-LRA default), trained with AdamW on random tokens of the task's length (no padding), with a batch
-sized to the length (about 8K tokens a step): forward, backward and optimizer step, the data
-pipeline left out. Lengths (``TASKS``): ViT on CIFAR-10 (64 patches + CLS = 65 tokens), MLM (128
-and 512), ModelNet40 (1,024 points), ListOps (2K), Text (4K), Path-X (16K), and the round shapes
-T=64 (B=128) and T=256 (B=32).
+builds on (``SequenceClassifier``: 2 layers, width 64, 2 heads, MLP 128, mean pooling; the LRA
+default), with the task's own positions, trained with AdamW on random tokens of the task's length (no
+padding), with a batch sized to the length (about 8K tokens a step): forward, backward and optimizer
+step, the data pipeline left out. Lengths and positions (``TASKS``): ViT on CIFAR-10 (64 patches +
+CLS = 65 tokens, learned positions added to the tokens), MLM (128 and 512, RoPE), ModelNet40 (1,024
+points, none: a set), ListOps (2K, RoPE), Text (4K, RoPE), Path-X (16K, learned), and the round shapes
+T=64 (B=128) and T=256 (B=32) with RoPE. The positions matter for the sliced backends: without RoPE
+their layers fold Π's first map into the q/k projection (``attnlab.attention.scores.fold_scores``),
+with RoPE they cannot; ``--positions`` sets one scheme for every row.
 
 The machine may be shared, so the backends are interleaved: each repeat runs every backend in turn
 (``--steps`` timed steps after ``--warmup`` untimed ones, at most ``--max-seconds``), a run's figure
@@ -27,25 +30,27 @@ from pathlib import Path
 
 from attnlab.cli.bench_args import load_average, positive_int
 
-#: task -> (sequence length, batch size): the real lengths, about 8K tokens a step; ``t64`` and ``t256``
-#: are the round shapes issue 35 set its goal at (B=128 at T=64, B=32 at T=256)
-TASKS: dict[str, tuple[int, int]] = {
-    "t64": (64, 128),
-    "vit_cifar10": (65, 128),
-    "mlm_128": (128, 64),
-    "t256": (256, 32),
-    "mlm_512": (512, 16),
-    "modelnet40": (1024, 8),
-    "listops": (2048, 4),
-    "text": (4096, 2),
-    "pathx": (16384, 1),
+#: task -> (sequence length, batch size, positions): the real lengths, about 8K tokens a step, and each
+#: task's position scheme (conf/task/*.yaml; timm's ViT adds learned positions, point clouds have none);
+#: ``t64`` and ``t256`` are the round shapes issue 35 set its goal at (B=128 at T=64, B=32 at T=256)
+TASKS: dict[str, tuple[int, int, str]] = {
+    "t64": (64, 128, "rope"),
+    "vit_cifar10": (65, 128, "learned"),
+    "mlm_128": (128, 64, "rope"),
+    "t256": (256, 32, "rope"),
+    "mlm_512": (512, 16, "rope"),
+    "modelnet40": (1024, 8, "none"),
+    "listops": (2048, 4, "rope"),
+    "text": (4096, 2, "rope"),
+    "pathx": (16384, 1, "learned"),
 }
+POSITIONS = ("rope", "learned", "none")
 BACKENDS = ("softmax", "sliced_relu", "sliced_relu_bump", "linear")
 SLICED = ("sliced_relu", "sliced_relu_bump")
 
 
-def build(backend: str, length: int, path: str, seed: int = 0):
-    """The shared encoder with ``backend`` attention, its AdamW optimizer and one random batch."""
+def build(backend: str, length: int, path: str, seed: int = 0, positions: str = "rope"):
+    """The shared encoder with ``backend`` attention and ``positions``, and its AdamW optimizer."""
     import functools
 
     import torch
@@ -58,7 +63,7 @@ def build(backend: str, length: int, path: str, seed: int = 0):
     attention = functools.partial(build_attention, backend, **options)
     model = SequenceClassifier(
         vocab_size=256, num_classes=10, dim=64, depth=2, num_heads=2, mlp_dim=128, max_len=length,
-        positions="rope", pooling="mean", dropout=0.0, attention=attention,
+        positions=positions, pooling="mean", dropout=0.0, attention=attention,
     )  # fmt: skip
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
@@ -104,8 +109,9 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
     )
     rows = []
     for task in args.tasks:
-        length, batch = TASKS[task]
-        built = {name: build(name, length, args.path) for name in args.backends}
+        length, batch, positions = TASKS[task]
+        positions = positions if args.positions == "task" else args.positions
+        built = {name: build(name, length, args.path, positions=positions) for name in args.backends}
         runs: dict[str, list[float]] = {name: [] for name in args.backends}
         for _ in range(args.repeats):
             for name in args.backends:
@@ -117,7 +123,7 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
         for name in args.backends:
             seconds = pick(runs[name])
             rows.append(
-                {"task": task, "length": length, "batch": batch, "backend": name,
+                {"task": task, "length": length, "batch": batch, "positions": positions, "backend": name,
                  "ms_per_step": 1000 * seconds, "samples_per_s": batch / seconds,
                  "runs_ms": [1000 * x for x in runs[name]]}
             )  # fmt: skip
@@ -136,11 +142,12 @@ def table(rows: list[dict], backends) -> str:
     by = {(r["task"], r["backend"]): r for r in rows}
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     others = [b for b in backends if b != "softmax"] if "softmax" in backends else []
-    head = ["task", "T", "batch", *(f"{b} samples/s" for b in backends), *(f"{b} / softmax" for b in others)]
+    head = ["task", "T", "batch", "positions"]
+    head += [*(f"{b} samples/s" for b in backends), *(f"{b} / softmax" for b in others)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for task in tasks:
         first = by[(task, backends[0])]
-        cells = [task, str(first["length"]), str(first["batch"])]
+        cells = [task, str(first["length"]), str(first["batch"]), first["positions"]]
         cells += [_rate(by[(task, b)]["samples_per_s"]) for b in backends]
         soft = by[(task, "softmax")]["samples_per_s"] if others else None
         cells += [f"{by[(task, b)]['samples_per_s'] / soft:.2f}x" for b in others]
@@ -171,6 +178,10 @@ def register(kinds) -> None:
     parser.add_argument(
         "--path", choices=("auto", "dense", "sorted"), default="auto", help="sliced backends' path"
     )
+    parser.add_argument(
+        "--positions", choices=("task", *POSITIONS), default="task",
+        help="positions of every row (default: each task's own, as in TASKS)",
+    )  # fmt: skip
     parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved runs per backend")

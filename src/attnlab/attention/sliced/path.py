@@ -36,13 +36,19 @@ PATHS = ("auto", "dense", "sorted")
 # for sliced ReLU, so its entry is the one measured at B=128 (ViT's batch; same command, -B 128,
 # interleaved, best of 12, load 2.7-2.8): relu 9.7/9.6 at T=64, 14.0/9.4 at 65, 18.9/13.7 at 96
 # (at B=8: 1.8/1.7 at 96); bump 10.7/17.0 at 64, 14.9/28.5 at 96, 69/40 at 128.
+# The bidirectional bump entries were measured again once its dense backward was written out
+# (``dense._DenseBump``; same command, bump rows only, --repeats 9, load 3.6-3.7), float32 at B=32:
+# 1.5/4.3 at 64, 3.1/6.1 at 96, 5.5/7.6 at 128, 11.4/12.3 at 192, 21.9/18.4 at 256; at B=128: 7.0/16.9
+# at 64, 23.5/35.9 at 128, 52/54 at 192, 89/79 at 256. Its entry is 128, not 192: at 192 dense was only
+# 3-8 % faster and held three times the memory. float64, B=32: 3.8/10.3 at 64, 7.4/7.4 at 96,
+# 14.0/11.3 at 128.
 CROSSOVER: dict[tuple[str, str, torch.dtype], int] = {
     ("relu", "cpu", torch.float32): 64,
-    ("bump", "cpu", torch.float32): 96,
+    ("bump", "cpu", torch.float32): 128,
     ("causal_relu", "cpu", torch.float32): 64,
     ("causal_bump", "cpu", torch.float32): 384,
     ("relu", "cpu", torch.float64): 32,
-    ("bump", "cpu", torch.float64): 64,
+    ("bump", "cpu", torch.float64): 96,
     ("causal_relu", "cpu", torch.float64): 96,
     ("causal_bump", "cpu", torch.float64): 256,
 }

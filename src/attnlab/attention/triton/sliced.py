@@ -47,7 +47,7 @@ from attnlab.attention.sliced.common import (
     _nan_rows,
     _sort_real_first,
 )
-from attnlab.attention.triton.runtime import kernels
+from attnlab.attention.triton.runtime import interpret_mode, kernels
 
 
 @dataclass
@@ -76,6 +76,54 @@ def _chunk_len(rows: int, length: int, d_blocks: int, device: torch.device) -> i
     return -(-chunk // TUNING.block) * TUNING.block
 
 
+def _layout(x: torch.Tensor, total: int, wide: bool) -> tuple[int, int, int, int]:
+    """``(block_d, d_blocks, chunk, n_chunks)``: a walk over ``total`` entries per row of ``x``."""
+    rows, _, dim = x.shape
+    block_d = min(TUNING.wide_block_d if wide else TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
+    d_blocks = -(-dim // block_d)
+    chunk = _chunk_len(rows, total, d_blocks, x.device)
+    return block_d, d_blocks, chunk, -(-total // chunk)
+
+
+def _totals(order, x, score, xshift, weight, layout, *, sinks_as_sources=False, c4=None, scalars=None):
+    """Each chunk's sums ``(rows, chunks, 4, D)`` (``stream_totals_kernel``; 5 planes with ``c4``;
+    with ``scalars``, a ``(rows, chunks, 4)`` tensor, the chunks' ``Σ w``, ``Σ u w`` go there)."""
+    block_d, d_blocks, chunk, n_chunks = layout
+    rows, length, dim = x.shape
+    totals = torch.empty(rows, n_chunks, 4 if c4 is None else 5, dim, dtype=score.dtype, device=x.device)
+    kernels().stream_totals_kernel[(rows, n_chunks, d_blocks)](
+        order, x, xshift if xshift is not None else score, weight if weight is not None else score,
+        score, c4 if c4 is not None else score, totals, scalars if scalars is not None else score,
+        length, dim, order.shape[1], chunk, n_chunks,
+        HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, SINKS_AS_SOURCES=sinks_as_sources,
+        HAS_C4=c4 is not None, SCALARS=scalars is not None, BLOCK=TUNING.block, BD=block_d,
+        num_warps=TUNING.num_warps,
+    )  # fmt: skip
+    return totals
+
+
+def centred_carry(order, v, score, weight, count):
+    """The mean ``vbar (N, D)`` of the sources of ``stream(order, v, score, xshift=vbar,
+    weight=weight)`` (over ``count`` real ones) and that stream's chunk carry (None: one chunk), from
+    one pass over v. With one chunk that pass is the mean; with several, the chunks' unshifted sums
+    (compensated) and their ``Σ w``, ``Σ w u`` give both: ``Σ w (v - vbar) = Σ w v - vbar Σ w``,
+    in float64, with the very ``vbar`` the kernels will subtract."""
+    order, v, score, weight = (None if a is None else a.contiguous() for a in (order, v, score, weight))
+    acc = score.dtype
+    layout = _layout(v, order.shape[1], False)
+    if layout[3] == 1:
+        return _mean_rows(v, None if weight is None else weight > 0, count, acc), None
+    scalars = torch.empty(v.shape[0], layout[3], 4, dtype=acc, device=v.device)
+    totals = _totals(order, v, score, None, weight, layout, scalars=scalars)
+    raw = totals[:, :, :2].double() + totals[:, :, 2:].double()  # (N, chunks, 2, D)
+    vbar = (raw[:, :, 0].sum(dim=1) / count[:, None]).to(acc)
+    mass = scalars[:, :, :2].double() + scalars[:, :, 2:].double()  # Σ w, Σ w u per chunk
+    centred = raw - mass[..., None] * vbar.double()[:, None, None, :]
+    start = torch.zeros_like(centred)
+    torch.cumsum(centred[:, :-1], dim=1, out=start[:, 1:])
+    return vbar, _split(start, acc)
+
+
 def stream(
     order: torch.Tensor,
     x: torch.Tensor,
@@ -94,17 +142,25 @@ def stream(
     dot_vec: bool = False,
     c4: torch.Tensor | None = None,
     wide: bool = False,
+    carry: torch.Tensor | None = None,
+    partial: torch.Tensor | None = None,
 ):
     """Walk the merged stream ``order (N, 2T)`` (see ``kernels.stream_kernel``).
 
     Sources: rows of ``x (N, T, D)``, minus ``xshift (N, D)``, times ``weight (N, T)``; ``score
     (N, T)`` (accumulation dtype) scales the second running sum. Sinks: with ``out``, write (or with
-    ``accumulate`` add) ``c1 P + c2 Px (+ c3 vec)``; with ``y``, return the dots ``(3, N, T)`` of
-    ``y - yshift`` with P, Px (and ``vec``), and with ``c4`` also ``Σ_i c4_i (y_i - yshift)``
-    ``(N, D)``. Returns ``(dots or None, ysum or None)``.
+    ``accumulate`` add) ``c1 P + c2 Px (+ c3 vec)``; with ``y``, return the dots ``(2, N, T)`` of
+    ``y - yshift`` with P, Px (``(3, N, T)``: and ``vec``, with ``dot_vec``), and with ``c4``
+    also ``Σ_i c4_i (y_i - yshift)`` ``(N, D)``. Returns ``(dots or None, ysum or None)``.
+    ``carry``: the chunks' starting sums (computed here when the row has several chunks and it is
+    None; ``centred_carry`` gives them with the mean).
+
+    ``partial``: with ``accumulate``, the buffer whose values are added (default ``out``): the
+    last of several streams reads the float64 partial sums and writes ``out`` in its own dtype.
 
     ``wide``: every sum in float64 whatever the inputs (the scores are read as float64, which sets
-    the kernels' accumulation dtype): ``out`` must be float64, the dots come back float64. For
+    the kernels' accumulation dtype; pass them as float64 to convert once): the buffer added into
+    must be float64, the dots come back float64. For
     callers that combine several streams whose prefix sums cancel down to small window sums
     (ReLU-bump): in float32, the rounding of a block's partial sums, or of a coefficient times a
     prefix sum, is the size of the prefix sum times eps, large next to a narrow window's sum.
@@ -114,28 +170,17 @@ def stream(
         None if a is None else a.contiguous()
         for a in (order, x, score, xshift, weight, c1, c2, c3, vec, y, yshift, c4)
     )
+    partial = out if partial is None else partial.contiguous()
     if wide:
         score = score.double()
-        if out is not None and out.dtype != torch.float64:
-            raise ValueError(f"stream: wide=True adds into a float64 out, got {out.dtype}")
+        if out is not None and accumulate and partial.dtype != torch.float64:
+            raise ValueError(f"stream: wide=True adds float64 partial sums, got {partial.dtype}")
     rows, length, dim = x.shape
-    total = order.shape[1]
     acc = score.dtype
-    block_d = min(TUNING.wide_block_d if wide else TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
-    d_blocks = -(-dim // block_d)
-    chunk = _chunk_len(rows, total, d_blocks, x.device)
-    n_chunks = -(-total // chunk)
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1], wide)
     dummy = score
-    carry = None
-    if n_chunks > 1:
-        totals = torch.empty(rows, n_chunks, 4, dim, dtype=acc, device=x.device)
-        k.stream_totals_kernel[(rows, n_chunks, d_blocks)](
-            order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy,
-            score, totals, length, dim, total, chunk, n_chunks,
-            HAS_XSHIFT=xshift is not None, HAS_W=weight is not None,
-            BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
-        )  # fmt: skip
-        carry = _carry(totals)
+    if n_chunks > 1 and carry is None:
+        carry = _carry(_totals(order, x, score, xshift, weight, layout))
     dots = torch.empty(d_blocks, 3, rows, length, dtype=acc, device=x.device) if y is not None else None
     ysum = torch.empty(rows, n_chunks, dim, dtype=acc, device=x.device) if c4 is not None else None
     write = 0 if out is None else (2 if accumulate else 1)
@@ -143,19 +188,50 @@ def stream(
         order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy, score,
         c1 if c1 is not None else dummy, c2 if c2 is not None else dummy, c3 if c3 is not None else dummy,
         vec if vec is not None else dummy, out if out is not None else dummy,
-        y if y is not None else dummy, yshift if yshift is not None else dummy,
+        partial if partial is not None else dummy, y if y is not None else dummy,
+        yshift if yshift is not None else dummy,
         dots if dots is not None else dummy, c4 if c4 is not None else dummy,
         ysum if ysum is not None else dummy, carry if carry is not None else dummy,
-        rows, length, dim, total, chunk, n_chunks,
+        rows, length, dim, order.shape[1], chunk, n_chunks,
         HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, WRITE=write, HAS_C3=c3 is not None,
         DOTS=y is not None, DOT_VEC=dot_vec, HAS_YSHIFT=yshift is not None, YSUM=c4 is not None,
         HAS_CARRY=carry is not None, BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
     )  # fmt: skip
     if dots is not None:
-        dots = dots.sum(dim=0) if d_blocks > 1 else dots[0]
+        planes = 3 if dot_vec else 2
+        dots = dots[:, :planes].sum(dim=0) if d_blocks > 1 else dots[0, :planes]
     if ysum is not None:
         ysum = ysum.sum(dim=1)
     return dots, ysum
+
+
+def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
+    """Sliced ReLU's backward walk (``kernels.relu_backward_kernel``) over the forward's ``order``:
+    returns dv ``(N, T, D)`` and the dots ``(3, N, T)``: g·P and g·P_t at the queries, (v - vbar)·Q
+    at the keys. One pass over g first (``stream_totals_kernel``) sums the queries ``a g`` and
+    ``s a g`` per chunk (the walk starts each chunk at minus the sum above it) and ``Σ c4 a g``,
+    the mean of dL/dw times ``count`` (``c4``: R, ``a``: the scale). ``kcarry``: the forward's
+    ``centred_carry`` (the key sums)."""
+    order, v, vbar, weight, t, g, a_scale, s, c4 = (
+        None if x is None else x.contiguous() for x in (order, v, vbar, weight, t, g, a_scale, s, c4)
+    )
+    rows, length, dim = v.shape
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1], False)
+    totals = _totals(order, g, s, None, a_scale, layout, sinks_as_sources=True, c4=c4)
+    mean = totals[:, :, 4].sum(dim=1) / count[:, None]
+    wide = totals[:, :, :2].double() + totals[:, :, 2:4].double()
+    above = wide.flip(1).cumsum(1).flip(1)  # Σ over this chunk and the ones after it
+    qcarry = _split(-above, s.dtype)
+    dots = torch.empty(d_blocks, 3, rows, length, dtype=s.dtype, device=v.device)
+    grad_v = torch.empty_like(v)
+    kernels().relu_backward_kernel[(rows, n_chunks, d_blocks)](
+        order, v, vbar, weight if weight is not None else s, t, g, a_scale, s, mean,
+        grad_v, dots, kcarry if kcarry is not None else s, qcarry,
+        rows, length, dim, order.shape[1], chunk, n_chunks,
+        HAS_W=weight is not None, HAS_KCARRY=kcarry is not None, BLOCK=TUNING.block, BD=block_d,
+        num_warps=TUNING.num_warps,
+    )  # fmt: skip
+    return grad_v, dots.sum(dim=0) if d_blocks > 1 else dots[0]
 
 
 def _carry(totals: torch.Tensor) -> torch.Tensor:
@@ -165,11 +241,16 @@ def _carry(totals: torch.Tensor) -> torch.Tensor:
     wide = totals[:, :, :2].double() + totals[:, :, 2:].double()
     start = torch.zeros_like(wide)
     torch.cumsum(wide[:, :-1], dim=1, out=start[:, 1:])
-    high = start.to(totals.dtype)
-    return torch.cat([high, (start - high.double()).to(totals.dtype)], dim=2).contiguous()
+    return _split(start, totals.dtype)
 
 
-def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool):
+def _split(start: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Float64 sums ``(rows, chunks, 2, D)`` as ``dtype``'s nearest values then their remainders."""
+    high = start.to(dtype)
+    return torch.cat([high, (start - high.double()).to(dtype)], dim=2).contiguous()
+
+
+def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, finite: bool = False):
     """The merged ascending order of sinks and sources of one row, and each sink's source count.
 
     ``*_sorted`` are ascending ``(N, T)`` values, ``*_order`` their original indices. On ties,
@@ -180,24 +261,57 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool):
     The positions form a permutation only if both lists are ordered by one total order: NaN
     (which ``torch.sort`` puts last but compares false with everything) is read as +inf, last
     too, so that ``searchsorted`` agrees with the sort. The callers never pass NaN
-    (``_finite_rows``); this keeps the merge sound if one ever does. ``order`` starts at -1,
-    which the kernels skip: no slot can hold an index that was never written.
+    (``_finite_rows``); this keeps the merge sound if one ever does (``finite=True``: the caller
+    vouches that there is none, and the pass is skipped). ``order`` starts at -1, which the
+    kernels skip: no slot can hold an index that was never written.
     """
     rows, length = sink_sorted.shape
-    sink_sorted, src_sorted = (torch.nan_to_num(x, nan=float("inf")) for x in (sink_sorted, src_sorted))
-    before_sink = torch.searchsorted(src_sorted, sink_sorted, side="left" if sinks_first else "right")
-    before_src = torch.searchsorted(sink_sorted, src_sorted, side="right" if sinks_first else "left")
-    arange = torch.arange(length, device=sink_sorted.device)
-    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=sink_sorted.device)
+    if not finite:
+        sink_sorted, src_sorted = (torch.nan_to_num(x, nan=float("inf")) for x in (sink_sorted, src_sorted))
+    device = sink_sorted.device
+    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=device)
+    if device.type == "cuda" or interpret_mode():  # the slots and counts in one kernel
+        before_sink, before_src = (
+            torch.searchsorted(a, b, side=side, out_int32=True)
+            for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
+        )
+        counts = torch.empty(rows, length, dtype=torch.int64, device=device)
+        block = min(1024, max(16, 1 << (length - 1).bit_length()))
+        kernels().merge_kernel[(rows, -(-length // block))](
+            before_sink, sink_order, before_src, src_order, order, counts, length, BLOCK=block
+        )
+        return order, counts
+    before_sink, before_src = (
+        torch.searchsorted(a, b, side=side)
+        for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
+    )
+    arange = torch.arange(length, device=device)
     order.scatter_(1, arange + before_sink, sink_order.to(torch.int32))
     order.scatter_(1, arange + before_src, (src_order + length).to(torch.int32))
     counts = torch.empty_like(before_sink).scatter_(1, sink_order, before_sink)
     return order, counts
 
 
-def reverse(order: torch.Tensor, length: int) -> torch.Tensor:
-    """The merged stream walked from the top with the roles exchanged (sources become sinks)."""
-    return torch.remainder(order.flip(1) + length, 2 * length).to(torch.int32)
+def _merge_sides(sink_sorted, src_sorted, sinks_first):
+    """``(sorted, values, side)`` of merge's two ``searchsorted`` calls: sinks among the sources,
+    sources among the sinks, ties on the side ``sinks_first`` says."""
+    return (
+        (src_sorted, sink_sorted, "left" if sinks_first else "right"),
+        (sink_sorted, src_sorted, "right" if sinks_first else "left"),
+    )
+
+
+def _relu_scalars(s, rank, rank_le, t_sorted, count, eps, queries):
+    """``kernels.relu_scalars_kernel``: ``(c1, scale, dden, balance, R)``, each ``(N, T)``."""
+    rows, length = s.shape
+    outs = [torch.empty_like(s) for _ in range(5)]
+    block = min(1024, max(16, 1 << (length - 1).bit_length()))
+    eps = torch.full((1,), eps, dtype=s.dtype, device=s.device)
+    kernels().relu_scalars_kernel[(rows, -(-length // block))](
+        s, rank, rank_le, _exclusive_cumsum(t_sorted), count, eps, queries if queries is not None else s,
+        *outs, length, HAS_QUERIES=queries is not None, BLOCK=block,
+    )  # fmt: skip
+    return outs
 
 
 def _mean_rows(values, valid, count, acc):
@@ -214,12 +328,15 @@ def _mask(x, valid):
 def _sorted_scores(s, t, v, valid, queries):
     """What both forwards start with, as the torch ops do: the real-key counts, the centred scores
     (rows with a NaN/inf score zeroed, ``bad``: NaN is written to their outputs at the end), the keys
-    sorted real-first ``(search, sorted, order)`` and the queries sorted ``(sorted, order)``."""
+    sorted real-first ``(search, sorted, order)`` and the kept queries sorted first ``(search,
+    order)``: the two sorts of the op, which the backward passes reuse. The dropped queries (their
+    s is 0, their scale or coefficient too) sort last as +inf: sinks at the end of every stream."""
     rows, length, _ = v.shape
     count = _counts(valid, rows, length, s.dtype, v.device)
     s, t = _centre_scores(s, t, valid, count, queries)
     s, t, bad = _finite_rows(s, t)
-    return count, s, t, bad, _sort_real_first(t, valid), torch.sort(s, dim=1)
+    s_search, _, q_order = _sort_real_first(s, queries)
+    return count, s, t, bad, _sort_real_first(t, valid), (s_search, q_order)
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,26 +355,21 @@ class SlicedReLUTriton(torch.autograd.Function):
             count, s, t, bad, (t_search, t_sorted, k_order), (s_sorted, q_order) = _sorted_scores(
                 s, t, v, valid, queries
             )
-            order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True)  # #{t < s}
-            p_t = _exclusive_cumsum(t_sorted)
-            below_t = torch.gather(p_t, 1, rank)
-            rank_f = rank.to(acc)
-            den = s * (2 * rank_f - count[:, None]) + p_t[:, -1:] - 2 * below_t
-            scale = _mask(2.0 / den.clamp_min(eps), queries)
-            vbar = _mean_rows(v, valid, count, acc)
+            order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True, finite=True)
+            rank_le = torch.searchsorted(t_search, s, side="right", out_int32=True)  # #{t <= s}
+            c1, scale, dden, balance, relu_mass = _relu_scalars(
+                s, rank, rank_le, t_sorted, count, eps, queries
+            )
             weight = None if valid is None else valid.to(acc)
+            vbar, carry = centred_carry(order, v, t, weight, count)  # carry: reused by the backward walk
             out = torch.empty_like(v)
-            stream(order, v, t, xshift=vbar, weight=weight, c1=scale * s, c2=-scale, out=out)
+            stream(order, v, t, xshift=vbar, weight=weight, c1=c1, c2=-scale, out=out, carry=carry)
             _nan_rows(out, bad, queries)
-
-            # for the backward pass: #{t < s} - #{t > s}, R_i = Σ_{t_j<s_i} (s_i - t_j), and for
-            # each key #{s < t_j}, #{s <= t_j} among the sorted queries
-            rank_le = torch.searchsorted(t_search, s, side="right")
-            balance = (rank + rank_le).to(acc) - count[:, None]
-            relu_mass = s * rank_f - below_t
+            # for the backward pass: each key's #{s < t_j}, #{s <= t_j} among the sorted queries
             q_lt = torch.searchsorted(s_sorted, t, side="left")
             q_le = torch.searchsorted(s_sorted, t, side="right")
-        ctx.save_for_backward(s, t, v, vbar, den, count, order, balance, relu_mass, q_order, q_lt, q_le)
+        saved = (s, t, v, vbar, scale, dden, count, order, balance, relu_mass, q_order, q_lt, q_le, carry)
+        ctx.save_for_backward(*saved)
         ctx.valid, ctx.queries, ctx.eps, ctx.bad = valid, queries, eps, bad
         return out
 
@@ -269,32 +381,22 @@ class SlicedReLUTriton(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g):
-        s, t, v, vbar, den, count, order, balance, relu_mass, q_order, q_lt, q_le = ctx.saved_tensors
-        valid, queries, eps = ctx.valid, ctx.queries, ctx.eps
-        length = s.shape[1]
-        acc = s.dtype
-        inv_d = 1.0 / den.clamp_min(eps)
-        a_scale = _mask(2.0 * inv_d, queries)
-        weight = None if valid is None else valid.to(acc)
+        s, t, v, vbar, scale, dden, count, order, balance, relu_mass, q_order, q_lt, q_le, carry = (
+            ctx.saved_tensors
+        )
+        valid, queries = ctx.valid, ctx.queries
+        weight = None if valid is None else valid.to(s.dtype)
 
-        # Queries (keys as sources): g·P_w and g·P_tw at each query, hence g·o and dL/ds.
-        # The same walk sums Σ_i a_i R_i g_i: the mean of dL/dw over the real keys times n (below).
-        dots, mean_sum = stream(order, v, t, xshift=vbar, weight=weight, y=g, c4=a_scale * relu_mass)
-        g_below, g_scored = dots[0], dots[1]
-        grad_den = -(a_scale * (s * g_below - g_scored)) * inv_d * (den >= eps)
-        grad_den = _mask(grad_den, queries)
-        grad_s = _mask(a_scale * g_below + grad_den * balance, queries)
+        # One walk (``relu_backward``): at the queries g·P_w and g·P_tw, hence g·o and dL/ds; at
+        # the keys dL/dv_j = Σ_{s_i>t_j} (s_i - t_j) a_i g_i minus its mean over the real keys
+        # (Σ_i a_i R_i g_i / n) and w_j · Σ_{s_i>t_j} a_i g_i (w_j = v_j - vbar), for dL/dt.
+        grad_v, (g_below, g_scored, w_dot_a) = relu_backward(
+            order, v, vbar, weight, t, g, scale, s, relu_mass, count, carry
+        )
+        # o_i = a_i (s_i P - P_t): dL/da_i = s_i g·P - g·P_t; the scale a is 0 off the kept queries
+        grad_den = dden * (s * g_below - g_scored)
+        grad_s = scale * g_below + grad_den * balance
 
-        # Keys (queries above them as sources): dL/dw_j = Σ_{s_i>t_j} (s_i - t_j) a_i g_i, minus its
-        # mean over the real keys, Σ_i a_i R_i g_i / n; and (v_j - vbar) · Σ_{s_i>t_j} a_i g_i.
-        mean = mean_sum / count[:, None]
-        key_w = torch.ones_like(t) if valid is None else valid.to(acc)
-        grad_v = torch.empty_like(v)
-        dots, _ = stream(
-            reverse(order, length), g, s, weight=a_scale,
-            c1=-t * key_w, c2=key_w, c3=-key_w, vec=mean, out=grad_v, y=v, yshift=vbar,
-        )  # fmt: skip
-        w_dot_a = dots[0]
         # dL/dt_j = Σ_{s_i<t_j} dden_i - Σ_{s_i>t_j} dden_i - w_j · Σ_{s_i>t_j} a_i g_i
         q_den = _exclusive_cumsum(torch.gather(grad_den, 1, q_order))
         den_below = torch.gather(q_den, 1, q_lt)
@@ -312,9 +414,9 @@ class SlicedReLUTriton(torch.autograd.Function):
 def _windows(centres_sorted, centre_order, search, search_order, width):
     """Merged streams and ranks of the windows (c - b, c] and (c, c + b) of sorted centres among
     sorted scores: ``#{x <= c - b}``, ``#{x <= c}``, ``#{x < c + b}`` (as ``_hat_windows``)."""
-    lo = merge(centres_sorted - width, centre_order, search, search_order, sinks_first=False)
-    mid = merge(centres_sorted, centre_order, search, search_order, sinks_first=False)
-    hi = merge(centres_sorted + width, centre_order, search, search_order, sinks_first=True)
+    lo = merge(centres_sorted - width, centre_order, search, search_order, sinks_first=False, finite=True)
+    mid = merge(centres_sorted, centre_order, search, search_order, sinks_first=False, finite=True)
+    hi = merge(centres_sorted + width, centre_order, search, search_order, sinks_first=True, finite=True)
     return lo, mid, hi
 
 
@@ -326,33 +428,56 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
     def forward(ctx, s, t, v, b, valid, queries):
         with no_autocast(v.device):
             length, acc = v.shape[1], s.dtype
-            count, s, t, bad, (t_search, t_sorted, k_order), (s_sorted, q_order) = _sorted_scores(
+            count, s, t, bad, (t_search, t_sorted, k_order), (s_search, q_order) = _sorted_scores(
                 s, t, v, valid, queries
             )
-            (o_lo, lo), (o_mid, mid), (o_hi, hi) = _windows(s_sorted, q_order, t_search, k_order, b)
+            (o_lo, lo), (o_mid, mid), (o_hi, hi) = _windows(s_search, q_order, t_search, k_order, b)
             vbar = _mean_rows(v, valid, count, acc)
             p_t = _exclusive_cumsum(t_sorted.to(torch.float64))
             # The three window edges are three streams whose prefix sums cancel down to the window
             # sums: their coefficients, the sums at the sinks and the output add up in float64
-            # (``wide``), so the cancellation costs nothing (the (N, T) scalars: cheap).
+            # (``wide``), so the cancellation costs nothing (the (N, T) scalars: cheap). The first
+            # two streams write and add into a float64 buffer, the last reads it and writes the
+            # output in v's dtype (one rounding, as a float64 output converted afterwards).
             coef = _mask((1.0 / (count[:, None] * b)).expand(-1, length), queries)
-            s64, b64, coef64 = s.double(), b.double(), coef.double()
+            s64, t64, b64, coef64 = s.double(), t.double(), b.double(), coef.double()
             rows_terms, scored_terms = _hat_terms(lo, mid, hi, s64, b64, coef64)
             left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, torch.float64)
             mass = coef64 * ((b64 - s64) * left_n + left_t + (b64 + s64) * right_n - right_t)
             weight = None if valid is None else valid.to(acc)
-            out = torch.empty(v.shape, dtype=torch.float64, device=v.device)
+            partial = torch.empty(v.shape, dtype=torch.float64, device=v.device)
+            out = torch.empty_like(v)
             for n, (order, (_, c1), (_, c2)) in enumerate(
                 zip((o_lo, o_mid, o_hi), rows_terms, scored_terms, strict=True)
             ):
                 stream(
-                    order, v, t, xshift=vbar, weight=weight, c1=c1, c2=c2, out=out, accumulate=n > 0,
-                    c3=mass if n == 0 else None, vec=vbar if n == 0 else None, wide=True,
+                    order, v, t64, xshift=vbar, weight=weight, c1=c1, c2=c2, wide=True,
+                    out=out if n == 2 else partial, accumulate=n > 0, partial=partial,
+                    c3=mass if n == 0 else None, vec=vbar if n == 0 else None,
                 )  # fmt: skip
             _nan_rows(out, bad, queries)
-        ctx.save_for_backward(s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order)
+        saved = (
+            s,
+            t,
+            v,
+            b,
+            vbar,
+            coef,
+            p_t,
+            lo,
+            mid,
+            hi,
+            o_lo,
+            o_mid,
+            o_hi,
+            t_search,
+            k_order,
+            s_search,
+            q_order,
+        )
+        ctx.save_for_backward(*saved)
         ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
-        return out.to(v.dtype)
+        return out
 
     @staticmethod
     @_first_order_only("sliced_relu_bump_attention")
@@ -362,52 +487,58 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g):
-        s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order = ctx.saved_tensors
+        s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order, s_search, q_order = (
+            ctx.saved_tensors
+        )
         valid, queries = ctx.valid, ctx.queries
         acc = s.dtype
         weight = None if valid is None else valid.to(acc)
+        s64, t64, b64, coef64 = s.double(), t.double(), b.double(), coef.double()
 
-        # Queries (as in the torch op): window sums of the centred values dotted with g.
-        s_sorted, q_order = torch.sort(s, dim=1)
-        o_below, below = merge(s_sorted, q_order, t_search, k_order, sinks_first=True)  # #{t < s}
+        # Queries (as in the torch op): window sums of the centred values dotted with g. The
+        # forward's sorts are reused: no sort here.
+        o_below, below = merge(
+            s_search, q_order, t_search, k_order, sinks_first=True, finite=True
+        )  # #{t < s}
         # The dots come back in float64 (``wide``) and are combined in float64: they cancel as the
         # forward's window sums do.
         kw = {"xshift": vbar, "weight": weight, "y": g, "wide": True}
-        d_lo, _ = stream(o_lo, v, t, **kw)
-        d_mid, _ = stream(o_mid, v, t, **kw, vec=vbar, dot_vec=True)
-        d_hi, _ = stream(o_hi, v, t, **kw)
-        d_below, _ = stream(o_below, v, t, **kw)
+        d_lo, _ = stream(o_lo, v, t64, **kw)
+        d_mid, _ = stream(o_mid, v, t64, **kw, vec=vbar, dot_vec=True)
+        d_hi, _ = stream(o_hi, v, t64, **kw)
+        d_below, _ = stream(o_below, v, t64, **kw)
         (g_lo, gx_lo), (g_mid, gx_mid), (g_hi, gx_hi) = d_lo[:2], d_mid[:2], d_hi[:2]
         g_below, g_vbar = d_below[0], d_mid[2]
         left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, torch.float64)
         tied = (mid - below).double()
-        s64, b64, coef64 = s.double(), b.double(), coef.double()
         grad_s = coef64 * (g_hi - g_mid + g_lo - g_below + g_vbar * (right_n - left_n + tied))
         left, right = g_mid - g_lo + g_vbar * left_n, g_hi - g_mid + g_vbar * right_n
         left_x, right_x = gx_mid - gx_lo + g_vbar * left_t, gx_hi - gx_mid + g_vbar * right_t
         grad_b = (coef64 / b64 * (s64 * (left - right) + right_x - left_x)).sum(dim=1, keepdim=True)
         grad_s, grad_b = grad_s.to(acc), grad_b.to(acc)
 
-        # Keys: the windows with queries and keys exchanged, sources c_i g_i over the sorted queries.
-        s_search, _, q_real_order = _sort_real_first(s, queries)
-        (o_klo, k_lo), (o_kmid, k_mid), (o_khi, k_hi) = _windows(t_search, k_order, s_search, q_real_order, b)
-        o_kbelow, _ = merge(t_search, k_order, s_search, q_real_order, sinks_first=True)
-        key_w = torch.ones_like(t) if valid is None else valid.to(acc)
-        rows_terms, scored_terms = _hat_terms(k_lo, k_mid, k_hi, t.double(), b64, key_w.double())
-        grad_v = torch.empty(v.shape, dtype=torch.float64, device=v.device)
+        # Keys: the windows with queries and keys exchanged, sources c_i g_i over the sorted queries
+        # (the dropped ones last, as +inf: their coefficient is 0).
+        (o_klo, k_lo), (o_kmid, k_mid), (o_khi, k_hi) = _windows(t_search, k_order, s_search, q_order, b)
+        o_kbelow, _ = merge(t_search, k_order, s_search, q_order, sinks_first=True, finite=True)
+        key_w = torch.ones_like(t64) if valid is None else valid.double()
+        rows_terms, scored_terms = _hat_terms(k_lo, k_mid, k_hi, t64, b64, key_w)
+        partial = torch.empty(v.shape, dtype=torch.float64, device=v.device)
+        grad_v = torch.empty_like(v)
         v_dots = []
         for n, (order, (_, c1), (_, c2)) in enumerate(
             zip((o_klo, o_kmid, o_khi), rows_terms, scored_terms, strict=True)
         ):
             dots, _ = stream(
-                order, g, s, weight=coef, c1=c1, c2=c2, out=grad_v, accumulate=n > 0, y=v, wide=True
+                order, g, s64, weight=coef, c1=c1, c2=c2, out=grad_v if n == 2 else partial,
+                accumulate=n > 0, partial=partial, y=v, wide=True,
             )  # fmt: skip
             v_dots.append(dots[0])
-        dots, _ = stream(o_kbelow, g, s, weight=coef, y=v, wide=True)
+        dots, _ = stream(o_kbelow, g, s64, weight=coef, y=v, wide=True)
         v_lo, v_mid, v_hi = v_dots
         grad_t = _nan_rows(_mask((v_hi - v_mid + v_lo - dots[0]).to(acc), valid), ctx.bad, valid)
         grad_s = _nan_rows(_mask(grad_s, queries), ctx.bad, queries)
-        grad_v = _nan_rows(grad_v, ctx.bad, valid).to(v.dtype)
+        grad_v = _nan_rows(grad_v, ctx.bad, valid)
         return grad_s, grad_t, grad_v, _nan_rows(grad_b, ctx.bad), None, None
 
 
@@ -433,4 +564,4 @@ def sliced_relu_bump(s, t, v, width, valid, queries, acc):
     return out.view(batch, heads, length, dim)
 
 
-__all__ = ["StreamTuning", "TUNING", "merge", "reverse", "sliced_relu", "sliced_relu_bump", "stream"]
+__all__ = ["StreamTuning", "TUNING", "merge", "sliced_relu", "sliced_relu_bump", "stream"]
