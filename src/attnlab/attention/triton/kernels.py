@@ -11,6 +11,9 @@ Two families:
   table in memory. At a sink the kernel writes ``c1 P + c2 Px + c3 vec`` (stored or added) and/or
   the dots of a row of Y with P, Px (and vec). Rows are split into chunks scanned in parallel:
   ``stream_totals_kernel`` sums each chunk's sources, and each chunk starts from the carried total.
+  ``relu_backward_kernel`` walks sliced ReLU's stream once for its whole backward pass (both kinds
+  of entry as sources); ``merge_kernel`` builds the streams, ``relu_scalars_kernel`` the per-query
+  scalars (elementwise, (N, T)).
 - ``linear_causal_fwd_kernel`` / ``linear_causal_bwd_q_kernel`` / ``linear_causal_bwd_kv_kernel``:
   chunked causal linear attention, quadratic inside a chunk, a float32 (D, Dv) state across chunks.
 """
