@@ -28,7 +28,7 @@ F32, F64, VAL = "*fp32", "*fp64", "VAL"  # VAL: a tensor in the op's dtype
 STREAM_FLAGS = dict(HAS_XSHIFT=True, HAS_W=True, HAS_C3=True, DOT_VEC=True, HAS_YSHIFT=True, HAS_CARRY=True)
 STREAM = {"BLOCK": TUNING.block, "BD": TUNING.block_d}
 WIDE = {"BLOCK": TUNING.block, "BD": TUNING.wide_block_d}
-LINEAR = {"HAS_MASK": True, "BD": 64, "BDV": 64}
+LINEAR = {"HAS_MASK": True, "HAS_START": True, "BD": 64, "BDV": 64}
 # kernel -> (argument types, constants); every flag on, the widest tiles the ops launch (D ≤ 64 per block)
 KERNELS = {
     "stream_kernel": (
@@ -91,12 +91,40 @@ KERNELS = {
         [F32, "*i64", "*i32", F32, F32, F32, "*i1", *[F32] * 5, "i32"],
         {"HAS_QUERIES": True, "BLOCK": 1024},
     ),
-    "linear_causal_fwd_kernel": ([VAL, VAL, VAL, "*i8", VAL, F32, *["i32"] * 4, "fp32"], LINEAR),
-    "linear_causal_bwd_q_kernel": (
-        [VAL, VAL, VAL, "*i8", VAL, F32, VAL, F32, F32, *["i32"] * 4, "fp32"],
+    "linear_causal_state_kernel": (
+        [VAL, VAL, "*i8", F32, F32, *["i32"] * 6],
+        {k: v for k, v in LINEAR.items() if k != "HAS_START"},
+    ),
+    "linear_causal_fwd_kernel": (
+        [VAL, VAL, VAL, "*i8", VAL, F32, F32, F32, *["i32"] * 4, "fp32", "i32", "i32"],
         LINEAR,
     ),
-    "linear_causal_bwd_kv_kernel": ([VAL, VAL, VAL, "*i8", F32, F32, VAL, VAL, *["i32"] * 5], LINEAR),
+    "linear_causal_bwd_q_kernel": (
+        [
+            VAL,
+            VAL,
+            VAL,
+            "*i8",
+            VAL,
+            F32,
+            VAL,
+            F32,
+            F32,
+            F32,
+            F32,
+            F32,
+            F32,
+            *["i32"] * 4,
+            "fp32",
+            "i32",
+            "i32",
+        ],
+        LINEAR,
+    ),
+    "linear_causal_bwd_kv_kernel": (
+        [VAL, VAL, VAL, "*i8", F32, F32, VAL, VAL, F32, F32, *["i32"] * 6],
+        LINEAR,
+    ),
 }
 CASES = [
     (kernel, target, dtype)

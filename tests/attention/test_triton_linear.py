@@ -67,6 +67,39 @@ def test_matches_float64_reference_and_torch_form(interpret, shape, masked):
         assert out[-1, :, length // 2 :].abs().max() == 0
 
 
+@pytest.mark.parametrize("segment", [16, 32])
+@pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
+def test_segments_walked_in_parallel_match_one_walk(interpret, monkeypatch, segment, masked):
+    """Rows split into segments (several programs per row, carried states): the same as the
+    reference, T not a multiple of the segment, padded keys in the middle of a segment."""
+    from attnlab.attention.triton import linear as triton_linear
+
+    monkeypatch.setattr(triton_linear, "SEGMENT", segment)
+    shape = (2, 2, 75, 8, 6)
+    assert triton_linear.segments(4, 75, 16, torch.device("cpu")) == (segment, -(-75 // segment))
+    args = qkv(*shape, seed=11)
+    mask = None
+    if masked:
+        mask = torch.ones(2, 75, dtype=torch.bool)
+        mask[-1, 40:] = False
+    grad_out = torch.randn(args[2].shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    out, grads = run(linear_attention, args, mask, grad_out, impl="triton")
+    want, want_grads = run(ref.linear_attention, [x.double() for x in args], mask, grad_out)
+    assert max(errors([out, *grads], [want, *want_grads])) < 2e-5
+
+
+def test_segments_fill_the_gpu_and_stay_long():
+    """About four programs per SM, segments of at least MIN_SEGMENT tokens, whole chunks."""
+    from attnlab.attention.triton.linear import MIN_SEGMENT, segments
+
+    cpu = torch.device("cpu")  # one "SM": four programs
+    assert segments(64, 65536, 32, cpu) == (65536, 1)
+    assert segments(2, 65536, 32, cpu) == (32768, 2)
+    assert segments(1, 1000, 32, cpu) == (1024, 1)
+    seg, n_seg = segments(1, 5 * MIN_SEGMENT + 7, 16, cpu)
+    assert seg % 16 == 0 and seg >= MIN_SEGMENT and n_seg == 4
+
+
 def test_bfloat16_inputs(interpret):
     args = qkv(1, 2, 40, 8, 8, seed=4, dtype=torch.bfloat16)
     grad_out = torch.randn(args[2].shape, generator=torch.Generator().manual_seed(5), dtype=F64)

@@ -1,6 +1,9 @@
 """Causal linear attention (φ = elu + 1) on Triton, chunked: the torch op's ``_causal_chunked``
-(inside a chunk the masked quadratic form, across chunks the carried state) in one kernel per
-row that keeps the float32 state ``(S, z)`` on chip, so no per-chunk state is ever stored.
+(inside a chunk the masked quadratic form, across chunks the carried state) in kernels that keep
+the float32 state ``(S, z)`` on chip, so no per-chunk state is ever stored. A row is walked by
+several programs when there are too few rows to fill the GPU (``segments``): each walks a segment of
+at least ``MIN_SEGMENT`` tokens from a carried state, one ``(D, Dv)`` state per segment in memory,
+from one extra pass over k and v in the forward (``kernels`` ``linear_causal_state_kernel``).
 
 Backward in two walks: forward over the chunks for dL/dq (the forward's state again), then backward
 over the chunks for dL/dk and dL/dv, carrying ``U = Σ_{i later} φ(q_i) dnum_iᵀ`` and
@@ -42,6 +45,33 @@ def launch_config(dtype: torch.dtype, capability: tuple[int, int]) -> dict:
     return config
 
 
+MIN_SEGMENT = 1024  # tokens per segment at least: its carried state is small next to its k, v, q
+SEGMENT: int | None = None  # tokens per segment, whatever the GPU (tests); None: from the SM count
+
+
+def segments(rows: int, length: int, chunk: int, device: torch.device) -> tuple[int, int]:
+    """``(tokens per segment, segments per row)``: enough programs for about four per SM (one per
+    row if the rows alone do that), segments of at least ``MIN_SEGMENT`` tokens, whole chunks."""
+    if SEGMENT is not None:
+        seg = SEGMENT
+    else:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        seg = max(MIN_SEGMENT, -(-length // -(-4 * sms // rows)))
+    seg = min(-(-seg // chunk) * chunk, -(-length // chunk) * chunk)
+    return seg, -(-length // seg)
+
+
+def _carried(state: torch.Tensor, norm: torch.Tensor, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each segment's start from the segments' own sums ``(rows, NSEG, ...)``: the sum over the
+    earlier segments (``reverse``: over the later ones), float32 like the kernels' state."""
+
+    def exclusive(x):
+        inclusive = x.cumsum(dim=1)
+        return inclusive[:, -1:] - inclusive if reverse else inclusive - x
+
+    return exclusive(state), exclusive(norm)
+
+
 def _capability(x: torch.Tensor) -> tuple[int, int]:
     """The GPU's compute capability; under the interpreter (CPU tensors) an H100's."""
     return torch.cuda.get_device_capability(x.device) if x.is_cuda else (9, 0)
@@ -67,22 +97,34 @@ class CausalLinearTriton(torch.autograd.Function):
         dim_v = v.shape[-1]
         config = launch_config(q.dtype, _capability(q))
         chunk, block_d, block_v = _sizes(length, dim, dim_v, config.pop("C"))
+        seg, n_seg = segments(rows, length, chunk, q.device)
         out = torch.empty_like(v)
         den = torch.empty(rows, length, dtype=torch.float32, device=q.device)
+        common = {"C": chunk, "BD": block_d, "BDV": block_v, "PRECISION": precision(q.dtype), **config}
+        mask_arg = mask if mask is not None else den
+        start = start_norm = den  # unused with one segment
         with no_autocast(q.device):
-            kernels().linear_causal_fwd_kernel[(rows,)](
-                q, k, v, mask if mask is not None else den, out, den,
-                length, dim, dim_v, heads, float(eps),
-                HAS_MASK=mask is not None, C=chunk, BD=block_d, BDV=block_v,
-                PRECISION=precision(q.dtype), **config,
+            k_ = kernels()
+            if n_seg > 1:
+                state = torch.empty(rows, n_seg, block_d, block_v, dtype=torch.float32, device=q.device)
+                norm = torch.empty(rows, n_seg, block_d, dtype=torch.float32, device=q.device)
+                k_.linear_causal_state_kernel[(rows, n_seg)](
+                    k, v, mask_arg, state, norm, length, dim, dim_v, heads, seg, n_seg,
+                    HAS_MASK=mask is not None, **common,
+                )  # fmt: skip
+                start, start_norm = _carried(state, norm, reverse=False)
+            k_.linear_causal_fwd_kernel[(rows, n_seg)](
+                q, k, v, mask_arg, out, den, start, start_norm,
+                length, dim, dim_v, heads, float(eps), seg, n_seg,
+                HAS_MASK=mask is not None, HAS_START=n_seg > 1, **common,
             )  # fmt: skip
-        ctx.save_for_backward(q, k, v, den, *([] if mask is None else [mask]))
+        ctx.save_for_backward(q, k, v, den, start, start_norm, *([] if mask is None else [mask]))
         ctx.heads, ctx.eps = heads, eps
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, den, *maybe_mask = ctx.saved_tensors
+        q, k, v, den, start, start_norm, *maybe_mask = ctx.saved_tensors
         mask = maybe_mask[0] if maybe_mask else None
         if torch.is_grad_enabled():
             raise RuntimeError(
@@ -93,12 +135,14 @@ class CausalLinearTriton(torch.autograd.Function):
         dim_v = v.shape[-1]
         config = launch_config(q.dtype, _capability(q))
         chunk, block_d, block_v = _sizes(length, dim, dim_v, config.pop("C"))
+        seg, n_seg = segments(rows, length, chunk, q.device)
         g = grad_out.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         gnum = torch.empty(rows, length, dim_v, dtype=torch.float32, device=q.device)
         gden = torch.empty(rows, length, dtype=torch.float32, device=q.device)
         common = {
             "HAS_MASK": mask is not None,
+            "HAS_START": n_seg > 1,
             "C": chunk,
             "BD": block_d,
             "BDV": block_v,
@@ -106,15 +150,21 @@ class CausalLinearTriton(torch.autograd.Function):
             **config,
         }
         mask_arg = mask if mask is not None else den
+        back = back_norm = den  # unused with one segment
+        if n_seg > 1:
+            back = torch.empty(rows, n_seg, block_d, block_v, dtype=torch.float32, device=q.device)
+            back_norm = torch.empty(rows, n_seg, block_d, dtype=torch.float32, device=q.device)
         with no_autocast(q.device):
             k_ = kernels()
-            k_.linear_causal_bwd_q_kernel[(rows,)](
-                q, k, v, mask_arg, g, den, dq, gnum, gden, length, dim, dim_v, ctx.heads, float(ctx.eps),
-                **common,
+            k_.linear_causal_bwd_q_kernel[(rows, n_seg)](
+                q, k, v, mask_arg, g, den, dq, gnum, gden, start, start_norm, back, back_norm,
+                length, dim, dim_v, ctx.heads, float(ctx.eps), seg, n_seg, **common,
             )  # fmt: skip
-            k_.linear_causal_bwd_kv_kernel[(rows,)](
-                q, k, v, mask_arg, gnum, gden, dk, dv, length, dim, dim_v, ctx.heads, -(-length // chunk),
-                **common,
+            if n_seg > 1:
+                back, back_norm = _carried(back, back_norm, reverse=True)
+            k_.linear_causal_bwd_kv_kernel[(rows, n_seg)](
+                q, k, v, mask_arg, gnum, gden, dk, dv, back, back_norm, length, dim, dim_v, ctx.heads,
+                seg, n_seg, **common,
             )  # fmt: skip
         return dq, dk, dv, None, None, None
 

@@ -27,6 +27,7 @@ import torch
 
 IMPLS = ("auto", "triton", "torch")
 _KERNEL_FILE = Path(__file__).with_name("kernels.py")
+_MORE_KERNELS = (Path(__file__).with_name("linear_kernels.py"),)  # executed into the same module
 _LOADED: dict[bool, ModuleType] = {}
 _PROBED: dict[str, str | None] = {}  # device -> why Triton cannot run there (None: it can)
 _WARNED: set[str] = set()
@@ -184,7 +185,8 @@ def compile_problem(capability: tuple[int, int]) -> str | None:
 
 
 def kernels() -> ModuleType:
-    """The kernel module decorated for the current mode (GPU or interpreter), loaded once per mode."""
+    """The kernel module decorated for the current mode (GPU or interpreter), loaded once per mode:
+    ``kernels.py`` with ``linear_kernels.py`` executed into it."""
     mode = interpret_mode()
     module = _LOADED.get(mode)
     if module is None:
@@ -196,6 +198,8 @@ def kernels() -> ModuleType:
         os.environ["TRITON_INTERPRET"] = "1" if mode else "0"  # one spelling triton reads as we do
         try:
             spec.loader.exec_module(module)
+            for path in _MORE_KERNELS:  # one namespace: they use kernels.py's helpers
+                exec(compile(path.read_text(), str(path), "exec"), module.__dict__)  # noqa: S102
         finally:
             if previous is None:
                 os.environ.pop("TRITON_INTERPRET", None)

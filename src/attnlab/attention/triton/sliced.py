@@ -2,17 +2,22 @@
 ``attnlab.attention.sliced`` (its docstring has the derivation), without prefix tables.
 
 The torch op sorts the keys, builds (T+1)×D prefix tables of the centred values (and of score ·
-value) in memory, and gathers them at each query's ``searchsorted`` rank. Here the scalar work stays
-in torch (sorts, ranks, counts, normalisers: (B·H, T) tensors, 1/D of the data) and the D-wide work
-is one *merged stream* per row and per rank rule: keys and queries in one ascending order, walked by
-``kernels.stream_kernel`` with running sums, so that each query reads the sums over exactly the keys
-before it. The merged order comes from the two sorted lists and two ``searchsorted`` calls (a merge,
-not a sort), and ties go to the side the torch op's ``searchsorted`` puts them. Each stream reads
-the value rows once and writes the output rows once.
+value) in memory, and gathers them at each query's ``searchsorted`` rank. Here the sorts and ranks
+stay in torch ((B·H, T) tensors, 1/D of the data; two sorts per forward, which the backward reuses),
+the per-query scalars are one elementwise kernel (``kernels.relu_scalars_kernel`` for sliced ReLU)
+and the D-wide work is one *merged stream* per row and per rank rule: keys and queries in one
+ascending order, walked by ``kernels.stream_kernel`` with running sums, so that each query reads the
+sums over exactly the keys before it. The merged order comes from the two sorted lists and two
+``searchsorted`` calls (a merge, not a sort: ``kernels.merge_kernel`` places the slots), and ties go
+to the side the torch op's ``searchsorted`` puts them. Each stream reads the value rows once and
+writes the output rows once; rows split into chunks start from carried totals (a pass over the
+sources first, ``stream_totals_kernel``, which for sliced ReLU's forward also gives the mean).
 
-Backward: the key-side sums over ``{i : s_i > t_j}`` are the same merged stream walked from the top
-with queries as sources; the mean subtraction of dL/dw is analytic (``Σ_j dL/dw_j = Σ_i a_i R_i g_i``
-with ``R_i = Σ_{t_j<s_i} (s_i - t_j)``), folded into that stream's output.
+Sliced ReLU's backward is one walk of the forward's stream (``kernels.relu_backward_kernel``): the key
+sums below each query as in the forward, and the query sums above each key (``{i : s_i > t_j}``) as
+the queries' total minus their running sum; the mean subtraction of dL/dw is analytic
+(``Σ_j dL/dw_j = Σ_i a_i R_i g_i`` with ``R_i = Σ_{t_j<s_i} (s_i - t_j)``), from the same pass over g
+that gives the queries' totals. So v and g are read once each and dv written once.
 
 Values, outputs and gradients keep the input dtype in memory; every sum runs in the accumulation
 dtype (float32, float64 for float64 inputs), loaded and converted inside the kernels, with
@@ -23,7 +28,8 @@ that cancellation cost 3 to 5 times the torch path's error (measured under the i
 T = 2,048, b = 0.01 and T = 4,096, b = 0.005); in float64 the result is exact to float32's own
 rounding (figures in ``attnlab.attention.sliced``). The price is float64 arithmetic on the D-wide
 work of the bump's streams (half rate on V100/A100/H100/H200, much slower on consumer GPUs) and a
-float64 output/gradient buffer.
+float64 buffer of partial sums that the first two window streams write and the last reads (it writes
+the output, or dv, in v's dtype).
 
 Rows with a NaN or inf score are handled as by the torch op (``common._finite_rows``): their scores
 are zeroed before any sort, so every merged order is a permutation, and NaN is written afterwards.
