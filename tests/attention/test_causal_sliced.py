@@ -13,7 +13,7 @@ from attnlab.attention import available_backends, backend_capabilities, build_at
 from attnlab.attention import reference as ref
 from attnlab.attention.layers import SlicedReLUAttention, standardise_scores_prefix
 from attnlab.attention.ops import sliced_relu_attention, sliced_relu_bump_attention
-from attnlab.attention.sliced import causal
+from attnlab.attention.sliced import causal, merged
 from attnlab.attention.sliced.causal import causal_sliced_relu_attention, causal_sliced_relu_bump_attention
 from attnlab.attention.sliced.decode import (
     SlicedDecodeState,
@@ -349,6 +349,45 @@ def test_float32_against_float64(kind, offset, record_property):
     # the hat's derivative jumps at |s - t| = b: a float32 rounding of s ± b that moves a key across
     # a window edge changes the bump's score gradients by a whole jump (measured ~1e-4)
     assert max(errors["grad s"], errors["grad t"]) < (1e-5 if kind == "relu" else 1e-3)
+
+
+def test_merged_order_radix_and_row_sort_agree(monkeypatch):
+    """The causal sliced ReLU's levels order keys and thresholds by one flat integer sort (radix
+    sort: float32 on CPU, 32,768+ elements) or by sorting the float rows; both give one order,
+    thresholds before equal keys, with ties, -0.0 against +0.0 and infinities."""
+    gen = torch.Generator().manual_seed(4)
+    half = 64
+    values = torch.randint(-6, 6, (merged.RADIX_MIN // (2 * half) + 3, 2 * half), generator=gen).float() / 4
+    values[0, :4] = torch.tensor([0.0, -0.0, float("inf"), -float("inf")])
+    values[0, half : half + 4] = torch.tensor([-0.0, 0.0, float("inf"), -float("inf")])
+    values[1] = torch.randn(2 * half, generator=gen)
+    radix = merged._merged_order(values, half)
+    monkeypatch.setattr(merged, "RADIX_MIN", 10**12)
+    rows = merged._merged_order(values, half)
+    assert torch.equal(radix, rows)
+    ordered = values.view(-1)[radix].view(values.shape)
+    assert (ordered[:, 1:] >= ordered[:, :-1]).all()
+    columns = radix.view(values.shape) % (2 * half)
+    ties = ordered[:, 1:] == ordered[:, :-1]  # a key (column >= half) never precedes an equal threshold
+    assert not (ties & (columns[:, :-1] >= half) & (columns[:, 1:] < half)).any()
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_radix_sorted_levels_give_the_row_sorted_result(ties, monkeypatch):
+    """float32 rows long enough for the radix sort: outputs and gradients bit for bit those of the
+    row-sorted levels (which the float64 tests check against the reference), padding included."""
+    s, t, v, _ = random_inputs(4, 8, 1100, 3, seed=13, dtype=torch.float32)
+    if ties:
+        s, t = (s * 4).round() / 4, (t * 4).round() / 4
+    mask = torch.arange(1100)[None, :] < torch.tensor([[1100], [1000], [517], [3]])
+    results = []
+    for radix_min in (merged.RADIX_MIN, 10**12):
+        monkeypatch.setattr(merged, "RADIX_MIN", radix_min)
+        results.append(outputs_and_grads(fast_op("relu"), "relu", s, t, v, None, mask))
+    (out, grads), (row_out, row_grads) = results
+    assert torch.equal(out, row_out)
+    for got, expected in zip(grads, row_grads, strict=True):
+        assert torch.equal(got, expected)
 
 
 def test_half_inputs_and_autocast_keep_float32_sums():

@@ -9,14 +9,18 @@ for the bump) of a few weight columns ``w``: a two-dimensional query (time and s
 ``attnlab.attention.sliced.dominance`` answers them for all i at once, vectorised over rows and
 columns, with a Python loop over log₂(T / chunk) levels only (divide and conquer over time: dense
 masked products inside chunks, sorted left halves and binary searches across them). The backward
-passes (hand-written ``autograd.Function``s) use the same routines with time reversed (``j ≥ i``
-becomes a prefix) and queries and keys exchanged. What keeps them within a few times the
-bidirectional ops (``attnlab bench attention`` prints the ratio):
+passes (hand-written ``autograd.Function``s) sum over the same pairs the other way (``j ≥ i``, queries
+and keys exchanged). What keeps them within a few times the bidirectional ops (``attnlab bench
+attention`` prints the ratio):
 
+- sliced ReLU: one merged sort of keys and queries per level (``attnlab.attention.sliced.merged``;
+  a radix sort of integer codes for float32) gives both passes their orders and counts, so the
+  backward pass neither sorts nor searches, and the levels are read up to five at a time (one gather
+  and one add per group instead of per level);
 - ReLU-bump: the hat window is a combination of four window sums; each level reads the prefix rows
   of all of it in one fused gather-and-weigh (``_combined_sums``), and the window sums the score
   and bandwidth gradients need (they do not depend on the output's gradient) are taken in the
-  forward pass over the same sorts, so the backward pass only runs the keys' side;
+  forward pass over the same sorts, so the backward pass only runs the keys' side (time reversed);
 - tied scores (``t_j = s_i``: kinks of both kernels) are taken apart from a list of the tied pairs
   (``_tied_pairs``) instead of one more pass over every level, unless there are many;
 - prefix sums over a middle dimension add rows instead of calling ``cumsum`` (``_prefix_sums_``).
@@ -38,7 +42,16 @@ import torch
 
 from attnlab.attention.precision import accumulation_dtype, no_autocast
 from attnlab.attention.sliced.common import _rowdot, _rows, _take, _valid_rows
-from attnlab.attention.sliced.dominance import _combined_sums, _dominance_sums, _prefix_sums_, _Query, _Term
+from attnlab.attention.sliced.dominance import (
+    _combined_sums,
+    _dominance_sums,
+    _dominated_sums,
+    _prefix_sums_,
+    _Query,
+    _suffix_sums_,
+    _Term,
+)
+from attnlab.attention.sliced.merged import _merge_rows, _merged_dominance_sums, _merged_dominated_sums
 
 __all__ = ["DEFAULT_CHUNK", "causal_sliced_relu_attention", "causal_sliced_relu_bump_attention"]
 
@@ -51,8 +64,8 @@ DEFAULT_CHUNK = 32  # dense local block: below it a masked matmul beats sorting 
 
 
 def _suffix_sum(x: torch.Tensor) -> torch.Tensor:
-    """``Σ_{i ≥ j} x_i`` along dim 1 (``(N, T)`` or ``(N, T, D)``)."""
-    return x.flip(1).cumsum(1).flip(1) if x.dim() == 2 else _prefix_sums_(x.flip(1)).flip(1)
+    """``Σ_{i ≥ j} x_i`` along dim 1 (``(N, T)``, or ``(N, T, D)``: in place, ``_suffix_sums_``)."""
+    return x.flip(1).cumsum(1).flip(1) if x.dim() == 2 else _suffix_sums_(x.contiguous())
 
 
 def _prefix_sum(x: torch.Tensor) -> torch.Tensor:
@@ -88,13 +101,14 @@ def _tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None):
     hat'(0) = 0). They differ by the tied pairs only, which scores from real data have by accident
     (float32 at T = 16K: a few dozen per row), so the difference is added from this list instead
     of one more dominance pass over every level. Many ties (quantised scores, constant rows) return
-    None and the caller takes that exact pass. One sort and two binary searches per row.
+    None and the caller takes that exact pass. One merged sort of each row's keys and queries
+    (``_merge_rows``: the keys' order and every query's rank among them) and a scan of the runs.
     """
     n_rows, length = s.shape
     if valid is not None:  # padded positions never tie: -inf queries against +inf keys
         s, t = s.masked_fill(~valid, -float("inf")), t.masked_fill(~valid, float("inf"))
-    keys, key_order = torch.sort(t, dim=1)
-    lo = torch.searchsorted(keys, s, side="left")
+    key_order, lo, _, _ = _merge_rows(s, t)
+    keys = torch.gather(t, 1, key_order)
     # the end of the run of equal keys at each sorted position (instead of a second binary search)
     last = torch.arange(length, device=s.device).expand(n_rows, -1)
     run_end = torch.where(keys[:, 1:] != keys[:, :-1], last[:, :-1] + 1, length)
@@ -108,7 +122,7 @@ def _tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None):
         return None
     query = torch.repeat_interleave(torch.arange(s.numel(), device=s.device), counts)
     run_start = torch.cumsum(counts, 0) - counts  # where each query's pairs start in the list
-    position = lo.view(-1)[query] + torch.arange(total, device=s.device) - run_start[query]
+    position = lo.reshape(-1)[query] + torch.arange(total, device=s.device) - run_start[query]
     row_start = query - query % length
     key = key_order.view(-1)[row_start + position] + row_start
     keep = key <= query  # j <= i (same row)
@@ -148,17 +162,15 @@ class _CausalSlicedReLU(torch.autograd.Function):
         key = t if valid is None else t.masked_fill(~valid, float("inf"))
         ones = torch.ones_like(t) if real is None else real
         table = torch.cat([v, t[..., None] * v, ones[..., None], t[..., None]], dim=-1).contiguous()
-        # #{j <= i : t_j <= s_i} (for the gradient) is #{t_j < s_i} plus the tied pairs
-        pairs = _tied_pairs(s, t, valid)
-        queries = [_Query(s, "left")]
-        if pairs is None:  # too many ties to list: count them in a pass of their own
-            queries.append(_Query(s, "right", slice(2 * dim, 2 * dim + 1)))
-        below, *at_or_below = _dominance_sums(key, table, queries, chunk)
+        below, levels = _merged_dominance_sums(key, s, table, chunk)
         del table
         sum_v, sum_tv = below[..., :dim].contiguous(), below[..., dim : 2 * dim]  # A_i, B_i
         count, sum_t = below[..., 2 * dim], below[..., 2 * dim + 1]  # C_i, E_i: keys below s_i
-        if pairs is None:
-            count_le = at_or_below[0][..., 0]
+        # #{j <= i : t_j <= s_i} (for the gradient) is #{t_j < s_i} plus the tied pairs
+        pairs = _tied_pairs(s, t, valid)
+        if pairs is None:  # too many ties to list: count them in a pass of their own
+            weights = ones[..., None].contiguous()
+            count_le = _dominance_sums(key, weights, [_Query(s, "right")], chunk)[0][..., 0]
         else:
             count_le = count.contiguous()
             count_le.view(-1).index_add_(0, pairs[0], torch.ones_like(pairs[0], dtype=count.dtype))
@@ -177,7 +189,7 @@ class _CausalSlicedReLU(torch.autograd.Function):
             scale = scale.masked_fill(~valid, 0.0)
         out = num.mul_(scale[..., None])
         ctx.save_for_backward(s, t, v, sum_v, vbar, count, count_le, n_safe, relu_mass, den, out)
-        ctx.valid, ctx.eps, ctx.chunk, ctx.pairs = valid, eps, chunk, pairs
+        ctx.valid, ctx.eps, ctx.chunk, ctx.pairs, ctx.levels = valid, eps, chunk, pairs, levels
         return out
 
     @staticmethod
@@ -196,20 +208,17 @@ class _CausalSlicedReLU(torch.autograd.Function):
         # Queries: dL/ds_i = a_i·(A_i − C_i vbar_i) + dden_i (#{t_j<s_i} − #{t_j>s_i}), j ≤ i.
         grad_s = _rowdot(a, sum_v) - count * a_vbar + grad_den * (count + count_le - n)
 
-        # Keys: sums over later queries i ≥ j with s_i > t_j, i.e. a prefix in reversed time with
-        # negated scores (-s_i < -t_j).
+        # Keys: sums over the later queries i ≥ j with s_i > t_j (the transposed dominance sums,
+        # over the forward pass's levels).
         table = torch.cat([a, s[..., None] * a, grad_den[..., None], a_vbar[..., None]], dim=-1)
-        queries = [_Query((-t).flip(1), "left")]
-        if pairs is None:
-            queries.append(_Query((-t).flip(1), "right", slice(2 * dim, 2 * dim + 1)))
-        above, *at_or_above = _dominance_sums(
-            _reverse_key(-s, valid), table.flip(1).contiguous(), queries, chunk
-        )
-        above = above.flip(1)
+        key = t if valid is None else t.masked_fill(~valid, float("inf"))
+        above = _merged_dominated_sums(key, s, table, chunk, ctx.levels)
+        del table
         sum_a, sum_sa = above[..., :dim], above[..., dim : 2 * dim]
         den_above, vbar_a_above = above[..., 2 * dim], above[..., 2 * dim + 1]
-        if pairs is None:
-            at_or_above = at_or_above[0].flip(1)[..., 0]
+        if pairs is None:  # Σ_{i≥j, s_i>=t_j} dden_i in a pass of its own
+            weights = grad_den[..., None].contiguous()
+            at_or_above = _dominated_sums(s, weights, [_Query(key, "right")], chunk)[0][..., 0]
         else:  # Σ_{i≥j, s_i>=t_j} dden_i: the tied pairs' share added to the strict sum
             at_or_above = den_above.contiguous()
             at_or_above.view(-1).index_add_(0, pairs[1], grad_den.reshape(-1)[pairs[0]])

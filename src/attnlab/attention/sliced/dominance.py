@@ -50,17 +50,23 @@ def _pad_to(x: torch.Tensor, length: int, value: float) -> torch.Tensor:
     return x if extra <= 0 else F.pad(x, (0, extra), value=value)
 
 
+LOOP_ROWS = 257  # _prefix_sums_ adds row after row up to this length (measured)
+
+
 def _prefix_sums_(table: torch.Tensor, block: int = 32) -> torch.Tensor:
     """In-place cumulative sum over dim 1 of a contiguous ``(R, L, W)`` table (W = a few dozen).
 
     On CPU ``cumsum`` over a middle dimension scans each of the W columns on its own, a strided walk
     that made it the largest cost of the causal ops (about 2 GB/s). Here rows are added one after
     another, ``block`` rows at a time (each add is one vectorised op over R·W numbers), and the
-    blocks' running totals are carried by one small ``cumsum``: three to four times faster.
+    blocks' running totals are carried by one small ``cumsum``: three to four times faster. Up to
+    ``LOOP_ROWS`` rows the rows are added all the way down instead: the carry costs one more pass
+    over the table, more than the extra adds (measured at T = 16K, 8 rows of 130 numbers: a third
+    less time for the levels' tables of 65 to 257 rows).
     """
     rows, length, width = table.shape
     n_blocks = length // block
-    if n_blocks < 2:
+    if n_blocks < 2 or length <= LOOP_ROWS:
         for k in range(1, length):
             table[:, k] += table[:, k - 1]
         return table
@@ -76,23 +82,82 @@ def _prefix_sums_(table: torch.Tensor, block: int = 32) -> torch.Tensor:
     return table
 
 
-def _left_halves(key: torch.Tensor, tables: list[torch.Tensor], n_blocks: int, half: int):
+def _suffix_sums_(table: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """In-place ``Σ_{k ≥ j}`` over dim 1 of a contiguous ``(R, L, W)`` table: ``_prefix_sums_`` run
+    from the end (blocks aligned to the last row), without the two copies ``flip`` would make."""
+    rows, length, width = table.shape
+    n_blocks = length // block
+    if n_blocks < 2:
+        for k in range(length - 2, -1, -1):
+            table[:, k] += table[:, k + 1]
+        return table
+    head = length - n_blocks * block
+    body = table[:, head:].view(rows, n_blocks, block, width)
+    for k in range(block - 2, -1, -1):
+        body[:, :, k] += body[:, :, k + 1]
+    carry = body[:, :, 0, :].flip(1).cumsum(1).flip(1)  # running total from each block's start on
+    body[:, :-1] += carry[:, 1:, None, :]
+    front = table[:, :head]
+    for k in range(head - 2, -1, -1):
+        front[:, k] += front[:, k + 1]
+    front += carry[:, :1, :]
+    return table
+
+
+def _left_halves(
+    key: torch.Tensor, tables: list[torch.Tensor], n_blocks: int, half: int, second: bool = False
+):
     """At one level: the keys of every block's left half sorted, ``(N, n_blocks, half)``, and for
-    each table the exclusive prefix sums of its rows in that order, ``(N·n_blocks, half + 1, W)``."""
+    each table the exclusive prefix sums of its rows in that order (``_ordered_prefix``).
+
+    ``second``: the right halves instead (``_dominated_sums``); positions past the end (the last
+    block's right half may be short) sort last (+inf keys), and no sum that counts only finite
+    keys below a threshold ever reaches their rows."""
     n_rows = key.shape[0]
     block = 2 * half
     span = n_blocks * block
-    left_keys = _pad_to(key, span, float("inf"))[:, :span].view(n_rows, n_blocks, block)[..., :half]
-    sorted_keys, order = torch.sort(left_keys, dim=-1)
-    starts = torch.arange(n_blocks, device=key.device) * block
-    positions = order + starts[:, None]  # all < length: left halves lie before a right half
+    first = half if second else 0
+    halves = _pad_to(key, span, float("inf"))[:, :span].view(n_rows, n_blocks, block)
+    sorted_keys, order = torch.sort(halves[..., first : first + half], dim=-1)
+    return sorted_keys, [_ordered_prefix(table, order, n_blocks, half, first) for table in tables]
+
+
+def _ordered_prefix(table: torch.Tensor, order: torch.Tensor, n_blocks: int, half: int, first: int = 0):
+    """Exclusive prefix sums of the rows of every block's left half (``first = 0``) or right half
+    (``first = half``) taken in ``order (N, n_blocks, half)`` (indices within the half):
+    ``(N, n_blocks·(half + 1), W)``, row 0 of each block 0. Right-half positions past the end
+    read the last row (their sums must never be read)."""
+    n_rows, length, width = table.shape
+    starts = torch.arange(n_blocks, device=table.device) * (2 * half) + first
+    positions = order + starts[:, None]  # a left half always lies before its right half: < length
+    if first:
+        positions = positions.clamp_max(length - 1)
     index = torch.cat([positions[..., :1], positions], dim=-1).view(n_rows, -1)  # row 0: zeroed
-    prefixes = []
-    for table in tables:
-        prefix = _gather_rows(table, index).view(n_rows * n_blocks, half + 1, table.shape[-1])
-        prefix[:, 0] = 0
-        prefixes.append(_prefix_sums_(prefix))
-    return sorted_keys, prefixes
+    prefix = _gather_rows(table, index).view(n_rows * n_blocks, half + 1, width)
+    prefix[:, 0] = 0
+    return _prefix_sums_(prefix).view(n_rows, n_blocks * (half + 1), width)
+
+
+def _dense_chunks(key, x, table, side: str, chunk: int, out: torch.Tensor, transpose: bool = False) -> None:
+    """The level below the sorted ones, written into every row of ``out``: inside chunks of
+    ``chunk`` consecutive tokens, ``out_i = Σ_{j ≤ i, key_j < x_i} table_j`` (``<=`` for side
+    "right") as a dense masked product, which also takes the diagonal ``j = i``; with
+    ``transpose`` the same pairs the other way, ``out_j = Σ_{i ≥ j, key_j < x_i} table_i``."""
+    n_rows, length, width = table.shape
+    compare = torch.lt if side == "left" else torch.le
+
+    def local(start: int, size: int, count: int) -> None:
+        stop = start + size * count
+        keys = key[:, start:stop].reshape(n_rows, count, 1, size)
+        thresholds = x[:, start:stop].reshape(n_rows, count, size, 1)
+        weights = table.new_empty(n_rows, count, size, size)
+        compare(keys, thresholds, out=weights).tril_()  # [i, j]: key_j below x_i, j <= i
+        if transpose:
+            weights = weights.transpose(-1, -2)
+        rows = table[:, start:stop].reshape(n_rows, count, size, width)
+        out[:, start:stop] = torch.matmul(weights, rows).reshape(n_rows, -1, width)
+
+    _over_chunks(local, length, chunk)
 
 
 class _Query(NamedTuple):
@@ -111,30 +176,15 @@ def _dominance_sums(key: torch.Tensor, table: torch.Tensor, queries: list[_Query
     contiguous. Returns one ``(N, T, w)`` tensor per query set (w = width of its column slice).
     """
     n_rows, length, width = table.shape
-    outs = [table.new_zeros(n_rows, length, table[0, 0, q.cols].numel()) for q in queries]
-    causal_mask = {}
-
-    def local(start: int, size: int, count: int) -> None:
-        stop = start + size * count
-        kc = key[:, start:stop].reshape(n_rows, count, size)
-        tc = table[:, start:stop].reshape(n_rows, count, size, width)
-        if size not in causal_mask:
-            causal_mask[size] = torch.ones(size, size, dtype=torch.bool, device=key.device).tril()
-        for q, out in zip(queries, outs, strict=True):
-            xc = q.x[:, start:stop].reshape(n_rows, count, size)
-            keys, thresholds = kc[..., None, :], xc[..., :, None]
-            below = keys < thresholds if q.side == "left" else keys <= thresholds
-            weights = (below & causal_mask[size]).to(table.dtype)
-            out[:, start:stop] = torch.matmul(weights, tc[..., q.cols]).reshape(n_rows, -1, out.shape[-1])
-
-    _over_chunks(local, length, chunk)
+    outs = [table.new_empty(n_rows, length, table[0, 0, q.cols].numel()) for q in queries]
+    for q, out in zip(queries, outs, strict=True):
+        _dense_chunks(key, q.x, table[..., q.cols], q.side, chunk, out)
 
     half = chunk
     while half < length:
         n_blocks, span, _, last_size, n_queries = _level_layout(length, half)
         block = 2 * half
         sorted_keys, (prefix,) = _left_halves(key, [table], n_blocks, half)
-        prefix = prefix.view(n_rows, n_blocks * (half + 1), width)
         row_starts = (torch.arange(n_blocks, device=key.device) * (half + 1))[:, None]
         for q, out in zip(queries, outs, strict=True):
             right = _pad_to(q.x, span, 0.0)[:, :span].view(n_rows, n_blocks, block)[..., half:]
@@ -148,6 +198,54 @@ def _dominance_sums(key: torch.Tensor, table: torch.Tensor, queries: list[_Query
             _add_right_halves(out, rows, n_blocks, half, last_size)
         half = block
     return outs
+
+
+def _dominated_sums(x: torch.Tensor, table: torch.Tensor, keys: list[_Query], chunk: int) -> list:
+    """For every key set and position j: ``Σ_{i ≥ j, key_j < x_i} table_i`` (``key_j <= x_i`` for
+    side "right"): the transpose of ``_dominance_sums``, over the same pairs of positions.
+
+    The backward passes sum the queries' gradient rows over the later queries above each key.
+    Reversing time would turn that into ``_dominance_sums`` at the price of copying every table
+    and result (``flip``); here the levels sort the *right* half of each block instead (by
+    ``-x``: the rows in descending ``x``) and every key of the left half reads the sum of the
+    rows above it, and the dense chunks multiply by the transposed mask. ``x (N, T)`` may hold
+    -inf at rows that must never count; the keys' ``key_j`` may hold +inf (they count nothing).
+    """
+    n_rows, length, width = table.shape
+    outs = [table.new_empty(n_rows, length, table[0, 0, q.cols].numel()) for q in keys]
+    for q, out in zip(keys, outs, strict=True):
+        _dense_chunks(q.x, x, table[..., q.cols], q.side, chunk, out, transpose=True)
+
+    neg = -x  # x_i > k  <=>  -x_i < -k: right halves sorted by -x, rows in descending x
+    half = chunk
+    while half < length:
+        n_blocks, span, _, _, _ = _level_layout(length, half)
+        block = 2 * half
+        sorted_neg, (prefix,) = _left_halves(neg, [table], n_blocks, half, second=True)
+        row_starts = (torch.arange(n_blocks, device=x.device) * (half + 1))[:, None]
+        for q, out in zip(keys, outs, strict=True):
+            left = _pad_to(-q.x, span, 0.0)[:, :span].view(n_rows, n_blocks, block)[..., :half]
+            rank = torch.searchsorted(sorted_neg, left.contiguous(), side=q.side)
+            flat = (rank + row_starts).view(n_rows, -1)
+            if q.cols == slice(None):
+                rows = _gather_rows(prefix, flat)
+            else:
+                narrow = prefix[..., q.cols]
+                rows = torch.gather(narrow, 1, flat[..., None].expand(-1, -1, narrow.shape[-1]))
+            _add_left_halves(out, rows, n_blocks, half)
+        half = block
+    return outs
+
+
+def _add_left_halves(out: torch.Tensor, rows: torch.Tensor, n_blocks: int, half: int) -> None:
+    """``out``'s left-half positions at one level += ``rows (N, n_blocks·half, w)`` (left halves
+    always lie inside the sequence; only the last block's span may pass its end)."""
+    n_rows, _, w = out.shape
+    block, full = 2 * half, n_blocks - 1
+    if full:
+        view = out[:, : full * block].view(n_rows, full, block, w)[:, :, :half]
+        view += rows[:, : full * half].view(n_rows, full, half, w)
+    out[:, full * block : full * block + half] += rows[:, full * half :]
 
 
 class _Term(NamedTuple):
