@@ -81,13 +81,32 @@ def _weighted_rows(
 
 
 @triton.jit
-def _carried(carry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype):
-    """A chunk's starting sums and their compensations from a ``(rows, chunks, 4, D)`` carry."""
-    base = carry_ptr + ((row * NCHUNK + chunk) * 4) * D + d
-    run_a = tl.load(base, mask=dmask, other=0.0).to(acc_dtype)
-    run_b = tl.load(base + D, mask=dmask, other=0.0).to(acc_dtype)
-    err_a = tl.load(base + 2 * D, mask=dmask, other=0.0).to(acc_dtype)
-    err_b = tl.load(base + 3 * D, mask=dmask, other=0.0).to(acc_dtype)
+def _program_block(D, BD: tl.constexpr):
+    """This program's row, chunk, block of D columns ``d`` and its mask: every stream kernel is
+    launched on a (rows, chunks, D blocks) grid."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    dblk = tl.program_id(2)
+    d = dblk * BD + tl.arange(0, BD)
+    return row, chunk, dblk, d, d < D
+
+
+@triton.jit
+def _carried(
+    carry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD: tl.constexpr, HAS_CARRY: tl.constexpr
+):
+    """A chunk's starting sums and their compensations from a ``(rows, chunks, 4, D)`` carry; zeros
+    without one (``HAS_CARRY`` False: the walk starts at the row's beginning)."""
+    run_a = tl.full([BD], 0.0, acc_dtype)
+    run_b = tl.full([BD], 0.0, acc_dtype)
+    err_a = tl.full([BD], 0.0, acc_dtype)
+    err_b = tl.full([BD], 0.0, acc_dtype)
+    if HAS_CARRY:
+        base = carry_ptr + ((row * NCHUNK + chunk) * 4) * D + d
+        run_a = tl.load(base, mask=dmask, other=0.0).to(acc_dtype)
+        run_b = tl.load(base + D, mask=dmask, other=0.0).to(acc_dtype)
+        err_a = tl.load(base + 2 * D, mask=dmask, other=0.0).to(acc_dtype)
+        err_b = tl.load(base + 3 * D, mask=dmask, other=0.0).to(acc_dtype)
     return run_a, run_b, err_a, err_b
 
 
@@ -107,12 +126,8 @@ def stream_totals_kernel(
     ``scalars[row, chunk, :] = Σ w, Σ u w`` and their compensations (one column of ones as source:
     what a caller needs to shift the sums afterwards, ``Σ w (x - c) = Σ w x - c Σ w``).
     """
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    dblk = tl.program_id(2)
+    row, chunk, dblk, d, dmask = _program_block(D, BD)
     acc_dtype = u_ptr.dtype.element_ty
-    d = dblk * BD + tl.arange(0, BD)
-    dmask = d < D
     xshift = tl.full([BD], 0.0, acc_dtype)
     if HAS_XSHIFT:
         xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
@@ -188,20 +203,13 @@ def stream_kernel(
     Sums run in the accumulation dtype, ``u``'s (float64 for a ``wide`` stream, see
     ``sliced.stream``), with compensated carries.
     """
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    dblk = tl.program_id(2)
+    row, chunk, dblk, d, dmask = _program_block(D, BD)
     acc_dtype = u_ptr.dtype.element_ty
-    d = dblk * BD + tl.arange(0, BD)
-    dmask = d < D
     # running sums of the sources so far, each with its compensation (the rounding errors of the
     # big adds, TwoSum): the carry stays exact to about eps² of its size however long the row
-    run_w = tl.full([BD], 0.0, acc_dtype)
-    run_x = tl.full([BD], 0.0, acc_dtype)
-    err_w = tl.full([BD], 0.0, acc_dtype)
-    err_x = tl.full([BD], 0.0, acc_dtype)
-    if HAS_CARRY:
-        run_w, run_x, err_w, err_x = _carried(carry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype)
+    run_w, run_x, err_w, err_x = _carried(
+        carry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_CARRY
+    )
     xshift = tl.full([BD], 0.0, acc_dtype)
     if HAS_XSHIFT:
         xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
@@ -285,19 +293,12 @@ def relu_backward_kernel(
     ``dv_j = w_j (Q_s - t_j Q - mean)`` (``mean``: the mean over the real keys of dL/dw, the
     backward's ``Σ_i a_i R_i g_i / n`` from ``stream_totals_kernel``'s ``c4`` plane).
     """
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    dblk = tl.program_id(2)
+    row, chunk, dblk, d, dmask = _program_block(D, BD)
     acc_dtype = t_ptr.dtype.element_ty
-    d = dblk * BD + tl.arange(0, BD)
-    dmask = d < D
-    run_k = tl.full([BD], 0.0, acc_dtype)
-    run_kt = tl.full([BD], 0.0, acc_dtype)
-    err_k = tl.full([BD], 0.0, acc_dtype)
-    err_kt = tl.full([BD], 0.0, acc_dtype)
-    if HAS_KCARRY:
-        run_k, run_kt, err_k, err_kt = _carried(kcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype)
-    run_q, run_qs, err_q, err_qs = _carried(qcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype)
+    run_k, run_kt, err_k, err_kt = _carried(
+        kcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_KCARRY
+    )
+    run_q, run_qs, err_q, err_qs = _carried(qcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, True)
     vbar = tl.load(vbar_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
     mean = tl.load(mean_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
     start = chunk * CHUNK
