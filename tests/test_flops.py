@@ -116,12 +116,14 @@ def test_bad_peak_is_named():
 @pytest.mark.parametrize("backend", ["sliced_relu", "sliced_relu_bump"])
 @pytest.mark.parametrize("rope", [False, True])
 def test_model_counter_counts_the_sliced_projections_folded_or_not(backend, rope):
-    """Without RoPE the sliced layers run Π folded into the projection and call no Linear module for
-    it (`SlicedAttentionLayer.folded`): the counter still counts the matmuls they run."""
+    """The sliced layers run Π folded into the projection and call no Linear module for it
+    (`SlicedAttentionLayer.fold`): the counter still counts the matmuls they run, folded or not."""
     layer = build_attention(backend, dim=32, num_heads=4, rope=rope, path="sorted")
-    assert layer.folded is not rope
-    x = torch.randn(3, 20, 32)
+    x = torch.randn(3 if backend == "sliced_relu" else 5, 20, 32)  # rotated fold: batch 5 > 4 heads
+    assert layer.fold(x.shape[0]) == (
+        None if rope and backend == "sliced_relu" else "rotated" if rope else "plain"
+    )
     counter = FlopCounter().attach(layer)
     projections = counted(layer, x)  # the sorted op runs no matmul: these are the projections
-    op = 3 * 4 * attention_flops(backend, 20, 8)
+    op = x.shape[0] * 4 * attention_flops(backend, 20, 8)
     assert counter.forward_flops - op == pytest.approx(projections, rel=1e-12)

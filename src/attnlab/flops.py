@@ -71,8 +71,8 @@ class FlopCounter:
 
     ``attach(model)``, then read ``forward_flops`` (since the last ``reset()``); ``detach()`` removes
     the hooks. Attention layers of an unknown backend count their projections only. The sliced
-    layers without RoPE do not call their projection modules (``SlicedAttentionLayer.folded``): their
-    own hook counts the folded matmul they run instead.
+    layers that fold Π into their projection do not call those modules (``SlicedAttentionLayer.fold``):
+    their own hook counts the folded matmuls they run instead.
     """
 
     def __init__(self) -> None:
@@ -108,8 +108,8 @@ class FlopCounter:
     def _attention(self, module, inputs, output) -> None:
         x = inputs[0]
         batch, length = x.shape[0], x.shape[1]
-        if getattr(module, "folded", False):  # its q/k/v and Π Linear modules ran as one folded matmul
-            self.forward_flops += module.folded_flops(batch * length)
+        if hasattr(module, "fold") and module.fold(batch):  # its q/k/v and Π Linear modules did not run
+            self.forward_flops += module.folded_flops(batch, length)
         features = getattr(getattr(module, "feature_map", None), "num_features", None)
         try:
             per_head = attention_flops(

@@ -1,6 +1,7 @@
-"""The sliced layers without RoPE fold Π's first linear map into the q/k projection (`fold_scores`):
-the same function of the same parameters as slicing the projected q and k, in outputs and in every
-parameter's gradient, for every shape of Π and of the projection."""
+"""The sliced layers fold Π's first linear map into the q/k projection (`fold_scores` without RoPE,
+`fold_rotated_scores` with it, once per position): the same function of the same parameters as slicing
+the projected (and rotated) q and k, in outputs and in every parameter's gradient, for every shape of Π
+and of the projection."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ CASES = [
     ("sliced_relu_bump", {}),
     ("sliced_relu_bump", {"qkv_bias": False, "causal": True}),
     ("sliced_relu_bump", {"qkv_dim": 12, "normaliser": "mass", "causal": True}),
+    ("sliced_relu_bump", {"rope": True}),
+    ("sliced_relu_bump", {"rope": True, "qkv_bias": False, "causal": True, "qkv_dim": 12}),
+    ("sliced_relu", {"rope": True, "projection": "linear"}),
+    ("sliced_relu", {"rope": True, "projection_hidden": 2, "causal": True}),
 ]
 
 
@@ -33,8 +38,9 @@ def _unfolded(layer, x, mask):
 def test_the_folded_forward_is_the_same_function(backend, options, padded):
     torch.manual_seed(0)
     layer = build_attention(backend, dim=16, num_heads=2, **options).double().eval()
-    assert isinstance(layer, SlicedAttentionLayer) and layer.rotary is None
+    assert isinstance(layer, SlicedAttentionLayer)
     x = torch.randn(3, 11, 16, dtype=torch.float64, requires_grad=True)
+    assert layer.fold(3) == ("rotated" if options.get("rope") else "plain")
     mask = None
     if padded:
         mask = torch.ones(3, 11, dtype=torch.bool)
@@ -54,14 +60,19 @@ def test_the_folded_forward_is_the_same_function(backend, options, padded):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
 
 
-def test_rope_layers_take_q_and_k(monkeypatch):
-    """With RoPE the rotation sits between the projection and Π: nothing may be folded."""
+def test_rope_layers_fold_only_batches_larger_than_the_first_map(monkeypatch):
+    """With RoPE the folded map is a (T, out, dim) table: worth it only when B > out."""
     import attnlab.attention.layers as layers
 
     layer = build_attention("sliced_relu_bump", dim=16, num_heads=2, rope=True).double()
-    monkeypatch.setattr(layers, "fold_scores", lambda *a: pytest.fail("folded under RoPE"))
-    x = torch.randn(2, 9, 16, dtype=torch.float64)
-    torch.testing.assert_close(layer(x), _unfolded(layer, x, None))
+    real = layers.fold_rotated_scores
+    calls = []
+    monkeypatch.setattr(layers, "fold_rotated_scores", lambda *a: (calls.append(1), real(*a))[1])
+    for batch, folds in ((2, False), (3, True)):
+        x = torch.randn(batch, 9, 16, dtype=torch.float64)
+        calls.clear()
+        torch.testing.assert_close(layer(x), _unfolded(layer, x, None))
+        assert bool(calls) is folds
 
 
 def test_the_fold_does_fewer_multiply_adds():

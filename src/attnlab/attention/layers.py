@@ -30,6 +30,8 @@ from attnlab.attention.performer import PerformerFeatureMap, performer_attention
 from attnlab.attention.precision import FLOAT_DTYPES
 from attnlab.attention.rope import RotaryEmbedding
 from attnlab.attention.scores import (  # noqa: F401  (public here too: the layers' score maps)
+    first_map,
+    fold_rotated_scores,
     fold_scores,
     slice_tokens,
     standardise_scores,
@@ -309,32 +311,42 @@ class SlicedAttentionLayer(AttentionLayer):
     """What both sliced layers share: Π (`slicer`) maps q and k to one score per head, then
     `attend_scores(s, t, v, key_padding_mask)` runs the backend's op on the scores.
 
-    Without RoPE, `forward` folds Π's first linear map into the q/k projection (`fold_scores`): the
-    same function of the same parameters, with one small matmul per token where there were two. With
-    RoPE (a rotation that depends on the position sits between them) it takes q and k as the other
-    layers do. Decoding (`step`, `prefill`) always takes q and k: one token at a time gains nothing.
+    `forward` folds Π's first linear map into the q/k projection: without RoPE once per call
+    (`fold_scores`), with RoPE once per position (`fold_rotated_scores`, when the batch is larger than
+    that map's output, where the per-position table is the cheaper side). The same function of the
+    same parameters either way; otherwise it takes q and k as the other layers do. Decoding (`step`,
+    `prefill`) always takes q and k: one token at a time gains nothing.
     """
 
     slicer: nn.Module
 
-    @property
-    def folded(self) -> bool:
-        """Whether `forward` folds Π into the projection (no RoPE): its Linear modules are then not
-        called, their weights are read (`attnlab.flops` counts the folded matmul instead)."""
-        return self.rotary is None
+    def fold(self, batch: int) -> str | None:
+        """How `forward` computes the scores of a batch: ``"plain"`` (`fold_scores`), ``"rotated"``
+        (`fold_rotated_scores`) or None (q and k, then Π). When folded, the projection's and Π's first
+        Linear modules are not called, their weights are read (`attnlab.flops` counts what runs)."""
+        if self.rotary is None:
+            return "plain"
+        return "rotated" if batch > first_map(self.slicer)[0].out_features else None
 
-    def folded_flops(self, rows: int) -> float:
-        """Forward FLOPs of `fold_scores` on ``rows`` tokens: the products A·W_q and A·W_k, then one
-        ``dim → 2·out + qkv_dim`` map per token."""
-        first = self.slicer[0] if isinstance(self.slicer, nn.Sequential) else self.slicer
-        out = first.out_features
-        return 2.0 * (2 * out * self.qkv_dim * self.dim + rows * self.dim * (2 * out + self.qkv_dim))
+    def folded_flops(self, batch: int, length: int) -> float:
+        """Forward FLOPs of the fold `fold(batch)` names (0 for None), matmuls only."""
+        out, width, dim = first_map(self.slicer)[0].out_features, self.qkv_dim, self.dim
+        kind = self.fold(batch)
+        if kind == "plain":  # A·W_q and A·W_k, then one dim → 2·out + width map per token
+            return 2.0 * (2 * out * width * dim + batch * length * dim * (2 * out + width))
+        if kind == "rotated":  # (A R_t)·W_q and ·W_k per position, then per token dim → 2·out and → width
+            return 2.0 * (2 * length * out * width * dim + batch * length * dim * (2 * out + width))
+        return 0.0
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.folded:
+        kind = self.fold(x.shape[0]) if x.dim() == 3 else None
+        if kind is None:
             return super().forward(x, key_padding_mask)
         self.check_input(x, key_padding_mask)
-        s, t, v = fold_scores(self.qkv, self.slicer, self.num_heads, x)
+        if kind == "plain":
+            s, t, v = fold_scores(self.qkv, self.slicer, self.num_heads, x)
+        else:
+            s, t, v = fold_rotated_scores(self.qkv, self.slicer, self.rotary, self.num_heads, x)
         return self.out_proj(self.merge(self.attend_scores(s, t, v, key_padding_mask)))
 
     def attend(self, q, k, v, key_padding_mask):

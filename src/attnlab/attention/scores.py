@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.attention.precision import accumulation_dtype
+from attnlab.attention.rope import rotate_half
 
 
 def slice_tokens(slicer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -37,7 +38,7 @@ def fold_scores(
     to 2·64·2 multiply-adds, the MLP Π's from 4·64·64 to 2·64·64. It is the same function of the same
     parameters (autograd differentiates through the product), equal to rounding.
     """
-    first, rest = (slicer[0], slicer[1:]) if isinstance(slicer, nn.Sequential) else (slicer, None)
+    first, rest = first_map(slicer)
     width, out = qkv.out_features // 3, first.out_features
     w_q, w_k, w_v = qkv.weight.split(width)
     weight = torch.cat([first.weight @ w_q, first.weight @ w_k, w_v])
@@ -52,10 +53,52 @@ def fold_scores(
     batch, length, _ = x.shape
     scores, v = F.linear(x, weight, bias).split([2 * out, width], dim=-1)
     scores = scores.view(batch, length, 2, out)
+    return _scores_and_values(scores, rest, v, num_heads)
+
+
+def first_map(slicer: nn.Module) -> tuple[nn.Linear, nn.Module | None]:
+    """Π's first linear map and what follows it (None for a linear Π)."""
+    return (slicer[0], slicer[1:]) if isinstance(slicer, nn.Sequential) else (slicer, None)
+
+
+def _scores_and_values(scores, rest, v, num_heads):
+    """(B, T, 2, out) first-map outputs and (B, T, H·D) values -> s, t (B, H, T) and v (B, H, T, D)."""
+    batch, length, width = v.shape
     if rest is not None:
         scores = rest(scores)
     s, t = scores.permute(2, 0, 3, 1)  # (2, B, H, T)
     return s, t, v.view(batch, length, num_heads, width // num_heads).transpose(1, 2)
+
+
+def fold_rotated_scores(
+    qkv: nn.Linear, slicer: nn.Module, rotary: nn.Module, num_heads: int, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`fold_scores` with RoPE between the projection and Π: s_t = A R_t (W_q x_t + b_q), R_t the
+    rotation of position t (``rotate_half`` pairs, `attnlab.attention.rope`).
+
+    The rotation differs per position, so the folded map does too: A R_t = A ⊙ cos_t −
+    rotate_half(A ⊙ sin_t) head by head (a row vector times ``rotate_half`` is minus ``rotate_half`` of
+    it), and (A R_t) W_q is a (T, out, dim) table built once per call for T·out·H·D·dim multiply-adds,
+    against the B·T·H·D·dim of projecting q. The caller folds only when B > out, where it is cheaper.
+    """
+    first, rest = first_map(slicer)
+    width, out = qkv.out_features // 3, first.out_features
+    batch, length, _ = x.shape
+    cos, sin = rotary.tables(length, x.device, x.dtype)  # (T, D)
+    a = first.weight.view(out, num_heads, width // num_heads)[None]  # (1, out, H, D)
+    turned = a * cos[:, None, None, :] - rotate_half(a * sin[:, None, None, :])
+    turned = turned.reshape(length, out, width)  # A R_t
+    w_q, w_k, w_v = qkv.weight.split(width)
+    maps = torch.cat([turned @ w_q, turned @ w_k], dim=1)  # (T, 2·out, dim)
+    scores = torch.einsum("btd,tod->bto", x, maps)
+    b_v = None
+    if qkv.bias is not None:
+        b_q, b_k, b_v = qkv.bias.split(width)
+        scores = scores + torch.cat([turned @ b_q, turned @ b_k], dim=1)
+    if first.bias is not None:
+        scores = scores + first.bias.repeat(2)
+    v = F.linear(x, w_v, b_v)
+    return _scores_and_values(scores.view(batch, length, 2, out), rest, v, num_heads)
 
 
 def standardise_scores(
