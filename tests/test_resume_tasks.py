@@ -69,7 +69,10 @@ def test_ema_in_a_step_checkpoint_is_the_ema_of_that_step(train_config, tmp_path
 
 
 # ---- kill -9 at an arbitrary step, resume with ckpt_path=auto, 2 loader workers -------------------------
-STEPS, KILL_AFTER = 36, 14
+# 72 steps: the kill lands on a step past 14 only if this process sees the checkpoint before the run
+# ends, and a tiny run replaces last.ckpt every few milliseconds; with 36 steps a loaded machine once
+# let the run finish first (the folded sliced layers made the digits ViT's steps faster)
+STEPS, KILL_AFTER = 72, 14
 RESUMABLE = {
     # RandAugment (Python random + numpy), crop, flip and erasing (torch) per image; Mixup/CutMix per batch
     "digits_vit with EMA and Mixup": [
