@@ -92,6 +92,19 @@ def _program_block(D, BD: tl.constexpr):
 
 
 @triton.jit
+def _merged_entries(order_ptr, row, L, T, first, stop, BLOCK: tl.constexpr):
+    """One block of a row's merged order from ``first``: which entries are sources (``T + j``) and
+    which sinks (``i``), and their indices (0 where they are not). -1, an unwritten slot, and the
+    positions past ``stop`` are neither: skipped."""
+    p = first + tl.arange(0, BLOCK)
+    pmask = p < stop
+    e = tl.load(order_ptr + row * L + p, mask=pmask, other=-1)
+    is_src = pmask & (e >= T) & (e < 2 * T)
+    is_sink = pmask & (e >= 0) & (e < T)
+    return is_src, is_sink, tl.where(is_src, e - T, 0), tl.where(is_sink, e, 0)
+
+
+@triton.jit
 def _carried(
     carry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD: tl.constexpr, HAS_CARRY: tl.constexpr
 ):
@@ -225,13 +238,7 @@ def stream_kernel(
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
-        p = start + it * BLOCK + tl.arange(0, BLOCK)
-        pmask = p < stop
-        e = tl.load(order_ptr + row * L + p, mask=pmask, other=-1)
-        is_src = pmask & (e >= T) & (e < 2 * T)  # -1 (an unwritten slot) is neither: skipped
-        is_sink = pmask & (e >= 0) & (e < T)
-        j = tl.where(is_src, e - T, 0)
-        i = tl.where(is_sink, e, 0)
+        is_src, is_sink, j, i = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
         rows, scored, _, _ = _weighted_rows(
             x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
         )
@@ -304,13 +311,7 @@ def relu_backward_kernel(
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
-        p = start + it * BLOCK + tl.arange(0, BLOCK)
-        pmask = p < stop
-        e = tl.load(order_ptr + row * L + p, mask=pmask, other=-1)
-        is_key = pmask & (e >= T) & (e < 2 * T)  # -1 (an unwritten slot) is neither: skipped
-        is_query = pmask & (e >= 0) & (e < T)
-        j = tl.where(is_key, e - T, 0)
-        i = tl.where(is_query, e, 0)
+        is_key, is_query, j, i = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
         key2 = is_key[:, None] & dmask[None, :]
         query2 = is_query[:, None] & dmask[None, :]
         v = tl.load(v_ptr + (row * T + j)[:, None] * D + d[None, :], mask=key2, other=0.0).to(acc_dtype)
