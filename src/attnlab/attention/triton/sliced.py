@@ -413,142 +413,6 @@ class SlicedReLUTriton(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------------------------
-# Sliced ReLU-bump
-# --------------------------------------------------------------------------------------------
-
-
-def _windows(centres_sorted, centre_order, search, search_order, width):
-    """Merged streams and ranks of the windows (c - b, c] and (c, c + b) of sorted centres among
-    sorted scores: ``#{x <= c - b}``, ``#{x <= c}``, ``#{x < c + b}`` (as ``_hat_windows``)."""
-    lo = merge(centres_sorted - width, centre_order, search, search_order, sinks_first=False, finite=True)
-    mid = merge(centres_sorted, centre_order, search, search_order, sinks_first=False, finite=True)
-    hi = merge(centres_sorted + width, centre_order, search, search_order, sinks_first=True, finite=True)
-    return lo, mid, hi
-
-
-class SlicedReLUBumpTriton(torch.autograd.Function):
-    """Rows ``s, t (N, T)``, ``v (N, T, D)``, per-row bandwidth ``b (N, 1)``; ``valid`` and
-    ``queries`` or None, as in ``SlicedReLUTriton``."""
-
-    @staticmethod
-    def forward(ctx, s, t, v, b, valid, queries):
-        with no_autocast(v.device):
-            length, acc = v.shape[1], s.dtype
-            count, s, t, bad, (t_search, t_sorted, k_order), (s_search, q_order) = _sorted_scores(
-                s, t, v, valid, queries
-            )
-            (o_lo, lo), (o_mid, mid), (o_hi, hi) = _windows(s_search, q_order, t_search, k_order, b)
-            vbar = _mean_rows(v, valid, count, acc)
-            p_t = _exclusive_cumsum(t_sorted.to(torch.float64))
-            # The three window edges are three streams whose prefix sums cancel down to the window
-            # sums: their coefficients, the sums at the sinks and the output add up in float64
-            # (``wide``), so the cancellation costs nothing (the (N, T) scalars: cheap). The first
-            # two streams write and add into a float64 buffer, the last reads it and writes the
-            # output in v's dtype (one rounding, as a float64 output converted afterwards).
-            coef = _mask((1.0 / (count[:, None] * b)).expand(-1, length), queries)
-            s64, t64, b64, coef64 = s.double(), t.double(), b.double(), coef.double()
-            rows_terms, scored_terms = _hat_terms(lo, mid, hi, s64, b64, coef64)
-            left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, torch.float64)
-            mass = coef64 * ((b64 - s64) * left_n + left_t + (b64 + s64) * right_n - right_t)
-            weight = None if valid is None else valid.to(acc)
-            partial = torch.empty(v.shape, dtype=torch.float64, device=v.device)
-            out = torch.empty_like(v)
-            for n, (order, (_, c1), (_, c2)) in enumerate(
-                zip((o_lo, o_mid, o_hi), rows_terms, scored_terms, strict=True)
-            ):
-                stream(
-                    order, v, t64, xshift=vbar, weight=weight, c1=c1, c2=c2, wide=True,
-                    out=out if n == 2 else partial, accumulate=n > 0, partial=partial,
-                    c3=mass if n == 0 else None, vec=vbar if n == 0 else None,
-                )  # fmt: skip
-            _nan_rows(out, bad, queries)
-        saved = (
-            s,
-            t,
-            v,
-            b,
-            vbar,
-            coef,
-            p_t,
-            lo,
-            mid,
-            hi,
-            o_lo,
-            o_mid,
-            o_hi,
-            t_search,
-            k_order,
-            s_search,
-            q_order,
-        )
-        ctx.save_for_backward(*saved)
-        ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
-        return out
-
-    @staticmethod
-    @_first_order_only("sliced_relu_bump_attention")
-    def backward(ctx, grad_out):
-        with no_autocast(grad_out.device):
-            return SlicedReLUBumpTriton._backward(ctx, grad_out.contiguous())
-
-    @staticmethod
-    def _backward(ctx, g):
-        s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order, s_search, q_order = (
-            ctx.saved_tensors
-        )
-        valid, queries = ctx.valid, ctx.queries
-        acc = s.dtype
-        weight = None if valid is None else valid.to(acc)
-        s64, t64, b64, coef64 = s.double(), t.double(), b.double(), coef.double()
-
-        # Queries (as in the torch op): window sums of the centred values dotted with g. The
-        # forward's sorts are reused: no sort here.
-        o_below, below = merge(
-            s_search, q_order, t_search, k_order, sinks_first=True, finite=True
-        )  # #{t < s}
-        # The dots come back in float64 (``wide``) and are combined in float64: they cancel as the
-        # forward's window sums do.
-        kw = {"xshift": vbar, "weight": weight, "y": g, "wide": True}
-        d_lo, _ = stream(o_lo, v, t64, **kw)
-        d_mid, _ = stream(o_mid, v, t64, **kw, vec=vbar, dot_vec=True)
-        d_hi, _ = stream(o_hi, v, t64, **kw)
-        d_below, _ = stream(o_below, v, t64, **kw)
-        (g_lo, gx_lo), (g_mid, gx_mid), (g_hi, gx_hi) = d_lo[:2], d_mid[:2], d_hi[:2]
-        g_below, g_vbar = d_below[0], d_mid[2]
-        left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, torch.float64)
-        tied = (mid - below).double()
-        grad_s = coef64 * (g_hi - g_mid + g_lo - g_below + g_vbar * (right_n - left_n + tied))
-        left, right = g_mid - g_lo + g_vbar * left_n, g_hi - g_mid + g_vbar * right_n
-        left_x, right_x = gx_mid - gx_lo + g_vbar * left_t, gx_hi - gx_mid + g_vbar * right_t
-        grad_b = (coef64 / b64 * (s64 * (left - right) + right_x - left_x)).sum(dim=1, keepdim=True)
-        grad_s, grad_b = grad_s.to(acc), grad_b.to(acc)
-
-        # Keys: the windows with queries and keys exchanged, sources c_i g_i over the sorted queries
-        # (the dropped ones last, as +inf: their coefficient is 0).
-        (o_klo, k_lo), (o_kmid, k_mid), (o_khi, k_hi) = _windows(t_search, k_order, s_search, q_order, b)
-        o_kbelow, _ = merge(t_search, k_order, s_search, q_order, sinks_first=True, finite=True)
-        key_w = torch.ones_like(t64) if valid is None else valid.double()
-        rows_terms, scored_terms = _hat_terms(k_lo, k_mid, k_hi, t64, b64, key_w)
-        partial = torch.empty(v.shape, dtype=torch.float64, device=v.device)
-        grad_v = torch.empty_like(v)
-        v_dots = []
-        for n, (order, (_, c1), (_, c2)) in enumerate(
-            zip((o_klo, o_kmid, o_khi), rows_terms, scored_terms, strict=True)
-        ):
-            dots, _ = stream(
-                order, g, s64, weight=coef, c1=c1, c2=c2, out=grad_v if n == 2 else partial,
-                accumulate=n > 0, partial=partial, y=v, wide=True,
-            )  # fmt: skip
-            v_dots.append(dots[0])
-        dots, _ = stream(o_kbelow, g, s64, weight=coef, y=v, wide=True)
-        v_lo, v_mid, v_hi = v_dots
-        grad_t = _nan_rows(_mask((v_hi - v_mid + v_lo - dots[0]).to(acc), valid), ctx.bad, valid)
-        grad_s = _nan_rows(_mask(grad_s, queries), ctx.bad, queries)
-        grad_v = _nan_rows(grad_v, ctx.bad, valid)
-        return grad_s, grad_t, grad_v, _nan_rows(grad_b, ctx.bad), None, None
-
-
-# --------------------------------------------------------------------------------------------
 # Entry points (inputs already checked by the public ops)
 # --------------------------------------------------------------------------------------------
 
@@ -565,9 +429,10 @@ def sliced_relu(s, t, v, valid, queries, eps, acc):
 
 
 def sliced_relu_bump(s, t, v, width, valid, queries, acc):
-    batch, heads, length, dim = v.shape
-    out = SlicedReLUBumpTriton.apply(_rows(s, acc), _rows(t, acc), _rows(v), width, valid, queries)
-    return out.view(batch, heads, length, dim)
+    """ReLU-bump lives in ``bump.py`` (kernels of another shape); the dispatcher calls it here."""
+    from attnlab.attention.triton.bump import sliced_relu_bump as bump
+
+    return bump(s, t, v, width, valid, queries, acc)
 
 
 __all__ = ["StreamTuning", "TUNING", "merge", "sliced_relu", "sliced_relu_bump", "stream"]
