@@ -38,7 +38,8 @@ from attnlab.attention.triton.sliced import _sorted_scores
 
 @dataclass
 class BumpTuning:
-    """Launch shape of the bump's kernels: ``sinks`` sorted positions per program (a multiple of
+    """Launch shape of the bump's kernels: ``sinks`` sorted positions per program (``query_sinks``
+    on the backward's query side, whose float64 accumulator would spill at 256; both multiples of
     ``table``), ``sources`` per tile (16: ``tl.dot``'s least), a prefix-table row every ``table``
     sources (a multiple of ``sources``), D in blocks of ``block_d``."""
 
@@ -47,6 +48,7 @@ class BumpTuning:
     table: int = 32
     block_d: int = 64
     num_warps: int = 8
+    query_sinks: int = 128
 
 
 BUMP = BumpTuning()
@@ -64,11 +66,13 @@ def _block_d(dim: int) -> tuple[int, int]:
     return block, -(-dim // block)
 
 
-def _bounds(sorted_scores, real, blocks):
-    """Each block's first and last real sink ``(N, blocks, 2)`` (positions) and whether it has any."""
-    rows = sorted_scores.shape[0]
-    first = (torch.arange(blocks, device=real.device) * BUMP.sinks).expand(rows, blocks)
-    last = torch.minimum(first + BUMP.sinks, real[:, None].long()) - 1
+def _bounds(sorted_scores, real, sinks):
+    """The scores of each block's first and last real sink ``(N, blocks · 2)`` and whether it has
+    any ``(N, blocks)``, for blocks of ``sinks`` sorted positions."""
+    rows, length = sorted_scores.shape
+    blocks = -(-length // sinks)
+    first = (torch.arange(blocks, device=real.device) * sinks).expand(rows, blocks)
+    last = torch.minimum(first + sinks, real[:, None].long()) - 1
     live = last >= first
     positions = torch.stack([first, last.clamp_min(0)], dim=2).reshape(rows, 2 * blocks)
     return torch.gather(sorted_scores, 1, positions), live
@@ -95,39 +99,37 @@ def _plan(ranks: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     return plan.to(torch.int32).contiguous()
 
 
-def _query_plan(s_search, t_search, width, n_query):
-    """The walk of each block of sorted queries over the sorted keys: edges ``#{t <= s - b}``,
-    ``#{t < s}``, ``#{t <= s}``, ``#{t < s + b}`` (as ``_hat_windows`` and the torch backward)."""
-    blocks = -(-s_search.shape[1] // BUMP.sinks)
-    centres, live = _bounds(s_search, n_query, blocks)
+def _query_plan(s_search, t_search, width, n_query, sinks):
+    """The walk of each block of ``sinks`` sorted queries over the sorted keys: edges
+    ``#{t <= s - b}``, ``#{t < s}``, ``#{t <= s}``, ``#{t < s + b}`` (as ``_hat_windows``)."""
+    centres, live = _bounds(s_search, n_query, sinks)
     edges = [
         torch.searchsorted(t_search, centres - width, side="right"),
         torch.searchsorted(t_search, centres, side="left"),
         torch.searchsorted(t_search, centres, side="right"),
         torch.searchsorted(t_search, centres + width, side="left"),
     ]
-    return _plan(torch.stack(edges, dim=2).view(-1, blocks, 2, 4), live)
+    return _plan(torch.stack(edges, dim=2).view(*live.shape, 2, 4), live)
 
 
 def _key_plan(t_search, s_search, width, n_key):
     """The walk of each block of sorted keys over the sorted queries: the queries with
     ``s + b <= t``, ``s < t``, ``s <= t``, ``s - b < t`` (the same pairs as ``_query_plan``)."""
-    blocks = -(-t_search.shape[1] // BUMP.sinks)
-    keys, live = _bounds(t_search, n_key, blocks)
+    keys, live = _bounds(t_search, n_key, BUMP.sinks)
     edges = [
         torch.searchsorted(s_search + width, keys, side="right"),
         torch.searchsorted(s_search, keys, side="left"),
         torch.searchsorted(s_search, keys, side="right"),
         torch.searchsorted(s_search - width, keys, side="left"),
     ]
-    return _plan(torch.stack(edges, dim=2).view(-1, blocks, 2, 4), live)
+    return _plan(torch.stack(edges, dim=2).view(*live.shape, 2, 4), live)
 
 
-def _table_buffers(x: torch.Tensor, blocks: int):
+def _table_buffers(x: torch.Tensor, blocks: int, sinks: int):
     """Empty prefix-table rows ``(N, blocks · rows per block + 1, 2, D)`` float64 (the last, past
     every block, zero) and block totals ``(N, blocks, 2, D)``."""
     rows, _, dim = x.shape
-    local = torch.empty(rows, blocks * (BUMP.sinks // BUMP.table) + 1, 2, dim, dtype=torch.float64, device=x.device)
+    local = torch.empty(rows, blocks * (sinks // BUMP.table) + 1, 2, dim, dtype=torch.float64, device=x.device)
     local[:, -1].zero_()
     return local, torch.empty(rows, blocks, 2, dim, dtype=torch.float64, device=x.device)
 
@@ -143,7 +145,7 @@ def _key_table(k_order, t_search, v, n_key):
     """The prefix table of v over the sorted keys (``bump_table_kernel``): ``(local, carry)``."""
     rows, length, dim = v.shape
     blocks = -(-length // BUMP.sinks)
-    local, totals = _table_buffers(v, blocks)
+    local, totals = _table_buffers(v, blocks, BUMP.sinks)
     block_d, d_blocks = _block_d(dim)
     kernels().bump_table_kernel[(rows, blocks, d_blocks)](
         k_order, t_search, v, n_key, local, totals, length, dim, local.shape[1], blocks,
@@ -168,7 +170,8 @@ def _walk(mode, sinks, sources, x, table, plan, width, coef, *, y=None, out=None
         out if out is not None else dummy, scal if scal is not None else dummy,
         part if part is not None else dummy, tloc, ttot,
         rows, length, dim, blocks, local.shape[1], carry.shape[1], tloc.shape[1] if write is not None else 0,
-        MODE=mode, KEY_SINKS=mode == 2, RPB=BUMP.sinks // BUMP.table, BS=BUMP.sinks, BK=BUMP.sources,
+        MODE=mode, KEY_SINKS=mode == 2, RPB=(BUMP.query_sinks if mode == 2 else BUMP.sinks) // BUMP.table,
+        BS=BUMP.query_sinks if mode == 1 else BUMP.sinks, BK=BUMP.sources,
         TB=BUMP.table, BD=block_d, num_warps=BUMP.num_warps,
     )  # fmt: skip
 
@@ -189,12 +192,12 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
             n_key = _real(valid, rows, length, v.device)
             n_query = _real(queries, rows, length, v.device)
             table = _key_table(k_order, t_search, v, n_key)
-            plan = _query_plan(s_search, t_search, width, n_query)
+            plan = _query_plan(s_search, t_search, width, n_query, BUMP.sinks)
             out = torch.empty_like(v)
             queries_, keys = (s_search, q_order, n_query), (t_search, k_order, n_key)
             _walk(0, queries_, keys, v, table, plan, width, coef, out=out)
             _nan_rows(out, bad, queries)
-        ctx.save_for_backward(v, s_search, q_order, t_search, k_order, width, coef, n_query, n_key, *table, plan)
+        ctx.save_for_backward(v, s_search, q_order, t_search, k_order, width, coef, n_query, n_key, *table)
         ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
         return out
 
@@ -206,17 +209,18 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g):
-        v, s_search, q_order, t_search, k_order, width, coef, n_query, n_key, local, carry, plan = ctx.saved_tensors
+        v, s_search, q_order, t_search, k_order, width, coef, n_query, n_key, local, carry = ctx.saved_tensors
         rows, length, dim = v.shape
         acc = width.dtype
         _, d_blocks = _block_d(dim)
         queries, keys = (s_search, q_order, n_query), (t_search, k_order, n_key)
 
-        # Queries: dL/ds and dL/db from one walk over v (the forward's table and plan), which
-        # also writes the prefix table of g over the sorted queries for the key side.
+        # Queries: dL/ds and dL/db from one walk over v (the forward's table; blocks of
+        # ``query_sinks``), which also writes the prefix table of g over the sorted queries.
+        plan = _query_plan(s_search, t_search, width, n_query, BUMP.query_sinks)
         grad_s = torch.empty(d_blocks, rows, length, dtype=acc, device=v.device)
         grad_b = torch.empty(rows, plan.shape[1], d_blocks, dtype=torch.float64, device=v.device)
-        g_local, g_totals = _table_buffers(g, plan.shape[1])
+        g_local, g_totals = _table_buffers(g, plan.shape[1], BUMP.query_sinks)
         _walk(1, queries, keys, v, (local, carry), plan, width, coef, y=g, scal=grad_s, part=grad_b,
               write=(g_local, g_totals))  # fmt: skip
 

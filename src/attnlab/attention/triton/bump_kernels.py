@@ -46,6 +46,20 @@ def _bump_weights(sink, src, width, KEY_SINKS: tl.constexpr):
 
 
 @triton.jit
+def _outer_sum64(acc, w, x, BK: tl.constexpr):
+    """``acc + w @ x`` in float64 as BK rank-1 updates: dL/db's sums cancel, a float32 ``tl.dot``
+    loses digits inside the tile, and a float64 ``tl.dot`` does not build on every target."""
+    w = w.to(tl.float64)
+    x = x.to(tl.float64)
+    k = tl.arange(0, BK)
+    for c in tl.static_range(BK):
+        column = tl.reduce(tl.where(k[None, :] == c, w, 0.0), 1, _add)  # exact: one term, zeros
+        row = tl.reduce(tl.where(k[:, None] == c, x, 0.0), 0, _add)
+        acc += column[:, None] * row[None, :]
+    return acc
+
+
+@triton.jit
 def _table_row(loc_ptr, carry_ptr, row, j, NT, NC, RPB: tl.constexpr, d, mask, D):
     """Prefix-table row ``j``: ``(Σ x, Σ score · x)`` over the first ``j · TB`` sources, float64,
     as a block's local row plus the block's carry (see ``bump_table_kernel``)."""
@@ -140,7 +154,7 @@ def bump_walk_kernel(
             weight, dist, sign = _bump_weights(sink_nan, tl.where(kmask, src, float("nan")), width, KEY_SINKS)
             if MODE == 1:
                 acc1 += tl.dot(sign.to(acc_dtype), x, input_precision="ieee")
-                acc2 += tl.dot(dist.to(tl.float64), x.to(tl.float64), input_precision="ieee")
+                acc2 = _outer_sum64(acc2, dist, x, BK)
             else:
                 acc1 += tl.dot(weight, x, input_precision="ieee")
                 if MODE == 2:
