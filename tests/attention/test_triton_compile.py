@@ -18,18 +18,21 @@ import torch
 from attnlab.attention.triton import runtime
 
 triton = pytest.importorskip("triton")
-from attnlab.attention.triton.linear import NUM_WARPS, launch_config, precision  # noqa: E402
 from attnlab.attention.triton.bump import BUMP as BUMP_TUNING  # noqa: E402
+from attnlab.attention.triton.linear import NUM_WARPS, launch_config, precision  # noqa: E402
 from attnlab.attention.triton.sliced import TUNING  # noqa: E402
 
 SPILL_BOUND = 1024  # bytes of stack per thread
 TARGETS = {"sm_70": (7, 0), "sm_80": (8, 0), "sm_90": (9, 0)}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 F32, F64, VAL = "*fp32", "*fp64", "VAL"  # VAL: a tensor in the op's dtype
-STREAM_FLAGS = dict(HAS_XSHIFT=True, HAS_W=True, HAS_C3=True, DOT_VEC=True, HAS_YSHIFT=True, HAS_CARRY=True)
 STREAM = {"BLOCK": TUNING.block, "BD": TUNING.block_d}
-WIDE = {"BLOCK": TUNING.block, "BD": TUNING.wide_block_d}
-BUMP = {"BS": BUMP_TUNING.sinks, "BK": BUMP_TUNING.sources, "TB": BUMP_TUNING.table, "BD": BUMP_TUNING.block_d}
+BUMP = {
+    "BS": BUMP_TUNING.sinks,
+    "BK": BUMP_TUNING.sources,
+    "TB": BUMP_TUNING.table,
+    "BD": BUMP_TUNING.block_d,
+}
 
 
 def _bump_blocks(mode: int) -> dict:
@@ -43,8 +46,8 @@ LINEAR = {"HAS_MASK": True, "HAS_START": True, "BD": 64, "BDV": 64}
 # kernel -> (argument types, constants); every flag on, the widest tiles the ops launch (D ≤ 64 per block)
 KERNELS = {
     "stream_kernel": (
-        ["*i32", VAL, *[F32] * 7, VAL, F32, VAL, *[F32] * 5, *["i32"] * 6],
-        {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **STREAM},
+        ["*i32", VAL, F32, F32, F32, F32, F32, VAL, F32, *["i32"] * 6],
+        {"HAS_XSHIFT": True, "HAS_W": True, "HAS_CARRY": True, **STREAM},
     ),
     "stream_totals_kernel": (
         ["*i32", VAL, F32, F32, F32, F32, F32, F32, *["i32"] * 5],
@@ -61,48 +64,16 @@ KERNELS = {
         ["*i32", VAL, F32, F32, F32, VAL, F32, F32, F32, VAL, F32, F32, F32, *["i32"] * 6],
         {"HAS_W": True, "HAS_KCARRY": True, **STREAM},
     ),
-    # ReLU-bump's float64 streams: values, gradients and the last stream's output in the op's dtype
-    "stream_kernel[wide]": (
-        [
-            "*i32",
-            VAL,
-            F32,
-            F32,
-            F64,
-            F64,
-            F64,
-            F64,
-            F32,
-            VAL,
-            F64,
-            VAL,
-            F32,
-            F64,
-            F32,
-            F64,
-            F64,
-            *["i32"] * 6,
-        ],
-        {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **WIDE},
-    ),
-    "stream_totals_kernel[wide]": (
-        ["*i32", VAL, F32, F32, F64, F64, F64, F64, *["i32"] * 5],
-        {
-            "HAS_XSHIFT": True,
-            "HAS_W": True,
-            "SINKS_AS_SOURCES": False,
-            "HAS_C4": False,
-            "SCALARS": False,
-            **WIDE,
-        },
-    ),
     # ReLU-bump: the keys' prefix table, then the walk in its three modes (forward, query and key
     # sides of the backward); scores in the accumulation dtype, tables float64
-    "bump_table_kernel": (["*i64", F32, VAL, "*i32", F64, F64, *["i32"] * 4], {k: v for k, v in BUMP.items() if k != "BK"}),
+    "bump_table_kernel": (
+        ["*i32", F32, VAL, "*i32", F64, F64, *["i32"] * 4],
+        {k: v for k, v in BUMP.items() if k != "BK"},
+    ),
     **{
         f"bump_walk_kernel[{name}]": (
-            [F32, "*i64", F32, "*i64", VAL, VAL, F64, F64, "*i32", F32, F64, "*i32", "*i32",
-             VAL, F32, F64, F64, F64, *["i32"] * 7],
+            [F32, "*i32", F32, "*i32", VAL, VAL, F64, F64, "*i32", F32, F64, "*i32", "*i32"]
+            + [VAL, F32, F64, F64, F64, *["i32"] * 7],
             {"MODE": mode, "KEY_SINKS": mode == 2, **BUMP, **_bump_blocks(mode)},
         )
         for mode, name in enumerate(("fwd", "query", "key"))

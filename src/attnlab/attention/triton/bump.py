@@ -92,7 +92,9 @@ def _plan(ranks: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     jump = j1 > j0
     jump[..., 0] = False
     start = torch.where(jump, j1 * per_row, after)
-    end = torch.cat([torch.where(jump[..., 1:], j0[..., 1:] * per_row, ends[..., :-1]), ends[..., -1:]], dim=2)
+    end = torch.cat(
+        [torch.where(jump[..., 1:], j0[..., 1:] * per_row, ends[..., :-1]), ends[..., -1:]], dim=2
+    )
     none = torch.zeros_like(first[..., :1])
     runs = [torch.cat([torch.where(jump, j, 0)[..., 1:], none], dim=2) for j in (j0, j1)]
     plan = torch.cat([start, end, *runs], dim=2).masked_fill(~live[..., None], 0)
@@ -103,40 +105,48 @@ def _query_plan(s_search, t_search, width, n_query, sinks):
     """The walk of each block of ``sinks`` sorted queries over the sorted keys: edges
     ``#{t <= s - b}``, ``#{t < s}``, ``#{t <= s}``, ``#{t < s + b}`` (as ``_hat_windows``)."""
     centres, live = _bounds(s_search, n_query, sinks)
-    edges = [
-        torch.searchsorted(t_search, centres - width, side="right"),
-        torch.searchsorted(t_search, centres, side="left"),
-        torch.searchsorted(t_search, centres, side="right"),
-        torch.searchsorted(t_search, centres + width, side="left"),
-    ]
-    return _plan(torch.stack(edges, dim=2).view(*live.shape, 2, 4), live)
+    edges = torch.stack([_above(centres - width), centres, _above(centres), centres + width], dim=2)
+    ranks = torch.searchsorted(t_search, edges.view(edges.shape[0], -1), side="left")  # one call: #{t < x}
+    return _plan(ranks.view(*live.shape, 2, 4), live)
 
 
 def _key_plan(t_search, s_search, width, n_key):
     """The walk of each block of sorted keys over the sorted queries: the queries with
     ``s + b <= t``, ``s < t``, ``s <= t``, ``s - b < t`` (the same pairs as ``_query_plan``)."""
     keys, live = _bounds(t_search, n_key, BUMP.sinks)
+    below, tied = torch.searchsorted(
+        s_search, torch.stack([keys, _above(keys)], dim=2).view(keys.shape[0], -1), side="left"
+    ).view(*keys.shape, 2).unbind(2)
     edges = [
-        torch.searchsorted(s_search + width, keys, side="right"),
-        torch.searchsorted(s_search, keys, side="left"),
-        torch.searchsorted(s_search, keys, side="right"),
+        torch.searchsorted(s_search + width, _above(keys), side="left"),
+        below,
+        tied,
         torch.searchsorted(s_search - width, keys, side="left"),
     ]
     return _plan(torch.stack(edges, dim=2).view(*live.shape, 2, 4), live)
+
+
+def _above(x: torch.Tensor) -> torch.Tensor:
+    """The next float up: ``#{y <= x}`` is ``#{y < _above(x)}`` (one ``searchsorted`` side for all)."""
+    return torch.nextafter(x, torch.full_like(x, float("inf")))
 
 
 def _table_buffers(x: torch.Tensor, blocks: int, sinks: int):
     """Empty prefix-table rows ``(N, blocks · rows per block + 1, 2, D)`` float64 (the last, past
     every block, zero) and block totals ``(N, blocks, 2, D)``."""
     rows, _, dim = x.shape
-    local = torch.empty(rows, blocks * (sinks // BUMP.table) + 1, 2, dim, dtype=torch.float64, device=x.device)
+    local = torch.empty(
+        rows, blocks * (sinks // BUMP.table) + 1, 2, dim, dtype=torch.float64, device=x.device
+    )
     local[:, -1].zero_()
     return local, torch.empty(rows, blocks, 2, dim, dtype=torch.float64, device=x.device)
 
 
 def _carry(totals: torch.Tensor) -> torch.Tensor:
     """Each block's carry ``(N, blocks + 1, 2, D)``: the sums over the blocks before it."""
-    carry = torch.zeros(totals.shape[0], totals.shape[1] + 1, *totals.shape[2:], dtype=totals.dtype, device=totals.device)
+    carry = torch.zeros(
+        totals.shape[0], totals.shape[1] + 1, *totals.shape[2:], dtype=totals.dtype, device=totals.device
+    )
     torch.cumsum(totals, dim=1, out=carry[:, 1:])
     return carry
 
@@ -154,7 +164,9 @@ def _key_table(k_order, t_search, v, n_key):
     return local, _carry(totals)
 
 
-def _walk(mode, sinks, sources, x, table, plan, width, coef, *, y=None, out=None, scal=None, part=None, write=None):
+def _walk(
+    mode, sinks, sources, x, table, plan, width, coef, *, y=None, out=None, scal=None, part=None, write=None
+):
     """``bump_walk_kernel`` in ``mode``: ``sinks``/``sources`` are ``(sorted scores, order, real
     count)``; ``table`` the sources' ``(local, carry)``; ``write`` the sinks' table buffers."""
     rows, length, dim = x.shape
@@ -187,6 +199,8 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
             count, s, t, bad, (t_search, _, k_order), (s_search, q_order) = _sorted_scores(
                 s, t, v, valid, queries
             )
+            # int32 orders: every walked tile reads them (the conversion costs less than it saves)
+            q_order, k_order = q_order.to(torch.int32), k_order.to(torch.int32)
             width = b.to(s.dtype).contiguous()
             coef = 1.0 / (count[:, None].double() * width)  # 1 / (n b), float64 (see the kernel)
             n_key = _real(valid, rows, length, v.device)
@@ -228,7 +242,19 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
         grad_v = torch.empty_like(v)
         grad_t = torch.empty(d_blocks, rows, length, dtype=acc, device=v.device)
         key_plan = _key_plan(t_search, s_search, width, n_key)
-        _walk(2, keys, queries, g, (g_local, _carry(g_totals)), key_plan, width, coef, y=v, out=grad_v, scal=grad_t)
+        _walk(
+            2,
+            keys,
+            queries,
+            g,
+            (g_local, _carry(g_totals)),
+            key_plan,
+            width,
+            coef,
+            y=v,
+            out=grad_v,
+            scal=grad_t,
+        )
 
         grad_s, grad_t = (x.sum(dim=0) if d_blocks > 1 else x[0] for x in (grad_s, grad_t))
         grad_b = grad_b.sum(dim=(1, 2))[:, None].to(acc)

@@ -101,9 +101,13 @@ def bump_table_kernel(
     p = blk * BS + tl.arange(0, BS)
     valid = p < tl.load(n_ptr + row)
     idx = tl.load(order_ptr + row * T + p, mask=valid, other=0)
-    x = tl.load(x_ptr + (row * T + idx)[:, None] * D + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
+    x = tl.load(
+        x_ptr + (row * T + idx)[:, None] * D + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0
+    )
     score = tl.load(score_ptr + row * T + p, mask=valid, other=0.0)
-    _write_table(x.to(tl.float64), score.to(tl.float64), loc_ptr, tot_ptr, row, blk, NT, NB, d, dmask, D, BS, TB, BD)
+    _write_table(
+        x.to(tl.float64), score.to(tl.float64), loc_ptr, tot_ptr, row, blk, NT, NB, d, dmask, D, BS, TB, BD
+    )
 
 
 @triton.jit
@@ -149,7 +153,9 @@ def bump_walk_kernel(
             idx = tl.load(src_order_ptr + row * T + k, mask=kmask, other=0)
             src = tl.load(src_score_ptr + row * T + k, mask=kmask, other=0.0).to(acc_dtype)
             x = tl.load(
-                x_ptr + (row * T + idx)[:, None] * D + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0
+                x_ptr + (row * T + idx)[:, None] * D + d[None, :],
+                mask=kmask[:, None] & dmask[None, :],
+                other=0.0,
             ).to(acc_dtype)
             weight, dist, sign = _bump_weights(sink_nan, tl.where(kmask, src, float("nan")), width, KEY_SINKS)
             if MODE == 1:
@@ -176,7 +182,8 @@ def bump_walk_kernel(
             acc1 += (on * side)[:, None] * run1[None, :]
             acc2 += (side * (du[:, None] * run1[None, :] - on[:, None] * run_u[None, :])).to(tl.float64)
         else:
-            acc1 += (on * (width - side * du))[:, None] * run1[None, :] + (on * side)[:, None] * run_u[None, :]
+            slope = (on * side)[:, None] * run_u[None, :]
+            acc1 += (on * (width - side * du))[:, None] * run1[None, :] + slope
             if MODE == 2:
                 acc2 += (on * side)[:, None] * run1[None, :]
     idx = tl.load(sink_order_ptr + row * T + p, mask=pmask, other=0)
@@ -194,10 +201,13 @@ def bump_walk_kernel(
             # dL/db sums over every query and column with cancellation: in float64
             y64 = y.to(tl.float64)
             part = tl.reduce(tl.reduce(y64 * acc2, 1, _add), 0, _add)
-            tl.store(part_ptr + (row * NB + blk) * tl.num_programs(2) + dblk, part * (coef64 / width.to(tl.float64)))
+            tl.store(
+                part_ptr + (row * NB + blk) * tl.num_programs(2) + dblk,
+                part * (coef64 / width.to(tl.float64)),
+            )
             _write_table(
-                y64, tl.where(valid, sink, 0.0).to(tl.float64), tloc_ptr, ttot_ptr, row, blk, TNT, NB, d, dmask, D,
-                BS, TB, BD,
+                y64, tl.where(valid, sink, 0.0).to(tl.float64), tloc_ptr, ttot_ptr,
+                row, blk, TNT, NB, d, dmask, D, BS, TB, BD,
             )  # fmt: skip
         else:
             tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=both)

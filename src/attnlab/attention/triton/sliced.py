@@ -21,15 +21,9 @@ that gives the queries' totals. So v and g are read once each and dv written onc
 
 Values, outputs and gradients keep the input dtype in memory; every sum runs in the accumulation
 dtype (float32, float64 for float64 inputs), loaded and converted inside the kernels, with
-compensated carries (TwoSum: the running sum's rounding errors are kept and added back). ReLU-bump
-sums in float64 whatever the inputs (``stream(wide=True)``): its output combines the prefix sums at
-three window edges, from three streams, which cancel down to a narrow window's sum, and in float32
-that cancellation cost 3 to 5 times the torch path's error (measured under the interpreter at
-T = 2,048, b = 0.01 and T = 4,096, b = 0.005); in float64 the result is exact to float32's own
-rounding (figures in ``attnlab.attention.sliced``). The price is float64 arithmetic on the D-wide
-work of the bump's streams (half rate on V100/A100/H100/H200, much slower on consumer GPUs) and a
-float64 buffer of partial sums that the first two window streams write and the last reads (it writes
-the output, or dv, in v's dtype).
+compensated carries (TwoSum: the running sum's rounding errors are kept and added back).
+ReLU-bump's kernels are of another shape (tile walks over the sorted keys, ``bump.py``); the op
+lives there and is reached through ``sliced_relu_bump`` here, sharing ``_sorted_scores``.
 
 Rows with a NaN or inf score are handled as by the torch op (``common._finite_rows``): their scores
 are zeroed before any sort, so every merged order is a permutation, and NaN is written afterwards.
@@ -48,8 +42,6 @@ from attnlab.attention.sliced.common import (
     _exclusive_cumsum,
     _finite_rows,
     _first_order_only,
-    _hat_terms,
-    _key_windows,
     _nan_rows,
     _sort_real_first,
 )
@@ -63,7 +55,6 @@ class StreamTuning:
 
     block: int = 32  # 32 × 64 tiles at 8 warps: no register spills on sm_90 (64 spills)
     block_d: int = 64
-    wide_block_d: int = 32  # float64 streams (ReLU-bump): 32 × 32 tiles, about 110 registers on sm_80/90
     min_chunk: int = 2048
     chunk: int | None = None
     num_warps: int = 8
@@ -82,10 +73,10 @@ def _chunk_len(rows: int, length: int, d_blocks: int, device: torch.device) -> i
     return -(-chunk // TUNING.block) * TUNING.block
 
 
-def _layout(x: torch.Tensor, total: int, wide: bool) -> tuple[int, int, int, int]:
+def _layout(x: torch.Tensor, total: int) -> tuple[int, int, int, int]:
     """``(block_d, d_blocks, chunk, n_chunks)``: a walk over ``total`` entries per row of ``x``."""
     rows, _, dim = x.shape
-    block_d = min(TUNING.wide_block_d if wide else TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
+    block_d = min(TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
     d_blocks = -(-dim // block_d)
     chunk = _chunk_len(rows, total, d_blocks, x.device)
     return block_d, d_blocks, chunk, -(-total // chunk)
@@ -116,7 +107,7 @@ def centred_carry(order, v, score, weight, count):
     in float64, with the very ``vbar`` the kernels will subtract."""
     order, v, score, weight = (None if a is None else a.contiguous() for a in (order, v, score, weight))
     acc = score.dtype
-    layout = _layout(v, order.shape[1], False)
+    layout = _layout(v, order.shape[1])
     if layout[3] == 1:
         return _mean_rows(v, None if weight is None else weight > 0, count, acc), None
     scalars = torch.empty(v.shape[0], layout[3], 4, dtype=acc, device=v.device)
@@ -135,80 +126,35 @@ def stream(
     x: torch.Tensor,
     score: torch.Tensor,
     *,
+    c1: torch.Tensor,
+    c2: torch.Tensor,
+    out: torch.Tensor,
     xshift: torch.Tensor | None = None,
     weight: torch.Tensor | None = None,
-    c1: torch.Tensor | None = None,
-    c2: torch.Tensor | None = None,
-    c3: torch.Tensor | None = None,
-    vec: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    accumulate: bool = False,
-    y: torch.Tensor | None = None,
-    yshift: torch.Tensor | None = None,
-    dot_vec: bool = False,
-    c4: torch.Tensor | None = None,
-    wide: bool = False,
     carry: torch.Tensor | None = None,
-    partial: torch.Tensor | None = None,
-):
+) -> None:
     """Walk the merged stream ``order (N, 2T)`` (see ``kernels.stream_kernel``).
 
     Sources: rows of ``x (N, T, D)``, minus ``xshift (N, D)``, times ``weight (N, T)``; ``score
-    (N, T)`` (accumulation dtype) scales the second running sum. Sinks: with ``out``, write (or with
-    ``accumulate`` add) ``c1 P + c2 Px (+ c3 vec)``; with ``y``, return the dots ``(2, N, T)`` of
-    ``y - yshift`` with P, Px (``(3, N, T)``: and ``vec``, with ``dot_vec``), and with ``c4``
-    also ``Σ_i c4_i (y_i - yshift)`` ``(N, D)``. Returns ``(dots or None, ysum or None)``.
-    ``carry``: the chunks' starting sums (computed here when the row has several chunks and it is
-    None; ``centred_carry`` gives them with the mean).
-
-    ``partial``: with ``accumulate``, the buffer whose values are added (default ``out``): the
-    last of several streams reads the float64 partial sums and writes ``out`` in its own dtype.
-
-    ``wide``: every sum in float64 whatever the inputs (the scores are read as float64, which sets
-    the kernels' accumulation dtype; pass them as float64 to convert once): the buffer added into
-    must be float64, the dots come back float64. For
-    callers that combine several streams whose prefix sums cancel down to small window sums
-    (ReLU-bump): in float32, the rounding of a block's partial sums, or of a coefficient times a
-    prefix sum, is the size of the prefix sum times eps, large next to a narrow window's sum.
+    (N, T)`` (accumulation dtype) scales the second running sum. At each sink ``out`` gets
+    ``c1 P + c2 Px``. ``carry``: the chunks' starting sums (computed here when the row has several
+    chunks and it is None; ``centred_carry`` gives them with the mean).
     """
-    k = kernels()
-    order, x, score, xshift, weight, c1, c2, c3, vec, y, yshift, c4 = (
-        None if a is None else a.contiguous()
-        for a in (order, x, score, xshift, weight, c1, c2, c3, vec, y, yshift, c4)
+    order, x, score, xshift, weight, c1, c2 = (
+        None if a is None else a.contiguous() for a in (order, x, score, xshift, weight, c1, c2)
     )
-    partial = out if partial is None else partial.contiguous()
-    if wide:
-        score = score.double()
-        if out is not None and accumulate and partial.dtype != torch.float64:
-            raise ValueError(f"stream: wide=True adds float64 partial sums, got {partial.dtype}")
     rows, length, dim = x.shape
-    acc = score.dtype
-    layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1], wide)
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1])
     dummy = score
     if n_chunks > 1 and carry is None:
         carry = _carry(_totals(order, x, score, xshift, weight, layout))
-    dots = torch.empty(d_blocks, 3, rows, length, dtype=acc, device=x.device) if y is not None else None
-    ysum = torch.empty(rows, n_chunks, dim, dtype=acc, device=x.device) if c4 is not None else None
-    write = 0 if out is None else (2 if accumulate else 1)
-    k.stream_kernel[(rows, n_chunks, d_blocks)](
+    kernels().stream_kernel[(rows, n_chunks, d_blocks)](
         order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy, score,
-        c1 if c1 is not None else dummy, c2 if c2 is not None else dummy, c3 if c3 is not None else dummy,
-        vec if vec is not None else dummy, out if out is not None else dummy,
-        partial if partial is not None else dummy, y if y is not None else dummy,
-        yshift if yshift is not None else dummy,
-        dots if dots is not None else dummy, c4 if c4 is not None else dummy,
-        ysum if ysum is not None else dummy, carry if carry is not None else dummy,
+        c1, c2, out, carry if carry is not None else dummy,
         rows, length, dim, order.shape[1], chunk, n_chunks,
-        HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, WRITE=write, HAS_C3=c3 is not None,
-        DOTS=y is not None, DOT_VEC=dot_vec, HAS_YSHIFT=yshift is not None, YSUM=c4 is not None,
-        HAS_CARRY=carry is not None, BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
+        HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, HAS_CARRY=carry is not None,
+        BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
     )  # fmt: skip
-    if dots is not None:
-        planes = 3 if dot_vec else 2
-        dots = dots[:, :planes].sum(dim=0) if d_blocks > 1 else dots[0, :planes]
-    if ysum is not None:
-        ysum = ysum.sum(dim=1)
-    return dots, ysum
 
 
 def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
@@ -222,7 +168,7 @@ def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
         None if x is None else x.contiguous() for x in (order, v, vbar, weight, t, g, a_scale, s, c4)
     )
     rows, length, dim = v.shape
-    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1], False)
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1])
     totals = _totals(order, g, s, None, a_scale, layout, sinks_as_sources=True, c4=c4)
     mean = totals[:, :, 4].sum(dim=1) / count[:, None]
     wide = totals[:, :, :2].double() + totals[:, :, 2:4].double()
