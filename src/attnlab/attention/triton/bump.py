@@ -54,6 +54,12 @@ class BumpTuning:
 BUMP = BumpTuning()
 
 
+def _check_tuning() -> None:
+    tiles, table = BUMP.sources, BUMP.table
+    if tiles < 16 or table % tiles or BUMP.sinks % table or BUMP.query_sinks % table:
+        raise ValueError(f"BumpTuning: sources >= 16 dividing table dividing sinks and query_sinks, got {BUMP}")
+
+
 def _real(mask: torch.Tensor | None, rows: int, length: int, device) -> torch.Tensor:
     """How many positions of each row are real ``(N,)`` int32 (they sort first)."""
     if mask is None:
@@ -194,6 +200,7 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s, t, v, b, valid, queries):
+        _check_tuning()
         with no_autocast(v.device):
             rows, length, _ = v.shape
             count, s, t, bad, (t_search, _, k_order), (s_search, q_order) = _sorted_scores(
