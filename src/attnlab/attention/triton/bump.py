@@ -57,7 +57,7 @@ BUMP = BumpTuning()
 def _check_tuning() -> None:
     tiles, table = BUMP.sources, BUMP.table
     if tiles < 16 or table % tiles or BUMP.sinks % table or BUMP.query_sinks % table:
-        raise ValueError(f"BumpTuning: sources >= 16 dividing table dividing sinks and query_sinks, got {BUMP}")
+        raise ValueError(f"BumpTuning: sources >= 16, dividing table, dividing both sinks; got {BUMP}")
 
 
 def _real(mask: torch.Tensor | None, rows: int, length: int, device) -> torch.Tensor:
@@ -120,9 +120,8 @@ def _key_plan(t_search, s_search, width, n_key):
     """The walk of each block of sorted keys over the sorted queries: the queries with
     ``s + b <= t``, ``s < t``, ``s <= t``, ``s - b < t`` (the same pairs as ``_query_plan``)."""
     keys, live = _bounds(t_search, n_key, BUMP.sinks)
-    below, tied = torch.searchsorted(
-        s_search, torch.stack([keys, _above(keys)], dim=2).view(keys.shape[0], -1), side="left"
-    ).view(*keys.shape, 2).unbind(2)
+    both = torch.stack([keys, _above(keys)], dim=2).view(keys.shape[0], -1)
+    below, tied = torch.searchsorted(s_search, both, side="left").view(*keys.shape, 2).unbind(2)
     edges = [
         torch.searchsorted(s_search + width, _above(keys), side="left"),
         below,
