@@ -1,6 +1,6 @@
 """Sliced ReLU-bump attention on Triton: ``o_i = (1/(n b)) Σ_j max(0, b - |s_i - t_j|) v_j`` with
-the torch op's exactness rules (``attnlab.attention.sliced``), moving about 3.5 times the bytes a
-kernel must move (``attnlab bench bytes``).
+the torch op's exactness rules (``attnlab.attention.sliced``), forward + backward moving 3.54 /
+3.89 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
 
 The window of query i is the run of sorted keys between its ranks ``#{t <= s - b}`` and
 ``#{t < s + b}``; since b is one number per row, these ranks are monotone in the sorted order of s,
@@ -21,7 +21,11 @@ and ``Σ_j |s - t| v_j`` (dL/db), reading g once, and writes the prefix table of
 queries as it goes (mode 1); the same kernel with keys as sinks and queries as sources (mode 2)
 gives ``Σ_i W g_i`` (dL/dv) and ``Σ_i π g_i`` (dL/dt, dotted with v_j). The forward's two sorts
 serve both passes. Sums run in the accumulation dtype (float32 for half inputs; float64 inputs in
-float64), the tables in float64.
+float64), the tables in float64, and dL/db's per-query sums too: dL/db adds every query's term, and
+they cancel, so a float32 ``tl.dot``'s rounding inside a tile showed (3 times the float64 error
+in ``test_triton_bump_precision``); float64 ``tl.dot`` does not build on every target (Triton
+3.6 aborts on fp64 MMA), so mode 1 adds the tile as BK float64 rank-1 updates (more arithmetic,
+no more bytes) on blocks of 128 queries (at 256 the float64 accumulator spills).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import torch
 from attnlab.attention.precision import no_autocast
 from attnlab.attention.sliced.common import _first_order_only, _nan_rows
 from attnlab.attention.triton.runtime import kernels
-from attnlab.attention.triton.sliced import _sorted_scores
+from attnlab.attention.triton.scores import _sorted_scores
 
 
 @dataclass

@@ -1,16 +1,17 @@
 """ReLU-bump's Triton kernels, executed into ``kernels.py``'s module by ``runtime.kernels()`` (they use
 its ``_add`` and ``_program_block``); the op and the derivation are in ``bump.py``.
 
-Both kernels see *sinks* (a block of ``BS`` consecutive sorted positions whose results a program
-keeps in registers) and *sources* (the other side's sorted rows, ``x``, walked in tiles of ``BK``).
-A pair's weight comes from the two scores alone: with ``u = sink - source``, the pair is in the
-window when the key ``t`` lies in ``(s - b, s + b)``, written as the torch op's ``searchsorted``
-ranks decide it (``fl(s - b) < t < fl(s + b)``, ties ``t = s`` included), and then
-``W = b - |u|`` (the hat times b), ``M = |u|`` and the sign ``π`` (+1 when the source is below the
-sink, -1 above, 0 tied). Tiles are summed with ``tl.dot``; between the tiles that hold some sink's
-window edge, every pair of a run of sources lies on the same side of the window for every sink,
-so its weights are linear in the two scores and the run's sum comes from two prefix-table rows
-(``Σ x`` and ``Σ score · x`` in float64, ``bump_table_kernel``): the walk jumps over it.
+The walk (``bump_walk_kernel``) sees *sinks* (a block of ``BS`` consecutive sorted positions
+whose results a program keeps in registers) and *sources* (the other side's sorted rows, ``x``,
+walked in tiles of ``BK``). A pair's weight comes from the two scores alone: with
+``u = sink - source``, the pair is in the window when the key ``t`` lies in ``(s - b, s + b)``,
+written as the torch op's ``searchsorted`` ranks decide it (``fl(s - b) < t < fl(s + b)``, ties
+``t = s`` included), and then ``W = b - |u|`` (the hat times b), ``M = |u|`` and the sign ``π``
+(+1 when the source is below the sink, -1 above, 0 tied). Tiles are summed with ``tl.dot``;
+between the tiles that hold some sink's window edge, every source of a run lies inside the window
+of every sink and on the same side of it (or tied with it), so its weights are linear in the two
+scores and the run's sum comes from two prefix-table rows (``Σ x`` and ``Σ score · x`` in
+float64, ``bump_table_kernel``): the walk jumps over it.
 """
 
 from __future__ import annotations

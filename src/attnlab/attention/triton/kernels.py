@@ -1,21 +1,23 @@
 """The Triton kernels. Loaded through ``runtime.kernels()`` (never imported directly): see there.
 
-Two families:
+Three families:
 
-- ``stream_kernel`` / ``stream_totals_kernel``: one *merged stream* per row, the core of the sliced
-  ops. A row's ``order`` (length L = 2T) lists entries in ascending score order: ``e >= T`` is a
+- ``stream_kernel`` / ``stream_totals_kernel``: one *merged stream* per row, the core of sliced
+  ReLU. A row's ``order`` (length L = 2T) lists entries in ascending score order: ``e >= T`` is a
   *source* (row ``e - T`` of X, weighted), ``e < T`` a *sink* (position ``e``). Walking the stream
   with running sums of the source rows ``P = Σ w (x - shift)`` and ``Px = Σ u w (x - shift)`` gives,
   at each sink, the prefix sums over exactly the sources sorted before it: what the torch op gets
   by building (T+1)×D prefix tables and gathering them at ``searchsorted`` ranks, here without any
-  table in memory. At a sink the kernel writes ``c1 P + c2 Px + c3 vec`` (stored or added) and/or
-  the dots of a row of Y with P, Px (and vec). Rows are split into chunks scanned in parallel:
-  ``stream_totals_kernel`` sums each chunk's sources, and each chunk starts from the carried total.
+  table in memory. At a sink the kernel writes ``c1 P + c2 Px``. Rows are split into chunks scanned
+  in parallel: ``stream_totals_kernel`` sums each chunk's sources, and each chunk starts from the
+  carried total.
   ``relu_backward_kernel`` walks sliced ReLU's stream once for its whole backward pass (both kinds
   of entry as sources); ``merge_kernel`` builds the streams, ``relu_scalars_kernel`` the per-query
   scalars (elementwise, (N, T)).
-- ``linear_causal_*``: chunked causal linear attention, in ``linear_kernels.py``, executed into the
-  same module (``runtime.kernels()``): it uses the helpers here.
+- ``bump_*``: ReLU-bump's tile walks over sorted keys or queries and their prefix tables, in
+  ``bump_kernels.py``;
+- ``linear_causal_*``: chunked causal linear attention, in ``linear_kernels.py``. Both are executed
+  into the same module (``runtime.kernels()``): they use the helpers here.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Values, outputs and gradients keep the input dtype in memory; every sum runs in 
 dtype (float32, float64 for float64 inputs), loaded and converted inside the kernels, with
 compensated carries (TwoSum: the running sum's rounding errors are kept and added back).
 ReLU-bump's kernels are of another shape (tile walks over the sorted keys, ``bump.py``); the op
-lives there and is reached through ``sliced_relu_bump`` here, sharing ``_sorted_scores``.
+lives there and is reached through ``sliced_relu_bump`` here; both start with ``scores._sorted_scores``.
 
 Rows with a NaN or inf score are handled as by the torch op (``common._finite_rows``): their scores
 are zeroed before any sort, so every merged order is a permutation, and NaN is written afterwards.
@@ -36,16 +36,9 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.attention.precision import no_autocast
-from attnlab.attention.sliced.common import (
-    _centre_scores,
-    _counts,
-    _exclusive_cumsum,
-    _finite_rows,
-    _first_order_only,
-    _nan_rows,
-    _sort_real_first,
-)
+from attnlab.attention.sliced.common import _exclusive_cumsum, _first_order_only, _nan_rows
 from attnlab.attention.triton.runtime import interpret_mode, kernels
+from attnlab.attention.triton.scores import _sorted_scores
 
 
 @dataclass
@@ -275,20 +268,6 @@ def _mean_rows(values, valid, count, acc):
 
 def _mask(x, valid):
     return x if valid is None else x.masked_fill(~valid, 0.0)
-
-
-def _sorted_scores(s, t, v, valid, queries):
-    """What both forwards start with, as the torch ops do: the real-key counts, the centred scores
-    (rows with a NaN/inf score zeroed, ``bad``: NaN is written to their outputs at the end), the keys
-    sorted real-first ``(search, sorted, order)`` and the kept queries sorted first ``(search,
-    order)``: the two sorts of the op, which the backward passes reuse. The dropped queries (their
-    s is 0, their scale or coefficient too) sort last as +inf: sinks at the end of every stream."""
-    rows, length, _ = v.shape
-    count = _counts(valid, rows, length, s.dtype, v.device)
-    s, t = _centre_scores(s, t, valid, count, queries)
-    s, t, bad = _finite_rows(s, t)
-    s_search, _, q_order = _sort_real_first(s, queries)
-    return count, s, t, bad, _sort_real_first(t, valid), (s_search, q_order)
 
 
 # --------------------------------------------------------------------------------------------
