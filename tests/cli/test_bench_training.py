@@ -23,11 +23,28 @@ def test_training_bench_reports_every_backend_and_the_ratios(tmp_path, capsys, m
         (task, name) for task in ("vit_cifar10", "pathx") for name in bench_training.BACKENDS
     }
     assert all(r["samples_per_s"] > 0 and len(r["runs_ms"]) == 2 for r in rows)
+    assert all(r["matmul_flops_per_sample"] > 0 for r in rows)
     printed = capsys.readouterr().out
     assert "load average before" in printed and "load average after" in printed
     assert "crossover: dense up to T=64 for sliced_relu" in printed
     assert "| vit_cifar10 | 9 | 2 | learned |" in printed and "sliced_relu_bump / softmax" in printed
     assert "| pathx | 40 | 1 | none |" in printed
+    assert "sliced_relu_linear MFLOP/sample" in printed and "softmax / sliced_relu FLOPs" in printed
+
+
+def test_step_flops_counts_cpu_softmax_attention_and_the_linear_projection():
+    """Torch's counter skips SDPA's CPU kernel: counted here, softmax's step costs what its matmuls
+    and its attention do; sliced ReLU's linear Π costs less than its MLP Π."""
+    length, batch, width, depth = 16, 2, 64, 2
+    flops = {name: bench_training.step_flops(*bench_training.build(name, length, "auto"), batch, length)
+             for name in ("softmax", "sliced_relu", "sliced_relu_linear")}  # fmt: skip
+    # per sample, 2 FLOPs a multiply-add; a layer's backward is twice its forward, SDPA's recomputes
+    # the scores (torch's formula: 2 matmuls forward, 5 backward, T² · width each)
+    attention = 7 * 2 * length * length * width
+    layers = 3 * 2 * length * (width * 3 * width + width * width + 2 * width * 128)  # qkv, out, MLP
+    head = 3 * 2 * (width * 128 + 128 * 10)  # the pooled classifier head, 64 → 128 → 10
+    assert flops["softmax"] == batch * (depth * (attention + layers) + head)
+    assert flops["sliced_relu_linear"] < flops["sliced_relu"]
 
 
 def test_training_bench_rows_take_their_tasks_positions_or_the_one_asked(monkeypatch, tmp_path):
@@ -35,6 +52,7 @@ def test_training_bench_rows_take_their_tasks_positions_or_the_one_asked(monkeyp
     seen = []
     monkeypatch.setattr(bench_training, "build", lambda *a, positions, **k: seen.append(positions) or (0, 0))
     monkeypatch.setattr(bench_training, "run_steps", lambda *a: 1.0)
+    monkeypatch.setattr(bench_training, "step_flops", lambda *a: 1.0)
     for choice, expected in (("task", ["learned", "rope"]), ("none", ["none", "none"])):
         seen.clear()
         argv = ["--tasks", "vit_cifar10", "t64", "--backends", "softmax", "--out", str(tmp_path / "o.json")]
