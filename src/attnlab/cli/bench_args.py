@@ -28,6 +28,14 @@ def load_average() -> str:
         return "n/a"
 
 
+def add_names_argument(parser, flag: str, names, what: str) -> None:
+    """``flag NAME [NAME ...]`` choosing among ``names`` (all by default); the help lists them."""
+    parser.add_argument(
+        flag, nargs="+", default=list(names), choices=list(names), metavar="NAME",
+        help=f"{what} (known: {', '.join(names)}; default: all)",
+    )  # fmt: skip
+
+
 def add_op_shape_arguments(parser, seq_lens: list[int], heads: int, dtypes, dtype: str) -> None:
     """The shape of the random op inputs (B, H, T, D) and their dtype: what `bench attention` and
     `bench bytes` both take, each with its own defaults."""

@@ -34,7 +34,7 @@ import statistics
 import time
 from pathlib import Path
 
-from attnlab.cli.bench_args import load_average, positive_int
+from attnlab.cli.bench_args import add_names_argument, load_average, positive_int
 
 #: task -> (sequence length, batch size, positions): the real lengths, about 8K tokens a step, and each
 #: task's position scheme (conf/task/*.yaml; timm's ViT adds learned positions, point clouds have none);
@@ -236,14 +236,8 @@ def register(kinds) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--tasks", nargs="+", default=list(TASKS), choices=list(TASKS), metavar="TASK",
-        help=f"tasks (lengths) to run (known: {', '.join(TASKS)}; default: all)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS), metavar="NAME",
-        help=f"attention backends (known: {', '.join(BACKENDS)}; default: all)",
-    )  # fmt: skip
+    add_names_argument(parser, "--tasks", TASKS, "tasks (lengths) to run")
+    add_names_argument(parser, "--backends", BACKENDS, "attention backends")
     parser.add_argument(
         "--path", choices=("auto", "dense", "sorted"), default="auto", help="sliced backends' path"
     )
