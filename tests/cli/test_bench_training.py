@@ -4,9 +4,31 @@ is asserted (a benchmark, not a timed test)."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
 
 from attnlab.cli import bench, bench_training
 from attnlab.cli.main import main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_bench_training_as_the_readme_types_it(tmp_path):
+    """`make bench-training` with size overrides only (one short task, one step, two backends)."""
+    out = tmp_path / "training.json"
+    args = f"--tasks t64 --backends softmax sliced_relu_linear --steps 1 --warmup 0 --repeats 1 --out {out}"
+    done = subprocess.run(
+        ["make", "-o", ".venv/.installed", "bench-training", f"ARGS={args}"],  # -o: never reinstall the venv
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "attnlab bench training: 1 threads" in done.stdout
+    assert "| t64 | 64 | 128 | rope |" in done.stdout and "softmax / sliced_relu_linear FLOPs" in done.stdout
+    assert [r["backend"] for r in json.loads(out.read_text())] == ["softmax", "sliced_relu_linear"]
 
 
 def test_training_bench_reports_every_backend_and_the_ratios(tmp_path, capsys, monkeypatch):
