@@ -112,3 +112,15 @@ def test_dense_and_sorted_variants_run_in_the_attention_bench(tmp_path):
     rows = (tmp_path / bench.CSV_NAME).read_text().splitlines()[1:]
     assert sorted(r.split(",")[0] for r in rows) == sorted(names)
     assert all(",ok," in r for r in rows)
+
+
+def test_the_sliced_variants_build_their_projection():
+    """The rows differ only in Π: the authors' MLP, the linear map, and the ViT preset's 16-wide MLP."""
+    hidden = {}
+    for name in ("sliced_relu", "sliced_relu_linear", "sliced_relu_h16"):
+        model, _ = bench_training.build(name, 16, "auto")
+        slicers = [m.slicer for m in model.modules() if hasattr(m, "slicer")]
+        hidden[name] = {s[0].out_features if hasattr(s, "__getitem__") else None for s in slicers}
+    assert hidden == {"sliced_relu": {64}, "sliced_relu_linear": {None}, "sliced_relu_h16": {16}}
+    defaults = bench_training_args([], "task").backends
+    assert defaults == list(bench_training.BACKENDS) and "sliced_relu_h16" not in defaults

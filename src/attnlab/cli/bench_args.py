@@ -28,11 +28,12 @@ def load_average() -> str:
         return "n/a"
 
 
-def add_names_argument(parser, flag: str, names, what: str) -> None:
-    """``flag NAME [NAME ...]`` choosing among ``names`` (all by default); the help lists them."""
+def add_names_argument(parser, flag: str, names, what: str, default=None) -> None:
+    """``flag NAME [NAME ...]`` choosing among ``names`` (``default``, or all); the help lists them."""
+    chosen = "all" if default is None else ", ".join(default)
     parser.add_argument(
-        flag, nargs="+", default=list(names), choices=list(names), metavar="NAME",
-        help=f"{what} (known: {', '.join(names)}; default: all)",
+        flag, nargs="+", default=list(names if default is None else default), choices=list(names),
+        metavar="NAME", help=f"{what} (known: {', '.join(names)}; default: {chosen})",
     )  # fmt: skip
 
 
