@@ -111,7 +111,7 @@ def _tie_correction(diff, s, t, real):
     """
     # on a CPU, skip rows without ties cheaply: the scores are finite here, so a tie is |r| = 0, and
     # one min over |r| costs a sixth of materialising and scanning the bool matrix ``r == 0``
-    if not diff.is_cuda and bool(diff.abs().amin() > 0):
+    if not diff.is_cuda and (diff.numel() == 0 or bool(diff.abs().amin() > 0)):
         return None
     ties = diff == 0
     weights = ties.to(s.dtype) if real is None else ties.to(s.dtype) * real[:, None, :]
