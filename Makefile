@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: train test test-all lint bench bench-gpu venv
+.PHONY: train test test-all lint bench bench-training bench-gpu venv
 
 venv: $(STAMP)
 
@@ -32,6 +32,10 @@ lint: $(STAMP)
 # `attnlab bench attention --help`): the timings then measure the ops, not the page faults
 bench: $(STAMP)
 	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 $(VENV)/bin/attnlab bench attention $(ARGS)
+
+# training samples/s per backend at each task's real length (README, "Training samples/s per task")
+bench-training: $(STAMP)
+	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 $(VENV)/bin/attnlab bench training --threads 1 --repeats 5 $(ARGS)
 
 # the GPU benchmark (issue 13): ops fwd+bwd over T = 1K..64K in bf16/fp16/fp32, Triton against torch, and
 # training throughput with MFU; about 5 minutes on one H100/H200; prints the GPU name and a summary table

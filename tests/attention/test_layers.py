@@ -91,6 +91,19 @@ def test_every_declared_dtype_runs(name):
         assert out.dtype == dtype and torch.isfinite(out).all(), dtype
 
 
+@pytest.mark.parametrize("name", available_backends())
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_an_empty_batch_passes_forward_and_backward(name, causal):
+    """B = 0 (a filtered batch, an empty shard) gives an empty output instead of a reshape error."""
+    if causal and not backend_capabilities(name).causal:
+        pytest.skip(f"{name} has no causal form")
+    layer = build_attention(name, dim=DIM, num_heads=2, causal=causal, rope=True)
+    x = torch.randn(0, 7, DIM, requires_grad=True)
+    out = layer(x)
+    out.sum().backward()
+    assert out.shape == (0, 7, DIM) and x.grad.shape == x.shape
+
+
 def test_slice_tokens_concatenates_heads_of_one_token():
     b, h, t, d = 2, 3, 5, 4
     slicer = nn.Linear(h * d, h)

@@ -161,3 +161,15 @@ def test_dense_equals_sorted_with_nonfinite_scores(kind, value, masked, queries)
         assert torch.isnan(want).any(), f"{name}: the bad rows must show"
         assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{name}: NaN in different places"
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10, equal_nan=True)
+
+
+@pytest.mark.parametrize("path", ["dense", "sorted"])
+@pytest.mark.parametrize("kind", ["relu", "bump"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_an_empty_batch_gives_an_empty_output_and_gradients(kind, path, causal):
+    """B = 0 (an empty last shard, a filtered batch) runs on both paths: nothing to reduce over."""
+    s, t, v, b = (x.requires_grad_() for x in inputs(0, 2, 5, 3))
+    out = call(kind, s, t, v, b, path=path, causal=causal)
+    assert out.shape == (0, 2, 5, 3)
+    out.sum().backward()
+    assert s.grad.shape == s.shape and v.grad.shape == v.shape

@@ -162,7 +162,7 @@ def _causal_favor(phi_q, logits_k, v, key_padding_mask, eps, stabilizer_eps, chu
         phi_q, psi, v = (F.pad(x, (0, 0, 0, pad)) for x in (phi_q, psi, v))
         run = F.pad(run, (0, pad), mode="replicate")
     qc, kc = phi_q.reshape(b, h, n, c, m), psi.reshape(b, h, n, c, m)
-    vc, rc = v.reshape(b, h, n, c, -1), run.reshape(b, h, n, c)
+    vc, rc = v.reshape(b, h, n, c, v.shape[-1]), run.reshape(b, h, n, c)  # -1: ambiguous at B = 0
 
     # Inside each chunk: weights (φ_i·ψ_j) e^{m_j − m_i} for j <= i.
     lower = torch.ones(c, c, dtype=torch.bool, device=run.device).tril()
@@ -194,7 +194,7 @@ def _causal_favor(phi_q, logits_k, v, key_padding_mask, eps, stabilizer_eps, chu
         den = torch.cat(
             [den[:, :, :1], den[:, :, 1:] + torch.einsum("bhncm,bhnm->bhnc", q_seen, prev_norm)], 2
         )
-    num = num.reshape(b, h, n * c, -1)[:, :, :t] + stabilizer_eps * q_total[..., None] * v_sum
+    num = num.reshape(b, h, n * c, v.shape[-1])[:, :, :t] + stabilizer_eps * q_total[..., None] * v_sum
     den = den.reshape(b, h, n * c)[:, :, :t] + stabilizer_eps * q_total * count
     scale = m**-0.5
     out = num * scale / (den * scale + eps)[..., None]

@@ -28,6 +28,15 @@ def load_average() -> str:
         return "n/a"
 
 
+def add_names_argument(parser, flag: str, names, what: str, default=None) -> None:
+    """``flag NAME [NAME ...]`` choosing among ``names`` (``default``, or all); the help lists them."""
+    chosen = "all" if default is None else ", ".join(default)
+    parser.add_argument(
+        flag, nargs="+", default=list(names if default is None else default), choices=list(names),
+        metavar="NAME", help=f"{what} (known: {', '.join(names)}; default: {chosen})",
+    )  # fmt: skip
+
+
 def add_op_shape_arguments(parser, seq_lens: list[int], heads: int, dtypes, dtype: str) -> None:
     """The shape of the random op inputs (B, H, T, D) and their dtype: what `bench attention` and
     `bench bytes` both take, each with its own defaults."""

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from attnlab.cli.bench_args import load_average, positive_int
+from attnlab.cli.bench_args import add_names_argument, load_average, positive_int
 
 #: name -> environment changes for the measured process
 SETTINGS: dict[str, dict[str, str]] = {
@@ -181,10 +181,7 @@ def register(kinds) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS), metavar="NAME",
-        help=f"thread settings to compare (known: {', '.join(SETTINGS)}; default: all)",
-    )  # fmt: skip
+    add_names_argument(parser, "--settings", SETTINGS, "thread settings to compare")
     parser.add_argument(
         "--busy", type=int, default=2, help="busy processes for the loaded runs (0: quiet only)"
     )

@@ -17,7 +17,13 @@ The machine may be shared, so the backends are interleaved: each repeat runs eve
 is its median step, and the table shows the best run of each backend (``--stat median`` for the
 median over runs). The load average is printed before and after. It prints figures; it asserts
 nothing. The sliced backends take ``--path`` (``attnlab.attention.sliced.path``; ``auto`` is what
-training uses).
+training uses); ``sliced_relu`` has the authors' MLP Π, ``sliced_relu_linear`` the linear Π (both are
+the paper's ViT variants).
+
+A second table gives each backend's matmul FLOPs per training sample, counted on one real step
+(``step_flops``), and softmax's FLOPs over each backend's: the speed-up its arithmetic allows if it ran
+its matmuls as fast as softmax runs its own. A ratio the samples/s fall short of is element-wise work
+and overhead; one below the goal is a bound no kernel can beat.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import statistics
 import time
 from pathlib import Path
 
-from attnlab.cli.bench_args import load_average, positive_int
+from attnlab.cli.bench_args import add_names_argument, load_average, positive_int
 
 #: task -> (sequence length, batch size, positions): the real lengths, about 8K tokens a step, and each
 #: task's position scheme (conf/task/*.yaml; timm's ViT adds learned positions, point clouds have none);
@@ -45,7 +51,16 @@ TASKS: dict[str, tuple[int, int, str]] = {
     "pathx": (16384, 1, "learned"),
 }
 POSITIONS = ("rope", "learned", "none")
-BACKENDS = ("softmax", "sliced_relu", "sliced_relu_bump", "linear")
+BACKENDS = ("softmax", "sliced_relu", "sliced_relu_linear", "sliced_relu_bump", "linear")
+#: bench row -> (attention backend, its options), beside ``sliced_relu`` (the authors' MLP Π,
+#: H·D -> H·D -> H): ``sliced_relu_linear`` the linear Π (``projection=linear``), the paper's other ViT
+#: variant; ``sliced_relu_h16`` (run when asked) the MLP Π with a 16-wide hidden layer, as the ViT
+#: paper preset has it (``conf/experiment/vit/cifar10.yaml``)
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "sliced_relu_linear": ("sliced_relu", {"projection": "linear"}),
+    "sliced_relu_h16": ("sliced_relu", {"projection_hidden": 16}),
+}
+KNOWN_BACKENDS = (*BACKENDS, "sliced_relu_h16")
 SLICED = ("sliced_relu", "sliced_relu_bump")
 
 
@@ -59,8 +74,9 @@ def build(backend: str, length: int, path: str, seed: int = 0, positions: str = 
     from attnlab.models.classifier import SequenceClassifier
 
     torch.manual_seed(seed)
-    options = {"path": path} if backend in SLICED else {}
-    attention = functools.partial(build_attention, backend, **options)
+    name, options = VARIANTS.get(backend, (backend, {}))
+    options = {**options, "path": path} if name in SLICED else options
+    attention = functools.partial(build_attention, name, **options)
     model = SequenceClassifier(
         vocab_size=256, num_classes=10, dim=64, depth=2, num_heads=2, mlp_dim=128, max_len=length,
         positions=positions, pooling="mean", dropout=0.0, attention=attention,
@@ -68,28 +84,68 @@ def build(backend: str, length: int, path: str, seed: int = 0, positions: str = 
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def run_steps(
-    model, optimizer, batch: int, length: int, steps: int, warmup: int, max_seconds: float
-) -> float:
-    """Median seconds per training step (forward, backward, optimizer step) on random tokens."""
+def _batch(batch: int, length: int):
+    """The random tokens and labels every step of a run trains on (the same for every backend)."""
     import torch
 
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(1, 256, (batch, length), generator=gen)
-    labels = torch.randint(0, 10, (batch,), generator=gen)
+    return tokens, torch.randint(0, 10, (batch,), generator=gen)
+
+
+def _step(model, optimizer, tokens, labels) -> None:
+    """One training step: forward, backward, optimizer step."""
+    import torch
+
+    loss = torch.nn.functional.cross_entropy(model(tokens), labels)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def run_steps(
+    model, optimizer, batch: int, length: int, steps: int, warmup: int, max_seconds: float
+) -> float:
+    """Median seconds per training step (forward, backward, optimizer step) on random tokens."""
+    tokens, labels = _batch(batch, length)
     times = []
     deadline = time.perf_counter() + max_seconds
     for step in range(warmup + steps):
         start = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(model(tokens), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        _step(model, optimizer, tokens, labels)
         if step >= warmup:
             times.append(time.perf_counter() - start)
             if time.perf_counter() > deadline:
                 break
     return statistics.median(times)
+
+
+def step_flops(model, optimizer, batch: int, length: int) -> float:
+    """Matmul FLOPs of one training step (forward and backward), counted on its real calls by torch's
+    ``FlopCounterMode`` (``mm``, ``bmm``, SDPA: the work no backend can skip; element-wise ops are not
+    counted). Softmax's ``softmax FLOPs / backend FLOPs`` is the speed-up a backend would have if it
+    ran its matmuls exactly as fast as softmax runs its own: what the arithmetic allows.
+
+    Torch registers SDPA's formulas for its CUDA kernels only; the CPU flash kernel and its backward
+    are counted here with the same formulas (``sdpa_flop_count``, causal counted in full)."""
+    import torch
+    from torch.utils import flop_counter
+
+    aten = torch.ops.aten
+
+    def forward(q, k, v, *_, out_shape=None, **__):
+        return flop_counter.sdpa_flop_count(q, k, v)
+
+    def backward(grad, q, k, v, *_, out_shape=None, **__):
+        return flop_counter.sdpa_backward_flop_count(grad, q, k, v)
+
+    cpu_sdpa = {
+        aten._scaled_dot_product_flash_attention_for_cpu: forward,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+    }
+    with flop_counter.FlopCounterMode(display=False, custom_mapping=cpu_sdpa) as counter:
+        _step(model, optimizer, *_batch(batch, length))
+    return float(counter.get_total_flops())
 
 
 def run(args: argparse.Namespace, log=print) -> list[dict]:
@@ -112,6 +168,7 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
         length, batch, positions = TASKS[task]
         positions = positions if args.positions == "task" else args.positions
         built = {name: build(name, length, args.path, positions=positions) for name in args.backends}
+        flops = {name: step_flops(*built[name], batch, length) for name in args.backends}  # untimed
         runs: dict[str, list[float]] = {name: [] for name in args.backends}
         for _ in range(args.repeats):
             for name in args.backends:
@@ -125,11 +182,14 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
             rows.append(
                 {"task": task, "length": length, "batch": batch, "positions": positions, "backend": name,
                  "ms_per_step": 1000 * seconds, "samples_per_s": batch / seconds,
+                 "matmul_flops_per_sample": flops[name] / batch,
                  "runs_ms": [1000 * x for x in runs[name]]}
             )  # fmt: skip
     log(f"load average after {load_average()}")
     log("")
     log(table(rows, args.backends))
+    log("")
+    log(flop_table(rows, args.backends))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
@@ -155,6 +215,21 @@ def table(rows: list[dict], backends) -> str:
     return "\n".join(lines)
 
 
+def flop_table(rows: list[dict], backends) -> str:
+    """Markdown: matmul MFLOPs per training sample (``step_flops``) per backend, and softmax's FLOPs
+    over each backend's: the speed-up its arithmetic allows at softmax's FLOP rate."""
+    by = {(r["task"], r["backend"]): r["matmul_flops_per_sample"] for r in rows}
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    others = [b for b in backends if b != "softmax"] if "softmax" in backends else []
+    head = ["task", *(f"{b} MFLOP/sample" for b in backends), *(f"softmax / {b} FLOPs" for b in others)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for task in tasks:
+        cells = [task, *(f"{by[(task, b)] / 1e6:.3g}" for b in backends)]
+        cells += [f"{by[(task, 'softmax')] / by[(task, b)]:.2f}x" for b in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _rate(value: float) -> str:
     """Samples/s with three significant digits or more (0.141, 3.64, 36.4, 1098)."""
     return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
@@ -167,14 +242,8 @@ def register(kinds) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--tasks", nargs="+", default=list(TASKS), choices=list(TASKS), metavar="TASK",
-        help=f"tasks (lengths) to run (known: {', '.join(TASKS)}; default: all)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS), metavar="NAME",
-        help=f"attention backends (known: {', '.join(BACKENDS)}; default: all)",
-    )  # fmt: skip
+    add_names_argument(parser, "--tasks", TASKS, "tasks (lengths) to run")
+    add_names_argument(parser, "--backends", KNOWN_BACKENDS, "attention backends", default=BACKENDS)
     parser.add_argument(
         "--path", choices=("auto", "dense", "sorted"), default="auto", help="sliced backends' path"
     )

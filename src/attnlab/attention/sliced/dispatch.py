@@ -35,6 +35,12 @@ def _like(rows: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return rows.view(v.shape).to(v.dtype)
 
 
+def _empty_batch(v: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """B = 0 (nothing to sort or reduce over, which the ops' reshapes cannot take): the empty
+    output, still in the graph of every input, whose gradients come back empty (or zero)."""
+    return v * 0 + sum(x.sum() for x in inputs) * 0
+
+
 def _triton(op: str, impl: str, s, t, v, call) -> torch.Tensor | None:
     """``call(kernels)`` on the Triton kernels when ``impl`` picks them for these tensors; None when
     the torch code is to run (not CUDA, ``impl="torch"``, or ``auto`` and Triton could not build a
@@ -90,6 +96,9 @@ def sliced_relu_attention(
     dense = choose_path("sliced_relu_attention", op, path, impl, length, v.device, acc) == "dense"
     if causal:
         _torch_only_causal("sliced_relu_attention", impl)
+    if v.shape[0] == 0:
+        return _empty_batch(v, s, t)
+    if causal:
         if dense:
             valid = _valid_rows(key_padding_mask, heads, v.device)
             out = dense_causal_sliced_relu(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, float(eps))
@@ -163,9 +172,12 @@ def sliced_relu_bump_attention(
     op = "causal_bump" if causal else "bump"
     dense = choose_path("sliced_relu_bump_attention", op, path, impl, length, v.device, acc) == "dense"
     valid = _valid_rows(key_padding_mask, heads, v.device)
-    width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
     if causal:
         _torch_only_causal("sliced_relu_bump_attention", impl)
+    if batch == 0:
+        return _empty_batch(v, s, t, bandwidth)
+    width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
+    if causal:
         if dense:
             mass = None if normaliser == "count" else float(mass_eps)
             out = dense_causal_sliced_relu_bump(

@@ -35,7 +35,10 @@ PATHS = ("auto", "dense", "sorted")
 # More rows (B·H) amortise the sorted path's per-call overhead and move the crossover down, most
 # for sliced ReLU, so its entry is the one measured at B=128 (ViT's batch; same command, -B 128,
 # interleaved, best of 12, load 2.7-2.8): relu 9.7/9.6 at T=64, 14.0/9.4 at 65, 18.9/13.7 at 96
-# (at B=8: 1.8/1.7 at 96); bump 10.7/17.0 at 64, 14.9/28.5 at 96, 69/40 at 128.
+# (at B=8: 1.8/1.7 at 96). After the dense op's cheaper tie check (one min over |s - t|), same command,
+# --seq-lens 64 65 72 80, --repeats 12, load 1.7-1.9, twice: 16.6/16.6 and 13.7/14.0 at 64, 14.4/14.5
+# and 14.3/14.0 at 65, 16.5/19.9 and 16.8/16.6 at 72, 19.5/17.7 and 20.2/17.9 at 80: within 2% up to 72,
+# so the entry stays 64; bump 10.7/17.0 at 64, 14.9/28.5 at 96, 69/40 at 128.
 # The bidirectional bump entries were measured again once its dense backward was written out
 # (``dense._DenseBump``; same command, bump rows only, --repeats 9, load 3.6-3.7), float32 at B=32:
 # 1.5/4.3 at 64, 3.1/6.1 at 96, 5.5/7.6 at 128, 11.4/12.3 at 192, 21.9/18.4 at 256; at B=128: 7.0/16.9
