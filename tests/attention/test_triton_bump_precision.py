@@ -2,11 +2,11 @@
 as the torch path, outputs and gradients, against the float64 reference on the same (float32)
 inputs; in fact about as precise as float32 can hold the results.
 
-The output is a combination of prefix sums at three window edges, each from its own stream; the
-prefix sums are of order sqrt(T) while a narrow window's sum is of order one, so in float32 their
-rounding (block sums, carries, coefficient times prefix sum) was the size of the window's last
-digits: the Triton path was 3 to 5 times worse than the torch path (whose CPU ``cumsum`` adds in
-double). The bump's streams now sum in float64 (``sliced.stream(wide=True)``).
+When the output was a combination of prefix sums at three window edges (prefix sums of order
+sqrt(T), a narrow window's sum of order one), their float32 rounding was the size of the window's
+last digits: the Triton path was 3 to 5 times worse than the torch path (whose CPU ``cumsum`` adds
+in double). The Triton path now sums each window's keys directly with the exact weights
+(``attnlab.attention.triton.bump``) and dL/db, whose per-query terms cancel, in float64.
 
 Interpreted (``TRITON_INTERPRET=1``): T = 512 and 1024 show the effect in seconds; the issue's own
 shapes (T = 2048, b = 0.01, offset 100; T = 4096, b = 0.005) take a minute each and are ``slow``.

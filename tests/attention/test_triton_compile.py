@@ -18,6 +18,7 @@ import torch
 from attnlab.attention.triton import runtime
 
 triton = pytest.importorskip("triton")
+from attnlab.attention.triton.bump import BUMP as BUMP_TUNING  # noqa: E402
 from attnlab.attention.triton.linear import NUM_WARPS, launch_config, precision  # noqa: E402
 from attnlab.attention.triton.sliced import TUNING  # noqa: E402
 
@@ -25,15 +26,28 @@ SPILL_BOUND = 1024  # bytes of stack per thread
 TARGETS = {"sm_70": (7, 0), "sm_80": (8, 0), "sm_90": (9, 0)}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 F32, F64, VAL = "*fp32", "*fp64", "VAL"  # VAL: a tensor in the op's dtype
-STREAM_FLAGS = dict(HAS_XSHIFT=True, HAS_W=True, HAS_C3=True, DOT_VEC=True, HAS_YSHIFT=True, HAS_CARRY=True)
 STREAM = {"BLOCK": TUNING.block, "BD": TUNING.block_d}
-WIDE = {"BLOCK": TUNING.block, "BD": TUNING.wide_block_d}
+BUMP = {
+    "BS": BUMP_TUNING.sinks,
+    "BK": BUMP_TUNING.sources,
+    "TB": BUMP_TUNING.table,
+    "BD": BUMP_TUNING.block_d,
+}
+
+
+def _bump_blocks(mode: int) -> dict:
+    """The walk's sinks per program and its sources' table blocks, as ``bump._walk`` launches it."""
+    sinks = BUMP_TUNING.query_sinks if mode == 1 else BUMP_TUNING.sinks
+    table_blocks = BUMP_TUNING.query_sinks if mode == 2 else BUMP_TUNING.sinks
+    return {"BS": sinks, "RPB": table_blocks // BUMP_TUNING.table}
+
+
 LINEAR = {"HAS_MASK": True, "HAS_START": True, "BD": 64, "BDV": 64}
 # kernel -> (argument types, constants); every flag on, the widest tiles the ops launch (D ≤ 64 per block)
 KERNELS = {
     "stream_kernel": (
-        ["*i32", VAL, *[F32] * 7, VAL, F32, VAL, *[F32] * 5, *["i32"] * 6],
-        {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **STREAM},
+        ["*i32", VAL, F32, F32, F32, F32, F32, VAL, F32, *["i32"] * 6],
+        {"HAS_XSHIFT": True, "HAS_W": True, "HAS_CARRY": True, **STREAM},
     ),
     "stream_totals_kernel": (
         ["*i32", VAL, F32, F32, F32, F32, F32, F32, *["i32"] * 5],
@@ -50,41 +64,20 @@ KERNELS = {
         ["*i32", VAL, F32, F32, F32, VAL, F32, F32, F32, VAL, F32, F32, F32, *["i32"] * 6],
         {"HAS_W": True, "HAS_KCARRY": True, **STREAM},
     ),
-    # ReLU-bump's float64 streams: values, gradients and the last stream's output in the op's dtype
-    "stream_kernel[wide]": (
-        [
-            "*i32",
-            VAL,
-            F32,
-            F32,
-            F64,
-            F64,
-            F64,
-            F64,
-            F32,
-            VAL,
-            F64,
-            VAL,
-            F32,
-            F64,
-            F32,
-            F64,
-            F64,
-            *["i32"] * 6,
-        ],
-        {**STREAM_FLAGS, "WRITE": 2, "DOTS": True, "YSUM": True, **WIDE},
+    # ReLU-bump: the keys' prefix table, then the walk in its three modes (forward, query and key
+    # sides of the backward); scores in the accumulation dtype, tables float64
+    "bump_table_kernel": (
+        ["*i32", F32, VAL, "*i32", F64, F64, *["i32"] * 4],
+        {k: v for k, v in BUMP.items() if k != "BK"},
     ),
-    "stream_totals_kernel[wide]": (
-        ["*i32", VAL, F32, F32, F64, F64, F64, F64, *["i32"] * 5],
-        {
-            "HAS_XSHIFT": True,
-            "HAS_W": True,
-            "SINKS_AS_SOURCES": False,
-            "HAS_C4": False,
-            "SCALARS": False,
-            **WIDE,
-        },
-    ),
+    **{
+        f"bump_walk_kernel[{name}]": (
+            [F32, "*i32", F32, "*i32", VAL, VAL, F64, F64, "*i32", F32, F64, "*i32", "*i32"]
+            + [VAL, F32, F64, F64, F64, *["i32"] * 7],
+            {"MODE": mode, "KEY_SINKS": mode == 2, **BUMP, **_bump_blocks(mode)},
+        )
+        for mode, name in enumerate(("fwd", "query", "key"))
+    },
     # scalar (N, T) passes, in the accumulation dtype whatever the op's
     "merge_kernel[scalar]": (["*i32", "*i64", "*i32", "*i64", "*i32", "*i64", "i32"], {"BLOCK": 1024}),
     "relu_scalars_kernel[scalar]": (
@@ -139,7 +132,7 @@ def _launch(kernel: str, target: str, dtype: str) -> tuple[list[str], dict, dict
     types, constants = KERNELS[kernel]
     types = [f"*{dtype}" if t == VAL else t for t in types]
     constants = dict(constants)
-    options = {"num_warps": TUNING.num_warps}
+    options = {"num_warps": BUMP_TUNING.num_warps if kernel.startswith("bump_") else TUNING.num_warps}
     if kernel.startswith("linear_"):
         config = launch_config(DTYPES[dtype], TARGETS[target])
         constants.update(C=config.pop("C"), PRECISION=precision(DTYPES[dtype]))

@@ -38,7 +38,11 @@ def no_kernels(monkeypatch):
         raise AssertionError("the Triton kernels were reached")
 
     monkeypatch.setattr(runtime, "kernels", refuse)
-    for module in ("attnlab.attention.triton.sliced", "attnlab.attention.triton.linear"):
+    for module in (
+        "attnlab.attention.triton.sliced",
+        "attnlab.attention.triton.bump",
+        "attnlab.attention.triton.linear",
+    ):
         if module in sys.modules:
             monkeypatch.setattr(sys.modules[module], "kernels", refuse)
 

@@ -16,6 +16,7 @@ triton = pytest.importorskip("triton")
 from triton.runtime.errors import PTXASError  # noqa: E402
 
 from attnlab.attention import ops  # noqa: E402
+from attnlab.attention.triton import bump as triton_bump  # noqa: E402
 from attnlab.attention.triton import linear as triton_linear  # noqa: E402
 from attnlab.attention.triton import runtime  # noqa: E402
 from attnlab.attention.triton import sliced as triton_sliced  # noqa: E402
@@ -61,8 +62,8 @@ def kernels_fail(monkeypatch, on_cuda):
             f"PTXAS error: Internal Triton PTX codegen error\n`ptxas` stderr:\n{PTXAS}\n\n// PTX ..."
         )
 
-    monkeypatch.setattr(triton_sliced, "kernels", fail)
-    monkeypatch.setattr(triton_linear, "kernels", fail)
+    for module in (triton_sliced, triton_bump, triton_linear):
+        monkeypatch.setattr(module, "kernels", fail)
     return tries
 
 
@@ -101,8 +102,8 @@ def test_probe_failure_keeps_auto_on_torch(op, on_cuda, monkeypatch):
     def refuse():
         raise AssertionError("the Triton kernels were reached")
 
-    monkeypatch.setattr(triton_sliced, "kernels", refuse)
-    monkeypatch.setattr(triton_linear, "kernels", refuse)
+    for module in (triton_sliced, triton_bump, triton_linear):
+        monkeypatch.setattr(module, "kernels", refuse)
     args = small()
     with pytest.warns(RuntimeWarning, match="driver too old"):
         got = CALLS[op](*args)

@@ -14,6 +14,7 @@ pytest.importorskip("triton")
 
 from attnlab.attention import reference as ref  # noqa: E402
 from attnlab.attention.ops import sliced_relu_attention, sliced_relu_bump_attention  # noqa: E402
+from attnlab.attention.triton import bump as triton_bump  # noqa: E402
 from attnlab.attention.triton import sliced as triton_sliced  # noqa: E402
 
 F64 = torch.float64
@@ -91,14 +92,35 @@ def test_all_scores_equal(interpret, kind):
 
 @pytest.mark.parametrize("kind", ["relu", "bump"])
 def test_chunked_scan_and_d_blocks(interpret, monkeypatch, kind):
-    """Rows split into several chunks (carried totals) and D into several blocks (summed dots)."""
+    """Rows split into several chunks (carried totals) and D into several blocks (summed dots); for
+    ReLU-bump, blocks of 16 and 32 sorted positions over tiles of 16 (several walks per row)."""
     monkeypatch.setattr(triton_sliced.TUNING, "block", 16)
     monkeypatch.setattr(triton_sliced.TUNING, "chunk", 16)
     monkeypatch.setattr(triton_sliced.TUNING, "block_d", 16)
-    monkeypatch.setattr(triton_sliced.TUNING, "wide_block_d", 16)
+    for name, value in {"sinks": 32, "query_sinks": 16, "sources": 16, "table": 16, "block_d": 16}.items():
+        monkeypatch.setattr(triton_bump.BUMP, name, value)
     args = inputs(1, 2, 45, 20, seed=8)
     mask = torch.arange(45)[None, :] < 41
     compare(kind, args, mask)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_bump_walks_jump_over_runs_of_keys_and_queries(interpret, monkeypatch, padded):
+    """Wide windows over small blocks: every walk (forward, both backward sides) jumps over runs
+    whose sums come from the float64 prefix tables; a wrong table row, carry or side breaks the
+    outputs and every gradient."""
+    for name, value in {"sinks": 64, "query_sinks": 32, "sources": 16, "table": 32, "block_d": 16}.items():
+        monkeypatch.setattr(triton_bump.BUMP, name, value)
+    plans = []
+    plan = triton_bump._plan
+    monkeypatch.setattr(triton_bump, "_plan", lambda *a: plans.append(plan(*a)) or plans[-1])
+    args = inputs(2, 1, 300, 20, seed=12)
+    args[3] = torch.tensor([1.5], dtype=F64)
+    mask = (torch.arange(300)[None, :] < torch.tensor([[300], [230]])) if padded else None
+    compare("bump", args, mask)
+    assert len(plans) == 3
+    for walk in plans:  # (N, blocks, 16): tile ranges, then the table rows jumped over
+        assert (walk[..., 12:] > walk[..., 8:12]).any()
 
 
 @pytest.mark.parametrize("kind", ["relu", "bump"])

@@ -1,21 +1,23 @@
 """The Triton kernels. Loaded through ``runtime.kernels()`` (never imported directly): see there.
 
-Two families:
+Three families:
 
-- ``stream_kernel`` / ``stream_totals_kernel``: one *merged stream* per row, the core of the sliced
-  ops. A row's ``order`` (length L = 2T) lists entries in ascending score order: ``e >= T`` is a
+- ``stream_kernel`` / ``stream_totals_kernel``: one *merged stream* per row, the core of sliced
+  ReLU. A row's ``order`` (length L = 2T) lists entries in ascending score order: ``e >= T`` is a
   *source* (row ``e - T`` of X, weighted), ``e < T`` a *sink* (position ``e``). Walking the stream
   with running sums of the source rows ``P = Σ w (x - shift)`` and ``Px = Σ u w (x - shift)`` gives,
   at each sink, the prefix sums over exactly the sources sorted before it: what the torch op gets
   by building (T+1)×D prefix tables and gathering them at ``searchsorted`` ranks, here without any
-  table in memory. At a sink the kernel writes ``c1 P + c2 Px + c3 vec`` (stored or added) and/or
-  the dots of a row of Y with P, Px (and vec). Rows are split into chunks scanned in parallel:
-  ``stream_totals_kernel`` sums each chunk's sources, and each chunk starts from the carried total.
+  table in memory. At a sink the kernel writes ``c1 P + c2 Px``. Rows are split into chunks scanned
+  in parallel: ``stream_totals_kernel`` sums each chunk's sources, and each chunk starts from the
+  carried total.
   ``relu_backward_kernel`` walks sliced ReLU's stream once for its whole backward pass (both kinds
   of entry as sources); ``merge_kernel`` builds the streams, ``relu_scalars_kernel`` the per-query
   scalars (elementwise, (N, T)).
-- ``linear_causal_*``: chunked causal linear attention, in ``linear_kernels.py``, executed into the
-  same module (``runtime.kernels()``): it uses the helpers here.
+- ``bump_*``: ReLU-bump's tile walks over sorted keys or queries and their prefix tables, in
+  ``bump_kernels.py``;
+- ``linear_causal_*``: chunked causal linear attention, in ``linear_kernels.py``. Both are executed
+  into the same module (``runtime.kernels()``): they use the helpers here.
 """
 
 from __future__ import annotations
@@ -196,25 +198,15 @@ def stream_totals_kernel(
 
 @triton.jit
 def stream_kernel(
-    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr,
-    c1_ptr, c2_ptr, c3_ptr, vec_ptr, out_ptr, partial_ptr,
-    y_ptr, yshift_ptr, dots_ptr, c4_ptr, ysum_ptr, carry_ptr,
+    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr, c1_ptr, c2_ptr, out_ptr, carry_ptr,
     N, T, D, L, CHUNK, NCHUNK,
-    HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, WRITE: tl.constexpr, HAS_C3: tl.constexpr,
-    DOTS: tl.constexpr, DOT_VEC: tl.constexpr, HAS_YSHIFT: tl.constexpr, YSUM: tl.constexpr,
-    HAS_CARRY: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
+    HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, HAS_CARRY: tl.constexpr,
+    BLOCK: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """One chunk of one row's stream, one block of D columns (grid: rows, chunks, D blocks).
 
-    At every sink i (with P, Px the sums over the sources before it):
-    ``WRITE`` 1: ``out[i] = c1 P + c2 Px (+ c3 vec)``; 2: the same plus ``partial[i]`` (which may
-    be ``out`` itself, or a wider buffer the last of several streams reads while it writes ``out``);
-    ``DOTS``: ``dots[dblk, 0/1/2, row, i] = y_i' · P, y_i' · Px, y_i' · vec`` with
-    ``y' = y - yshift`` (partial over this D block; the caller sums the blocks); ``YSUM``:
-    ``ysum[row, chunk] = Σ_i c4_i y_i'`` over the chunk's sinks.
-
-    Sums run in the accumulation dtype, ``u``'s (float64 for a ``wide`` stream, see
-    ``sliced.stream``), with compensated carries.
+    At every sink i (with P, Px the sums over the sources before it): ``out[i] = c1 P + c2 Px``.
+    Sums run in the accumulation dtype, ``u``'s, with compensated carries.
     """
     row, chunk, dblk, d, dmask = _program_block(D, BD)
     acc_dtype = u_ptr.dtype.element_ty
@@ -226,15 +218,6 @@ def stream_kernel(
     xshift = tl.full([BD], 0.0, acc_dtype)
     if HAS_XSHIFT:
         xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
-    vec = tl.full([BD], 0.0, acc_dtype)
-    if HAS_C3 or DOT_VEC:
-        vec = tl.load(vec_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
-    yshift = tl.full([BD], 0.0, acc_dtype)
-    if HAS_YSHIFT:
-        yshift = tl.load(yshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
-
-    ysum = tl.full([BD], 0.0, acc_dtype)
-
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
@@ -250,34 +233,11 @@ def stream_kernel(
         run_w, err_w = _two_sum(run_w, err_w, tl.reduce(rows, 0, _add))
         run_x, err_x = _two_sum(run_x, err_x, tl.reduce(scored, 0, _add))
         sink2 = is_sink[:, None] & dmask[None, :]
-        if WRITE > 0:
-            c1 = tl.load(c1_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
-            c2 = tl.load(c2_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
-            value = c1[:, None] * pre_w + c2[:, None] * pre_x
-            if HAS_C3:
-                c3 = tl.load(c3_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
-                value += c3[:, None] * vec[None, :]
-            at = (row * T + i)[:, None] * D + d[None, :]
-            if WRITE == 2:
-                value += tl.load(partial_ptr + at, mask=sink2, other=0.0).to(acc_dtype)
-            if out_ptr.dtype.element_ty != value.dtype:  # via float32, as torch converts float64
-                value = value.to(tl.float32)
-            tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=sink2)
-        if DOTS:
-            y = tl.load(y_ptr + (row * T + i)[:, None] * D + d[None, :], mask=sink2, other=0.0)
-            y = y.to(acc_dtype)
-            if HAS_YSHIFT:
-                y = tl.where(sink2, y - yshift[None, :], 0.0)
-            at = dots_ptr + ((dblk * 3) * N + row) * T + i
-            tl.store(at, tl.reduce(y * pre_w, 1, _add), mask=is_sink)
-            tl.store(at + N * T, tl.reduce(y * pre_x, 1, _add), mask=is_sink)
-            if DOT_VEC:
-                tl.store(at + 2 * N * T, tl.reduce(y * vec[None, :], 1, _add), mask=is_sink)
-            if YSUM:
-                c4 = tl.load(c4_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
-                ysum += tl.reduce(y * c4[:, None], 0, _add)
-    if YSUM:
-        tl.store(ysum_ptr + (row * NCHUNK + chunk) * D + d, ysum, mask=dmask)
+        c1 = tl.load(c1_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
+        c2 = tl.load(c2_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
+        value = c1[:, None] * pre_w + c2[:, None] * pre_x
+        at = (row * T + i)[:, None] * D + d[None, :]
+        tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=sink2)
 
 
 @triton.jit

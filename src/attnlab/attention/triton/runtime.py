@@ -27,7 +27,8 @@ import torch
 
 IMPLS = ("auto", "triton", "torch")
 _KERNEL_FILE = Path(__file__).with_name("kernels.py")
-_MORE_KERNELS = (Path(__file__).with_name("linear_kernels.py"),)  # executed into the same module
+# executed into the same module
+_MORE_KERNELS = tuple(Path(__file__).with_name(f) for f in ("linear_kernels.py", "bump_kernels.py"))
 _LOADED: dict[bool, ModuleType] = {}
 _PROBED: dict[str, str | None] = {}  # device -> why Triton cannot run there (None: it can)
 _WARNED: set[str] = set()

@@ -21,15 +21,9 @@ that gives the queries' totals. So v and g are read once each and dv written onc
 
 Values, outputs and gradients keep the input dtype in memory; every sum runs in the accumulation
 dtype (float32, float64 for float64 inputs), loaded and converted inside the kernels, with
-compensated carries (TwoSum: the running sum's rounding errors are kept and added back). ReLU-bump
-sums in float64 whatever the inputs (``stream(wide=True)``): its output combines the prefix sums at
-three window edges, from three streams, which cancel down to a narrow window's sum, and in float32
-that cancellation cost 3 to 5 times the torch path's error (measured under the interpreter at
-T = 2,048, b = 0.01 and T = 4,096, b = 0.005); in float64 the result is exact to float32's own
-rounding (figures in ``attnlab.attention.sliced``). The price is float64 arithmetic on the D-wide
-work of the bump's streams (half rate on V100/A100/H100/H200, much slower on consumer GPUs) and a
-float64 buffer of partial sums that the first two window streams write and the last reads (it writes
-the output, or dv, in v's dtype).
+compensated carries (TwoSum: the running sum's rounding errors are kept and added back).
+ReLU-bump's kernels are of another shape (tile walks over the sorted keys, ``bump.py``); the op
+lives there and is reached through ``sliced_relu_bump`` here; both start with ``scores._sorted_scores``.
 
 Rows with a NaN or inf score are handled as by the torch op (``common._finite_rows``): their scores
 are zeroed before any sort, so every merged order is a permutation, and NaN is written afterwards.
@@ -42,18 +36,9 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.attention.precision import no_autocast
-from attnlab.attention.sliced.common import (
-    _centre_scores,
-    _counts,
-    _exclusive_cumsum,
-    _finite_rows,
-    _first_order_only,
-    _hat_terms,
-    _key_windows,
-    _nan_rows,
-    _sort_real_first,
-)
+from attnlab.attention.sliced.common import _exclusive_cumsum, _first_order_only, _nan_rows
 from attnlab.attention.triton.runtime import interpret_mode, kernels
+from attnlab.attention.triton.scores import _sorted_scores
 
 
 @dataclass
@@ -63,7 +48,6 @@ class StreamTuning:
 
     block: int = 32  # 32 × 64 tiles at 8 warps: no register spills on sm_90 (64 spills)
     block_d: int = 64
-    wide_block_d: int = 32  # float64 streams (ReLU-bump): 32 × 32 tiles, about 110 registers on sm_80/90
     min_chunk: int = 2048
     chunk: int | None = None
     num_warps: int = 8
@@ -82,10 +66,10 @@ def _chunk_len(rows: int, length: int, d_blocks: int, device: torch.device) -> i
     return -(-chunk // TUNING.block) * TUNING.block
 
 
-def _layout(x: torch.Tensor, total: int, wide: bool) -> tuple[int, int, int, int]:
+def _layout(x: torch.Tensor, total: int) -> tuple[int, int, int, int]:
     """``(block_d, d_blocks, chunk, n_chunks)``: a walk over ``total`` entries per row of ``x``."""
     rows, _, dim = x.shape
-    block_d = min(TUNING.wide_block_d if wide else TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
+    block_d = min(TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
     d_blocks = -(-dim // block_d)
     chunk = _chunk_len(rows, total, d_blocks, x.device)
     return block_d, d_blocks, chunk, -(-total // chunk)
@@ -116,7 +100,7 @@ def centred_carry(order, v, score, weight, count):
     in float64, with the very ``vbar`` the kernels will subtract."""
     order, v, score, weight = (None if a is None else a.contiguous() for a in (order, v, score, weight))
     acc = score.dtype
-    layout = _layout(v, order.shape[1], False)
+    layout = _layout(v, order.shape[1])
     if layout[3] == 1:
         return _mean_rows(v, None if weight is None else weight > 0, count, acc), None
     scalars = torch.empty(v.shape[0], layout[3], 4, dtype=acc, device=v.device)
@@ -135,80 +119,35 @@ def stream(
     x: torch.Tensor,
     score: torch.Tensor,
     *,
+    c1: torch.Tensor,
+    c2: torch.Tensor,
+    out: torch.Tensor,
     xshift: torch.Tensor | None = None,
     weight: torch.Tensor | None = None,
-    c1: torch.Tensor | None = None,
-    c2: torch.Tensor | None = None,
-    c3: torch.Tensor | None = None,
-    vec: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    accumulate: bool = False,
-    y: torch.Tensor | None = None,
-    yshift: torch.Tensor | None = None,
-    dot_vec: bool = False,
-    c4: torch.Tensor | None = None,
-    wide: bool = False,
     carry: torch.Tensor | None = None,
-    partial: torch.Tensor | None = None,
-):
+) -> None:
     """Walk the merged stream ``order (N, 2T)`` (see ``kernels.stream_kernel``).
 
     Sources: rows of ``x (N, T, D)``, minus ``xshift (N, D)``, times ``weight (N, T)``; ``score
-    (N, T)`` (accumulation dtype) scales the second running sum. Sinks: with ``out``, write (or with
-    ``accumulate`` add) ``c1 P + c2 Px (+ c3 vec)``; with ``y``, return the dots ``(2, N, T)`` of
-    ``y - yshift`` with P, Px (``(3, N, T)``: and ``vec``, with ``dot_vec``), and with ``c4``
-    also ``Σ_i c4_i (y_i - yshift)`` ``(N, D)``. Returns ``(dots or None, ysum or None)``.
-    ``carry``: the chunks' starting sums (computed here when the row has several chunks and it is
-    None; ``centred_carry`` gives them with the mean).
-
-    ``partial``: with ``accumulate``, the buffer whose values are added (default ``out``): the
-    last of several streams reads the float64 partial sums and writes ``out`` in its own dtype.
-
-    ``wide``: every sum in float64 whatever the inputs (the scores are read as float64, which sets
-    the kernels' accumulation dtype; pass them as float64 to convert once): the buffer added into
-    must be float64, the dots come back float64. For
-    callers that combine several streams whose prefix sums cancel down to small window sums
-    (ReLU-bump): in float32, the rounding of a block's partial sums, or of a coefficient times a
-    prefix sum, is the size of the prefix sum times eps, large next to a narrow window's sum.
+    (N, T)`` (accumulation dtype) scales the second running sum. At each sink ``out`` gets
+    ``c1 P + c2 Px``. ``carry``: the chunks' starting sums (computed here when the row has several
+    chunks and it is None; ``centred_carry`` gives them with the mean).
     """
-    k = kernels()
-    order, x, score, xshift, weight, c1, c2, c3, vec, y, yshift, c4 = (
-        None if a is None else a.contiguous()
-        for a in (order, x, score, xshift, weight, c1, c2, c3, vec, y, yshift, c4)
+    order, x, score, xshift, weight, c1, c2 = (
+        None if a is None else a.contiguous() for a in (order, x, score, xshift, weight, c1, c2)
     )
-    partial = out if partial is None else partial.contiguous()
-    if wide:
-        score = score.double()
-        if out is not None and accumulate and partial.dtype != torch.float64:
-            raise ValueError(f"stream: wide=True adds float64 partial sums, got {partial.dtype}")
     rows, length, dim = x.shape
-    acc = score.dtype
-    layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1], wide)
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1])
     dummy = score
     if n_chunks > 1 and carry is None:
         carry = _carry(_totals(order, x, score, xshift, weight, layout))
-    dots = torch.empty(d_blocks, 3, rows, length, dtype=acc, device=x.device) if y is not None else None
-    ysum = torch.empty(rows, n_chunks, dim, dtype=acc, device=x.device) if c4 is not None else None
-    write = 0 if out is None else (2 if accumulate else 1)
-    k.stream_kernel[(rows, n_chunks, d_blocks)](
+    kernels().stream_kernel[(rows, n_chunks, d_blocks)](
         order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy, score,
-        c1 if c1 is not None else dummy, c2 if c2 is not None else dummy, c3 if c3 is not None else dummy,
-        vec if vec is not None else dummy, out if out is not None else dummy,
-        partial if partial is not None else dummy, y if y is not None else dummy,
-        yshift if yshift is not None else dummy,
-        dots if dots is not None else dummy, c4 if c4 is not None else dummy,
-        ysum if ysum is not None else dummy, carry if carry is not None else dummy,
+        c1, c2, out, carry if carry is not None else dummy,
         rows, length, dim, order.shape[1], chunk, n_chunks,
-        HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, WRITE=write, HAS_C3=c3 is not None,
-        DOTS=y is not None, DOT_VEC=dot_vec, HAS_YSHIFT=yshift is not None, YSUM=c4 is not None,
-        HAS_CARRY=carry is not None, BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
+        HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, HAS_CARRY=carry is not None,
+        BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
     )  # fmt: skip
-    if dots is not None:
-        planes = 3 if dot_vec else 2
-        dots = dots[:, :planes].sum(dim=0) if d_blocks > 1 else dots[0, :planes]
-    if ysum is not None:
-        ysum = ysum.sum(dim=1)
-    return dots, ysum
 
 
 def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
@@ -222,7 +161,7 @@ def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
         None if x is None else x.contiguous() for x in (order, v, vbar, weight, t, g, a_scale, s, c4)
     )
     rows, length, dim = v.shape
-    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1], False)
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1])
     totals = _totals(order, g, s, None, a_scale, layout, sinks_as_sources=True, c4=c4)
     mean = totals[:, :, 4].sum(dim=1) / count[:, None]
     wide = totals[:, :, :2].double() + totals[:, :, 2:4].double()
@@ -331,20 +270,6 @@ def _mask(x, valid):
     return x if valid is None else x.masked_fill(~valid, 0.0)
 
 
-def _sorted_scores(s, t, v, valid, queries):
-    """What both forwards start with, as the torch ops do: the real-key counts, the centred scores
-    (rows with a NaN/inf score zeroed, ``bad``: NaN is written to their outputs at the end), the keys
-    sorted real-first ``(search, sorted, order)`` and the kept queries sorted first ``(search,
-    order)``: the two sorts of the op, which the backward passes reuse. The dropped queries (their
-    s is 0, their scale or coefficient too) sort last as +inf: sinks at the end of every stream."""
-    rows, length, _ = v.shape
-    count = _counts(valid, rows, length, s.dtype, v.device)
-    s, t = _centre_scores(s, t, valid, count, queries)
-    s, t, bad = _finite_rows(s, t)
-    s_search, _, q_order = _sort_real_first(s, queries)
-    return count, s, t, bad, _sort_real_first(t, valid), (s_search, q_order)
-
-
 # --------------------------------------------------------------------------------------------
 # Sliced ReLU
 # --------------------------------------------------------------------------------------------
@@ -413,142 +338,6 @@ class SlicedReLUTriton(torch.autograd.Function):
 
 
 # --------------------------------------------------------------------------------------------
-# Sliced ReLU-bump
-# --------------------------------------------------------------------------------------------
-
-
-def _windows(centres_sorted, centre_order, search, search_order, width):
-    """Merged streams and ranks of the windows (c - b, c] and (c, c + b) of sorted centres among
-    sorted scores: ``#{x <= c - b}``, ``#{x <= c}``, ``#{x < c + b}`` (as ``_hat_windows``)."""
-    lo = merge(centres_sorted - width, centre_order, search, search_order, sinks_first=False, finite=True)
-    mid = merge(centres_sorted, centre_order, search, search_order, sinks_first=False, finite=True)
-    hi = merge(centres_sorted + width, centre_order, search, search_order, sinks_first=True, finite=True)
-    return lo, mid, hi
-
-
-class SlicedReLUBumpTriton(torch.autograd.Function):
-    """Rows ``s, t (N, T)``, ``v (N, T, D)``, per-row bandwidth ``b (N, 1)``; ``valid`` and
-    ``queries`` or None, as in ``SlicedReLUTriton``."""
-
-    @staticmethod
-    def forward(ctx, s, t, v, b, valid, queries):
-        with no_autocast(v.device):
-            length, acc = v.shape[1], s.dtype
-            count, s, t, bad, (t_search, t_sorted, k_order), (s_search, q_order) = _sorted_scores(
-                s, t, v, valid, queries
-            )
-            (o_lo, lo), (o_mid, mid), (o_hi, hi) = _windows(s_search, q_order, t_search, k_order, b)
-            vbar = _mean_rows(v, valid, count, acc)
-            p_t = _exclusive_cumsum(t_sorted.to(torch.float64))
-            # The three window edges are three streams whose prefix sums cancel down to the window
-            # sums: their coefficients, the sums at the sinks and the output add up in float64
-            # (``wide``), so the cancellation costs nothing (the (N, T) scalars: cheap). The first
-            # two streams write and add into a float64 buffer, the last reads it and writes the
-            # output in v's dtype (one rounding, as a float64 output converted afterwards).
-            coef = _mask((1.0 / (count[:, None] * b)).expand(-1, length), queries)
-            s64, t64, b64, coef64 = s.double(), t.double(), b.double(), coef.double()
-            rows_terms, scored_terms = _hat_terms(lo, mid, hi, s64, b64, coef64)
-            left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, torch.float64)
-            mass = coef64 * ((b64 - s64) * left_n + left_t + (b64 + s64) * right_n - right_t)
-            weight = None if valid is None else valid.to(acc)
-            partial = torch.empty(v.shape, dtype=torch.float64, device=v.device)
-            out = torch.empty_like(v)
-            for n, (order, (_, c1), (_, c2)) in enumerate(
-                zip((o_lo, o_mid, o_hi), rows_terms, scored_terms, strict=True)
-            ):
-                stream(
-                    order, v, t64, xshift=vbar, weight=weight, c1=c1, c2=c2, wide=True,
-                    out=out if n == 2 else partial, accumulate=n > 0, partial=partial,
-                    c3=mass if n == 0 else None, vec=vbar if n == 0 else None,
-                )  # fmt: skip
-            _nan_rows(out, bad, queries)
-        saved = (
-            s,
-            t,
-            v,
-            b,
-            vbar,
-            coef,
-            p_t,
-            lo,
-            mid,
-            hi,
-            o_lo,
-            o_mid,
-            o_hi,
-            t_search,
-            k_order,
-            s_search,
-            q_order,
-        )
-        ctx.save_for_backward(*saved)
-        ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
-        return out
-
-    @staticmethod
-    @_first_order_only("sliced_relu_bump_attention")
-    def backward(ctx, grad_out):
-        with no_autocast(grad_out.device):
-            return SlicedReLUBumpTriton._backward(ctx, grad_out.contiguous())
-
-    @staticmethod
-    def _backward(ctx, g):
-        s, t, v, b, vbar, coef, p_t, lo, mid, hi, o_lo, o_mid, o_hi, t_search, k_order, s_search, q_order = (
-            ctx.saved_tensors
-        )
-        valid, queries = ctx.valid, ctx.queries
-        acc = s.dtype
-        weight = None if valid is None else valid.to(acc)
-        s64, t64, b64, coef64 = s.double(), t.double(), b.double(), coef.double()
-
-        # Queries (as in the torch op): window sums of the centred values dotted with g. The
-        # forward's sorts are reused: no sort here.
-        o_below, below = merge(
-            s_search, q_order, t_search, k_order, sinks_first=True, finite=True
-        )  # #{t < s}
-        # The dots come back in float64 (``wide``) and are combined in float64: they cancel as the
-        # forward's window sums do.
-        kw = {"xshift": vbar, "weight": weight, "y": g, "wide": True}
-        d_lo, _ = stream(o_lo, v, t64, **kw)
-        d_mid, _ = stream(o_mid, v, t64, **kw, vec=vbar, dot_vec=True)
-        d_hi, _ = stream(o_hi, v, t64, **kw)
-        d_below, _ = stream(o_below, v, t64, **kw)
-        (g_lo, gx_lo), (g_mid, gx_mid), (g_hi, gx_hi) = d_lo[:2], d_mid[:2], d_hi[:2]
-        g_below, g_vbar = d_below[0], d_mid[2]
-        left_n, right_n, left_t, right_t = _key_windows(p_t, lo, mid, hi, torch.float64)
-        tied = (mid - below).double()
-        grad_s = coef64 * (g_hi - g_mid + g_lo - g_below + g_vbar * (right_n - left_n + tied))
-        left, right = g_mid - g_lo + g_vbar * left_n, g_hi - g_mid + g_vbar * right_n
-        left_x, right_x = gx_mid - gx_lo + g_vbar * left_t, gx_hi - gx_mid + g_vbar * right_t
-        grad_b = (coef64 / b64 * (s64 * (left - right) + right_x - left_x)).sum(dim=1, keepdim=True)
-        grad_s, grad_b = grad_s.to(acc), grad_b.to(acc)
-
-        # Keys: the windows with queries and keys exchanged, sources c_i g_i over the sorted queries
-        # (the dropped ones last, as +inf: their coefficient is 0).
-        (o_klo, k_lo), (o_kmid, k_mid), (o_khi, k_hi) = _windows(t_search, k_order, s_search, q_order, b)
-        o_kbelow, _ = merge(t_search, k_order, s_search, q_order, sinks_first=True, finite=True)
-        key_w = torch.ones_like(t64) if valid is None else valid.double()
-        rows_terms, scored_terms = _hat_terms(k_lo, k_mid, k_hi, t64, b64, key_w)
-        partial = torch.empty(v.shape, dtype=torch.float64, device=v.device)
-        grad_v = torch.empty_like(v)
-        v_dots = []
-        for n, (order, (_, c1), (_, c2)) in enumerate(
-            zip((o_klo, o_kmid, o_khi), rows_terms, scored_terms, strict=True)
-        ):
-            dots, _ = stream(
-                order, g, s64, weight=coef, c1=c1, c2=c2, out=grad_v if n == 2 else partial,
-                accumulate=n > 0, partial=partial, y=v, wide=True,
-            )  # fmt: skip
-            v_dots.append(dots[0])
-        dots, _ = stream(o_kbelow, g, s64, weight=coef, y=v, wide=True)
-        v_lo, v_mid, v_hi = v_dots
-        grad_t = _nan_rows(_mask((v_hi - v_mid + v_lo - dots[0]).to(acc), valid), ctx.bad, valid)
-        grad_s = _nan_rows(_mask(grad_s, queries), ctx.bad, queries)
-        grad_v = _nan_rows(grad_v, ctx.bad, valid)
-        return grad_s, grad_t, grad_v, _nan_rows(grad_b, ctx.bad), None, None
-
-
-# --------------------------------------------------------------------------------------------
 # Entry points (inputs already checked by the public ops)
 # --------------------------------------------------------------------------------------------
 
@@ -565,9 +354,10 @@ def sliced_relu(s, t, v, valid, queries, eps, acc):
 
 
 def sliced_relu_bump(s, t, v, width, valid, queries, acc):
-    batch, heads, length, dim = v.shape
-    out = SlicedReLUBumpTriton.apply(_rows(s, acc), _rows(t, acc), _rows(v), width, valid, queries)
-    return out.view(batch, heads, length, dim)
+    """ReLU-bump lives in ``bump.py`` (kernels of another shape); the dispatcher calls it here."""
+    from attnlab.attention.triton.bump import sliced_relu_bump as bump
+
+    return bump(s, t, v, width, valid, queries, acc)
 
 
 __all__ = ["StreamTuning", "TUNING", "merge", "sliced_relu", "sliced_relu_bump", "stream"]
