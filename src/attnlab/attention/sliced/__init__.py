@@ -50,8 +50,11 @@ on the output and <= 2.3e-6 on the gradients, the same at a score offset of 1,00
 T = 16,384, b = 0.005, 5e-5 on the output and 4e-4 on dL/dv at offset 0 or 30
 (``tests/attention/test_sliced_relu.py`` prints the figures). On CUDA torch's ``cumsum`` adds in
 float32, so this torch code loses more there (not measured: no GPU where this was written). The
-Triton path (``attnlab.attention.triton.sliced``), which CUDA tensors take, sums ReLU-bump in
-float64 and is exact to float32's own rounding: at T = 4,096, b = 0.005 (offset 0 or 100) its
-largest error is 7e-8 of the largest value on the output and every gradient, against 5e-4 on the
-output and 9e-4 on dL/dv for this code (``tests/attention/test_triton_bump_precision.py``).
+Triton path (``attnlab.attention.triton.bump``), which CUDA tensors take, does not difference
+prefix sums inside a window: it sums each window's keys with their exact weights ``b − |s − t|``,
+jumps over whole runs of keys with float64 prefix tables, and sums dL/db (whose per-query terms
+cancel) in float64, so it keeps float32's own precision: at T = 512 with padding, b narrow, its
+largest error is 5.6e-7 on dL/db and 1e-7 or below on the output and the other gradients, against
+1e-2 for this code (``tests/attention/test_triton_bump_precision.py``; the T = 2,048 and 4,096
+cases there are ``slow``).
 """
