@@ -139,7 +139,8 @@ def sliced_relu_bump_attention(
     ``sliced_relu_attention``. The window sums are prefix-sum differences, so in float32 very
     narrow bandwidths at long T lose precision on the torch path (the window is small next to the
     running totals; figures in ``attnlab.attention.sliced``); the Triton path sums each window's
-    keys with their exact weights and keeps float32's own precision. The scores' offset does not matter (the op centres them).
+    keys with their exact weights and keeps float32's own precision. The scores' offset does not
+    matter (the op centres them).
     ``causal=True``: keys j <= i only, n_i = real keys j <= i, in O(T log² T) (torch code only).
     ``impl`` as in ``sliced_relu_attention``.
     ``normaliser``: ``"count"`` (divide by n or n_i, the paper's bump) or, with ``causal=True``,
