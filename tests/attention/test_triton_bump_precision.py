@@ -61,11 +61,11 @@ def errors(args, mask, grad_out, impl):
     }
 
 
-def check(args, mask, grad_out, record_property):
+def check(args, mask, grad_out, record_property, against_torch=True):
     torch_path, triton_path = errors(args, mask, grad_out, "torch"), errors(args, mask, grad_out, "triton")
     for name in NAMES:
         record_property(f"{name}: torch / triton", f"{torch_path[name]:.3g} / {triton_path[name]:.3g}")
-        assert triton_path[name] <= torch_path[name], (
+        assert not against_torch or triton_path[name] <= torch_path[name], (
             f"{name}: {triton_path[name]:.3g} > {torch_path[name]:.3g}"
         )
         assert triton_path[name] <= 1e-6, (
@@ -83,6 +83,14 @@ def test_float32_at_least_as_precise_as_torch(
 ):
     batch = 1 if padded_from is None else 2
     check(*inputs(batch, length, 4, offset, bandwidth, padded_from), record_property)
+
+
+def test_float32_wide_windows_that_the_walks_jump_over(interpret, record_property):
+    """b = 2 at T = 512: the walks jump over whole runs of keys with the float64 tables (narrow
+    windows never do). Each window then holds hundreds of keys summed tile by tile in float32, so
+    the torch path (whose CPU ``cumsum`` adds in double) can be a little closer; the bound is
+    float32's few roundings."""
+    check(*inputs(2, 512, 4, 100.0, 2.0, 400), record_property, against_torch=False)
 
 
 @pytest.mark.slow

@@ -104,11 +104,12 @@ def test_chunked_scan_and_d_blocks(interpret, monkeypatch, kind):
     compare(kind, args, mask)
 
 
-@pytest.mark.parametrize("padded", [False, True])
-def test_bump_walks_jump_over_runs_of_keys_and_queries(interpret, monkeypatch, padded):
+@pytest.mark.parametrize(("padded", "scores"), [(False, "random"), (True, "random"), (True, "tied")])
+def test_bump_walks_jump_over_runs_of_keys_and_queries(interpret, monkeypatch, padded, scores):
     """Wide windows over small blocks: every walk (forward, both backward sides) jumps over runs
     whose sums come from the float64 prefix tables; a wrong table row, carry or side breaks the
-    outputs and every gradient."""
+    outputs and every gradient. Scores from {0, 1, 2} with b = 1.5 make runs tied with whole blocks
+    of sinks too (the jump whose hat slope is 0), besides the runs below and above."""
     for name, value in {"sinks": 64, "query_sinks": 32, "sources": 16, "table": 32, "block_d": 16}.items():
         monkeypatch.setattr(triton_bump.BUMP, name, value)
     plans = []
@@ -116,11 +117,16 @@ def test_bump_walks_jump_over_runs_of_keys_and_queries(interpret, monkeypatch, p
     monkeypatch.setattr(triton_bump, "_plan", lambda *a: plans.append(plan(*a)) or plans[-1])
     args = inputs(2, 1, 300, 20, seed=12)
     args[3] = torch.tensor([1.5], dtype=F64)
+    if scores == "tied":
+        gen = torch.Generator().manual_seed(13)
+        args[0], args[1] = (torch.randint(0, 3, (2, 1, 300), generator=gen).to(F64) for _ in range(2))
     mask = (torch.arange(300)[None, :] < torch.tensor([[300], [230]])) if padded else None
     compare("bump", args, mask)
     assert len(plans) == 3
     for walk in plans:  # (N, blocks, 16): tile ranges, then the table rows jumped over
         assert (walk[..., 12:] > walk[..., 8:12]).any()
+    if scores == "tied":  # the runs tied with the sinks (e = 1) are jumped over in some walk
+        assert any((walk[..., 13] > walk[..., 9]).any() for walk in plans)
 
 
 @pytest.mark.parametrize("kind", ["relu", "bump"])

@@ -242,7 +242,7 @@ def _first_order_only(op_name: str):
     return decorate
 
 
-# hat windows (ReLU-bump): shared with the Triton path
+# hat windows (ReLU-bump, torch code)
 
 
 def _hat_windows(search: torch.Tensor, centres: torch.Tensor, width: torch.Tensor):

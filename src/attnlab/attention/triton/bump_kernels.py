@@ -173,16 +173,19 @@ def bump_walk_kernel(
         a1, a2 = _table_row(loc_ptr, carry_ptr, row, j0, NT, NC, RPB, d, dmask & jump, D)
         b1, b2 = _table_row(loc_ptr, carry_ptr, row, j1, NT, NC, RPB, d, dmask & jump, D)
         tau = tl.load(src_score_ptr + row * T + j0 * TB, mask=jump, other=0.0).to(tl.float64)
-        run1 = b1 - a1
-        run_u = ((b2 - a2) - tau * run1).to(acc_dtype)
-        run1 = run1.to(acc_dtype)
+        run1_64 = b1 - a1
+        run_u64 = (b2 - a2) - tau * run1_64
+        run1, run_u = run1_64.to(acc_dtype), run_u64.to(acc_dtype)
         side = (1 - e) * 1.0  # π of the run: +1 below the sinks, 0 tied, -1 above
-        du = tl.where(valid, sink - tau.to(acc_dtype), 0.0)
         on = tl.where(valid, 1.0, 0.0).to(acc_dtype)
         if MODE == 1:
             acc1 += (on * side)[:, None] * run1[None, :]
-            acc2 += (side * (du[:, None] * run1[None, :] - on[:, None] * run_u[None, :])).to(tl.float64)
+            # dL/db's jump term in float64 too: rounded to float32 first, it would undo acc2's care
+            du64 = tl.where(valid, sink.to(tl.float64) - tau, 0.0)
+            on64 = on.to(tl.float64)
+            acc2 += side * (du64[:, None] * run1_64[None, :] - on64[:, None] * run_u64[None, :])
         else:
+            du = tl.where(valid, sink - tau.to(acc_dtype), 0.0)
             slope = (on * side)[:, None] * run_u[None, :]
             acc1 += (on * (width - side * du))[:, None] * run1[None, :] + slope
             if MODE == 2:
