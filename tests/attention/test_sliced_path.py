@@ -173,3 +173,12 @@ def test_an_empty_batch_gives_an_empty_output_and_gradients(kind, path, causal):
     assert out.shape == (0, 2, 5, 3)
     out.sum().backward()
     assert s.grad.shape == s.shape and v.grad.shape == v.shape
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 5, 3), (2, 2, 5, 0)], ids=["H=0", "D=0"])
+@pytest.mark.parametrize("kind", ["relu", "bump"])
+def test_no_heads_or_no_value_columns_give_an_empty_output(kind, shape):
+    batch, heads, length, dim = shape
+    s, t = torch.randn(batch, heads, length), torch.randn(batch, heads, length)
+    out = call(kind, s, t, torch.randn(shape), torch.ones(heads), path="sorted")
+    assert out.shape == shape

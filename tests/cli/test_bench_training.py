@@ -17,6 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.skipif(
+    not (REPO_ROOT / ".venv" / "bin" / "attnlab").exists(), reason="needs the .venv that make builds"
+)
 def test_make_bench_training_as_the_readme_types_it(tmp_path):
     """`make bench-training` with size overrides only (one short task, one step, two backends)."""
     out = tmp_path / "training.json"

@@ -23,7 +23,8 @@ the paper's ViT variants).
 A second table gives each backend's matmul FLOPs per training sample, counted on one real step
 (``step_flops``), and softmax's FLOPs over each backend's: the speed-up its arithmetic allows if it ran
 its matmuls as fast as softmax runs its own. A ratio the samples/s fall short of is element-wise work
-and overhead; one below the goal is a bound no kernel can beat.
+and overhead; one below a goal means the model's matmuls alone rule it out on this path (element-wise
+work is not counted, and the sliced backends' dense and sorted paths count different matmuls).
 """
 
 from __future__ import annotations

@@ -109,10 +109,12 @@ def _tie_correction(diff, s, t, real):
     has slope −1 where autograd gives ``abs'(0) = 0``. Adding ``Σ_j [r_ij = 0] r_ij`` (zero, slope
     +1 there) restores it; it costs a T×T comparison and runs only when some pair is tied.
     """
-    # on a CPU, skip rows without ties cheaply: the scores are finite here, so a tie is |r| = 0, and
-    # one min over |r| costs a sixth of materialising and scanning the bool matrix ``r == 0``
-    if not diff.is_cuda and (diff.numel() == 0 or bool(diff.abs().amin() > 0)):
-        return None
+    # on a CPU, skip the term cheaply when no pair in the whole call is tied: the scores are finite
+    # here, so a tie is |r| = 0, and one min over |r| costs a sixth of scanning the bool ``r == 0``
+    if not diff.is_cuda:
+        with torch.no_grad():
+            if diff.numel() == 0 or bool(diff.abs().amin() > 0):
+                return None
     ties = diff == 0
     weights = ties.to(s.dtype) if real is None else ties.to(s.dtype) * real[:, None, :]
     count = weights.sum(dim=2)

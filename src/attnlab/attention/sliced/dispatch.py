@@ -36,8 +36,8 @@ def _like(rows: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def _empty_batch(v: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
-    """B = 0 (nothing to sort or reduce over, which the ops' reshapes cannot take): the empty
-    output, still in the graph of every input, whose gradients come back empty (or zero)."""
+    """B, H or D = 0 (nothing to sort or reduce over, which the ops' reshapes cannot take): the
+    empty output, still in the graph of every input, whose gradients come back empty (or zero)."""
     return v * 0 + sum(x.sum() for x in inputs) * 0
 
 
@@ -96,7 +96,7 @@ def sliced_relu_attention(
     dense = choose_path("sliced_relu_attention", op, path, impl, length, v.device, acc) == "dense"
     if causal:
         _torch_only_causal("sliced_relu_attention", impl)
-    if v.shape[0] == 0:
+    if v.numel() == 0:
         return _empty_batch(v, s, t)
     if causal:
         if dense:
@@ -175,7 +175,7 @@ def sliced_relu_bump_attention(
     valid = _valid_rows(key_padding_mask, heads, v.device)
     if causal:
         _torch_only_causal("sliced_relu_bump_attention", impl)
-    if batch == 0:
+    if v.numel() == 0:
         return _empty_batch(v, s, t, bandwidth)
     width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
     if causal:
