@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from attnlab.cli.bench_args import add_names_argument, load_average, positive_int
+from attnlab.reporting.formats import markdown_table
 
 #: task -> (sequence length, batch size, positions): the real lengths, about 8K tokens a step, and each
 #: task's position scheme (conf/task/*.yaml; timm's ViT adds learned positions, point clouds have none);
@@ -198,37 +199,41 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
     return rows
 
 
+def _tasks_and_others(rows: list[dict], backends) -> tuple[list[str], list[str]]:
+    """The tasks in run order, and the backends compared with softmax (none when it did not run)."""
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    return tasks, [b for b in backends if b != "softmax"] if "softmax" in backends else []
+
+
 def table(rows: list[dict], backends) -> str:
     """Markdown: one row per task, samples/s per backend, and each backend's ratio to softmax."""
     by = {(r["task"], r["backend"]): r for r in rows}
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    others = [b for b in backends if b != "softmax"] if "softmax" in backends else []
+    tasks, others = _tasks_and_others(rows, backends)
     head = ["task", "T", "batch", "positions"]
     head += [*(f"{b} samples/s" for b in backends), *(f"{b} / softmax" for b in others)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for task in tasks:
         first = by[(task, backends[0])]
         cells = [task, str(first["length"]), str(first["batch"]), first["positions"]]
         cells += [_rate(by[(task, b)]["samples_per_s"]) for b in backends]
         soft = by[(task, "softmax")]["samples_per_s"] if others else None
         cells += [f"{by[(task, b)]['samples_per_s'] / soft:.2f}x" for b in others]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return markdown_table(head, lines).rstrip("\n")
 
 
 def flop_table(rows: list[dict], backends) -> str:
     """Markdown: matmul MFLOPs per training sample (``step_flops``) per backend, and softmax's FLOPs
     over each backend's: the speed-up its arithmetic allows at softmax's FLOP rate."""
     by = {(r["task"], r["backend"]): r["matmul_flops_per_sample"] for r in rows}
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    others = [b for b in backends if b != "softmax"] if "softmax" in backends else []
+    tasks, others = _tasks_and_others(rows, backends)
     head = ["task", *(f"{b} MFLOP/sample" for b in backends), *(f"softmax / {b} FLOPs" for b in others)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for task in tasks:
         cells = [task, *(f"{by[(task, b)] / 1e6:.3g}" for b in backends)]
         cells += [f"{by[(task, 'softmax')] / by[(task, b)]:.2f}x" for b in others]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return markdown_table(head, lines).rstrip("\n")
 
 
 def _rate(value: float) -> str:
