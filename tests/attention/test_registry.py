@@ -62,7 +62,7 @@ def test_unknown_option_lists_accepted_ones():
     with pytest.raises(ValueError, match="unknown option.*num_features.*'sliced_relu'") as err:
         build_attention("sliced_relu", 16, 4, num_features=8)
     assert "accepted options: " + ", ".join(
-        [*COMMON, "projection", "projection_hidden", "eps", "standardise", "dropout_site"]
+        [*COMMON, "score_layout", "projection", "projection_hidden", "eps", "standardise", "dropout_site"]
     ) in str(err.value)
 
 

@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli import bench_bytes, bench_generate, bench_threads, bench_training
+from attnlab.cli import bench_authors, bench_bytes, bench_generate, bench_threads, bench_training
 from attnlab.cli.bench_args import add_op_shape_arguments, positive_float, positive_int
 from attnlab.cli.bench_ratios import ratio_lines
 
@@ -513,7 +513,9 @@ def write_plot(cells: list[Cell], path: Path, title: str) -> None:
 
 def register(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks (attention ops)", description="Benchmarks.")
-    kinds = bench.add_subparsers(dest="bench_kind", metavar="{attention,bytes,threads,training,generate}")
+    kinds = bench.add_subparsers(
+        dest="bench_kind", metavar="{attention,bytes,threads,training,generate,authors}"
+    )
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
 
     parser = kinds.add_parser(
@@ -545,6 +547,7 @@ def register(subparsers) -> None:
     bench_threads.register(kinds)
     bench_training.register(kinds)
     bench_generate.register(kinds)
+    bench_authors.register(kinds)
 
 
 @contextlib.contextmanager
