@@ -41,15 +41,33 @@ def _empty_batch(v: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
     return v * 0 + sum(x.sum() for x in inputs) * 0
 
 
-def _triton(op: str, impl: str, s, t, v, call) -> torch.Tensor | None:
+def _triton(op: str, impl: str, s, t, v, acc: torch.dtype, call) -> torch.Tensor | None:
     """``call(kernels)`` on the Triton kernels when ``impl`` picks them for these tensors; None when
-    the torch code is to run (not CUDA, ``impl="torch"``, or ``auto`` and Triton could not build a
-    kernel here, which `launch` has warned about)."""
-    if resolve_impl(op, impl, s, t, v) != "triton":
+    the torch code is to run (not CUDA, ``impl="torch"``, float64 on CUDA under ``auto``, or ``auto``
+    and Triton could not build a kernel here, which `launch` has warned about)."""
+    if resolve_impl(op, impl, s, t, v) != "triton" or not triton_takes_dtype(op, impl, v.device, acc):
         return None
     from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
 
     return launch(op, impl, v.device, lambda: call(sliced))
+
+
+def triton_takes_dtype(op: str, impl: str, device: torch.device, acc: torch.dtype) -> bool:
+    """Whether the sliced Triton kernels run in the accumulation dtype ``acc`` on ``device``.
+
+    float64 on CUDA does not: the compiled ReLU-bump key walk spills 4-13 KB of stack per thread in
+    float64 (sm_70-90), and fp64 units are a fraction of the GPU, so the torch op is the better
+    float64 path; ``auto`` takes it, ``triton`` is refused by name. The interpreter (CPU tensors)
+    runs float64, which the exactness tests use.
+    """
+    if acc != torch.float64 or device.type != "cuda":
+        return True
+    if impl == "triton":
+        raise TypeError(
+            f"{op}: impl='triton' has no float64 kernel on CUDA; use impl='auto' or impl='torch' "
+            "for float64 inputs (the torch op runs them on the GPU)"
+        )
+    return False
 
 
 def _torch_only_causal(op: str, impl: str) -> None:
@@ -110,7 +128,13 @@ def sliced_relu_attention(
         out = dense_sliced_relu(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, queries, float(eps))
         return _like(out, v)
     out = _triton(
-        "sliced_relu_attention", impl, s, t, v, lambda k: k.sliced_relu(s, t, v, valid, queries, eps, acc)
+        "sliced_relu_attention",
+        impl,
+        s,
+        t,
+        v,
+        acc,
+        lambda k: k.sliced_relu(s, t, v, valid, queries, eps, acc),
     )
     if out is not None:
         return out
@@ -198,6 +222,7 @@ def sliced_relu_bump_attention(
         s,
         t,
         v,
+        acc,
         lambda k: k.sliced_relu_bump(s, t, v, width, valid, queries, acc),
     )
     if out is not None:
