@@ -180,3 +180,19 @@ def test_bad_values_are_refused_with_what_is_allowed():
         build_attention("sliced_relu", DIM, HEADS, padding_rule="lra")
     with pytest.raises(ValueError, match=r"needs standardise='sequence'.*got standardise='none'"):
         build_attention("sliced_relu", DIM, HEADS, padding_rule="authors", standardise="none")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["sliced_relu", "sliced_relu_bump"])
+def test_authors_layout_on_the_gpu_kernels_equals_the_float64_transcription(backend):
+    """On CUDA the sorted path runs the Triton kernels: float32 there, against the transcription in
+    float64 on the CPU, at a length where the sorted path is the one taken."""
+    torch.manual_seed(6)
+    ref, layer = _pair(backend, path="sorted")
+    x = torch.randn(2, 512, DIM, dtype=torch.float64)
+    mask = torch.ones(2, 512, dtype=torch.bool)
+    mask[1, 300:] = False
+    want = ref(x, mask)
+    got = layer.float().cuda()(x.float().cuda(), mask.cuda()).double().cpu()
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
