@@ -477,7 +477,7 @@ class SlicedReLUAttention(SlicedAttentionLayer):
 class SlicedReLUBumpAttention(SlicedAttentionLayer):
     """Sliced ReLU-bump attention: linear Π without bias, no standardisation, learned per-head bandwidth.
 
-    `normaliser="count"` divides by the number of keys (the paper's bump); `"mass"` (causal layers only)
+    `normaliser="count"` divides by the number of keys (the authors' code); `"mass"` (causal layers only)
     by the hat weight seen plus `mass_eps`, so that a causal output does not shrink like 1/position
     (`attnlab.attention.sliced.normaliser`). `path` as in `SlicedReLUAttention`. Causal layers decode
     with `step`. `dropout_site`:

@@ -188,7 +188,7 @@ def sliced_relu_bump_attention(
     matter (the op centres them).
     ``causal=True``: keys j <= i only, n_i = real keys j <= i, in O(T log² T) (torch code only).
     ``impl`` as in ``sliced_relu_attention``.
-    ``normaliser``: ``"count"`` (divide by n or n_i, the paper's bump) or, with ``causal=True``,
+    ``normaliser``: ``"count"`` (divide by n or n_i, the authors' code's bump) or, with ``causal=True``,
     ``"mass"``: divide by the hat weight seen, ``Σ_{j≤i} hat(s_i − t_j) + mass_eps``, so a causal
     output does not shrink like 1/i with its position i. ``mass_eps`` is relative to one fully
     matching key (hat = 1); it bounds the ratio's gradient (about 1 / (4 b mass_eps)) where a query's
