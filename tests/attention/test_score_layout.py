@@ -96,6 +96,20 @@ def test_authors_layout_equals_the_authors_layer(backend, rope, padded, path):
 
 
 @pytest.mark.parametrize("backend", ["sliced_relu", "sliced_relu_bump"])
+def test_authors_layout_when_rows_straddle_two_heads(backend):
+    """T = 10 with 4 heads: a row of the in-place reshape ends in one head and starts the next."""
+    torch.manual_seed(7)
+    ref, layer = _pair(backend, rope=True)
+    x = torch.randn(2, 10, DIM, dtype=torch.float64)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[0, 7:] = False
+    out, out_ref, ours, theirs = _mapped_grads(ref, layer, x, mask)
+    torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("backend", ["sliced_relu", "sliced_relu_bump"])
 @pytest.mark.parametrize("rope", [False, True])
 def test_token_layout_equals_the_authors_layer_with_the_reshape_fixed(backend, rope):
     """The authors' layer with per-token rows is attnlab's default layout (the paper's Π)."""
@@ -180,3 +194,19 @@ def test_bad_values_are_refused_with_what_is_allowed():
         build_attention("sliced_relu", DIM, HEADS, padding_rule="lra")
     with pytest.raises(ValueError, match=r"needs standardise='sequence'.*got standardise='none'"):
         build_attention("sliced_relu", DIM, HEADS, padding_rule="authors", standardise="none")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["sliced_relu", "sliced_relu_bump"])
+def test_authors_layout_on_the_gpu_kernels_equals_the_float64_transcription(backend):
+    """On CUDA the sorted path runs the Triton kernels: float32 there, against the transcription in
+    float64 on the CPU, at a length where the sorted path is the one taken."""
+    torch.manual_seed(6)
+    ref, layer = _pair(backend, path="sorted")
+    x = torch.randn(2, 512, DIM, dtype=torch.float64)
+    mask = torch.ones(2, 512, dtype=torch.bool)
+    mask[1, 300:] = False
+    want = ref(x, mask)
+    got = layer.float().cuda()(x.float().cuda(), mask.cuda()).double().cpu()
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
