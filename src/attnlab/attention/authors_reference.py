@@ -63,7 +63,7 @@ class _AuthorsLayer(nn.Module):
             q, k = authors_rope(q), authors_rope(k)
         b, h, t, d = q.shape
 
-        def rows(y):  # the line the issue is about: in place, or each token's heads
+        def rows(y):  # the one line that differs: in place (published), or each token's heads
             return y.transpose(1, 2).reshape(b, t, h * d) if self.fixed else y.reshape(b, t, h * d)
 
         return self.slicer(rows(q)), self.slicer(rows(k)), v  # (B, T, H), (B, T, H), (B, H, T, D)
