@@ -181,3 +181,16 @@ def _readline(process: subprocess.Popen, timeout_s: float) -> str:
             process.kill()
             return ""
     return process.stdout.readline()
+
+
+def test_creating_the_store_says_nothing_at_info_level(tmp_path):
+    """alembic logs a line per migration plugin and MLflow one per table step: not for the user's log."""
+    script = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
+        "from attnlab.loggers import prepare_mlflow_store; "
+        f"prepare_mlflow_store('sqlite:///{tmp_path}/mlruns/mlflow.db', 'listops')"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert "alembic" not in said and "Creating initial MLflow database tables" not in said, said
