@@ -1,4 +1,4 @@
-"""`logger=mlflow` when several jobs start at once on a fresh project store (issue 8, item 3).
+"""`logger=mlflow` when several jobs start at once on a fresh project store.
 
 Each worker is a separate Python process, like the jobs of a SLURM array. All import what they need,
 wait until every one is ready, then open the store at the same moment and log. The fast test's workers
