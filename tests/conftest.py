@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,22 @@ def _small_torch_threads():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def terminal_signals():
+    """SIGINT and SIGTERM as a terminal leaves them, for this test and the processes it starts.
+
+    A shell that starts the suite in the background (`nohup make test &`, a CI runner, a batch job)
+    sets SIGINT to ignored, and every process inherits that: Ctrl-C would then reach nothing. A caught
+    signal is reset to its default by exec, so a child of this test gets SIG_DFL for both.
+    """
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for signum, handler in previous.items():
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def compose_train_config(overrides: list[str], tmp_path: Path):

@@ -95,7 +95,7 @@ def test_sigterm_then_sigint_in_process_save_at_the_step_reached_and_resume_exac
 
 @pytest.mark.parametrize("signum", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])
 def test_signal_to_a_local_run_exits_nonzero_and_the_printed_command_resumes_it(
-    train_config, tmp_path, signum
+    train_config, tmp_path, signum, terminal_signals
 ):
     """``kill <pid>`` (or Ctrl-C) on ``python train.py``: last.ckpt at the step reached and nothing saved
     after it, exit 128 + signal, summary marked interrupted; the printed command, run as printed, ends
@@ -158,7 +158,7 @@ class _SignalProbe(torch.utils.data.Dataset):
         return [signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)]
 
 
-def test_loader_workers_leave_sigint_and_sigterm_to_the_training_process():
+def test_loader_workers_leave_sigint_and_sigterm_to_the_training_process(terminal_signals):
     """Ctrl-C reaches every process of the group: a worker it ended would fail the batches still to come
     (a validation after the stop, the next fetch of a long step) before the checkpoint is saved."""
     from attnlab.data.loaders import ShardedDataModule
