@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
-import pytest
-import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
+
+# compiled Triton kernels kept in the checkout (git-ignored), for this process and those it starts: the
+# next run of the suite loads them instead of compiling again (a user's own TRITON_CACHE_DIR wins)
+os.environ.setdefault("TRITON_CACHE_DIR", str(REPO_ROOT / ".cache" / "triton"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import open_dict  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
