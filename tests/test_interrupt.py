@@ -28,7 +28,9 @@ from test_resume import (
     _start,
     _step,
     _wait_for_step,
+    _wait_until_paused,
 )
+from tiny_runs import TESTS_DIR
 
 
 class SignalAt(L.Callback):
@@ -104,7 +106,7 @@ def test_signal_to_a_local_run_exits_nonzero_and_the_printed_command_resumes_it(
     run, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
     # SIGINT as Ctrl-C sends it, to the whole process group: the loader workers ignore it
     process = _start(tmp_path, "task.data.num_workers=2", new_session=True)
-    _wait_for_step(process, last, KILL_AFTER)
+    _wait_until_paused(process, tmp_path)
     if signum == "SIGINT":
         os.killpg(process.pid, signal.SIGINT)
     else:
@@ -113,14 +115,15 @@ def test_signal_to_a_local_run_exits_nonzero_and_the_printed_command_resumes_it(
     assert process.returncode == 128 + signal.Signals[signum], output[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["interrupted"] and summary["signal"] == signum and summary["test_acc"] is None
-    assert KILL_AFTER <= summary["steps"] == _step(last) < STEPS
+    assert summary["steps"] == _step(last) == KILL_AFTER + 1  # signalled while held after KILL_AFTER
     (hint,) = [line for line in output.splitlines() if "resume with" in line]
     assert hint.startswith(f"{signum} at step {summary['steps']}: resume with python train.py ")
     command = shlex.split(hint.split("resume with ", 1)[1])
     assert command[-2:] == ["ckpt_path=auto", f"hydra.run.dir={run}"]
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # the printed command names the pause callback:
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))  # importable
     resumed = subprocess.run(
         [sys.executable, str(REPO_ROOT / "train.py"), *command[2:]],
         cwd=tmp_path,
@@ -210,7 +213,7 @@ def test_sigterm_to_rank_0_of_a_ddp_run_stops_every_rank_alike(tmp_path):
     """Two gloo processes; the signal reaches rank 0 only. Every rank saves at the same step, skips the
     test stage and exits 143 (rank 1 used to go on testing alone and die when rank 0 left)."""
     run, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
-    process = _start(tmp_path, "trainer=ddp_cpu", "trainer.max_steps=3000")
+    process = _start(tmp_path, "trainer=ddp_cpu", "trainer.max_steps=3000", pause=False)
     _wait_for_step(process, last, KILL_AFTER, timeout=180)
     children = subprocess.run(
         ["ps", "-o", "pid=", "--ppid", str(process.pid)], capture_output=True, text=True

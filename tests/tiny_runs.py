@@ -1,5 +1,5 @@
-"""Overrides that shrink a training run to seconds, shared by the tests that train (tiny ListOps), and
-`run_train_py`, the command line as a user types it."""
+"""Overrides that shrink a training run to seconds, shared by the tests that train (tiny ListOps),
+`run_train_py`, the command line as a user types it, and `PauseAt`, which holds a run for a signal."""
 
 from __future__ import annotations
 
@@ -10,10 +10,16 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from functools import cache
 from pathlib import Path
 
+import lightning as L
+
+from attnlab.callbacks.checkpoint import StepBoundaryStop
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTS_DIR = Path(__file__).resolve().parent
 
 TINY_LISTOPS_DATA = [
     "task.data.source.sizes.train=192",
@@ -77,3 +83,45 @@ def train_main(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         root.handlers[:] = handlers
         root.setLevel(level)
     return subprocess.CompletedProcess(["train.py", *args], status, out.getvalue(), err.getvalue())
+
+
+class PauseAt(L.Callback):
+    """Holds training before the step after ``step`` (whose checkpoints are written by then), says so
+    by creating ``marker``, and waits there until a signal arrives: a kill, or one that attnlab's
+    handlers answer with a stop at the next step boundary. A test then signals a run at a known step,
+    however fast or slow the machine, instead of racing the steps it polls for."""
+
+    def __init__(self, step: int, marker: str, timeout: float = 300.0):
+        self.step, self.marker, self.timeout, self.held = step, Path(marker), timeout, False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.held or trainer.global_step != self.step:
+            return
+        self.held = True
+        stops = [c for c in trainer.callbacks if isinstance(c, StepBoundaryStop)]
+        self.marker.write_text(f"{trainer.global_step}\n")
+        deadline = time.monotonic() + self.timeout
+        while all(stop.received is None for stop in stops) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def pause_at(step: int, marker: Path) -> list[str]:
+    """The overrides that add `PauseAt` to a run (a subprocess needs ``TESTS_DIR`` on its path)."""
+    return [
+        "+callbacks.pause_at._target_=tiny_runs.PauseAt",
+        f"+callbacks.pause_at.step={step}",
+        f"+callbacks.pause_at.marker={marker}",
+    ]
+
+
+def wait_until_paused(process: subprocess.Popen, marker: Path, timeout: float = 300) -> None:
+    """Until the run started as ``process`` reports (``marker``) that `PauseAt` holds it."""
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if process.poll() is not None:
+            output = process.stdout.read()[-3000:] if process.stdout else ""
+            raise AssertionError(f"train.py ended (rc {process.returncode}) before it paused:\n{output}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"train.py did not pause (no {marker}) within {timeout} s")
+        time.sleep(0.02)
