@@ -24,7 +24,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO, SlurmRequeue, requeue_slurm_job
 from attnlab.pipeline import resolve_ckpt_path, train
-from tiny_runs import TESTS_DIR, TINY_LISTOPS, pause_at, wait_until_paused
+from tiny_runs import TESTS_DIR, TINY_LISTOPS, pause_at, train_main, wait_until_paused
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STEPS, KILL_AFTER, EPOCH = 36, 14, 12  # 192 training examples / batch 16 = 12 steps per epoch: 3 epochs
@@ -113,6 +113,7 @@ def _weights_and_optimizer(path: Path) -> tuple[dict, dict]:
     return ckpt["state_dict"], ckpt["optimizer_states"][0]["state"]
 
 
+@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 def test_run_killed_mid_epoch_resumes_to_the_same_weights_and_metrics(train_config, tmp_path):
     uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))
 
@@ -178,6 +179,7 @@ def _loops(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)["loops"]
 
 
+@pytest.mark.xdist_group("exclusive")
 def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_requeues_and_the_restart_matches(
     train_config, tmp_path
 ):
@@ -408,6 +410,7 @@ def _metric_steps(run_dir: Path, column: str) -> list[int]:
         return [int(row["step"]) for row in csv.DictReader(handle) if row.get(column)]
 
 
+@pytest.mark.xdist_group("exclusive")
 def test_resume_as_the_readme_writes_it_continues_the_same_run(tmp_path):
     """``ckpt_path=<run>/checkpoints/last.ckpt``, no ``hydra.run.dir``: same run dir, best-checkpoint
     tracking restored, metric rows and wall time of the killed attempt kept, attempts counted."""
@@ -500,13 +503,7 @@ def test_bad_ckpt_path_files_are_named_on_the_command_line(tmp_path, content, me
         bad.write_bytes(content)
     else:
         torch.save(content, bad)
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), *TINY, f"ckpt_path={bad}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = train_main(*TINY, f"ckpt_path={bad}", cwd=tmp_path)
     assert done.returncode == 1
     assert f"error: ckpt_path {bad} {message}" in done.stderr
     assert "Traceback" not in done.stderr
