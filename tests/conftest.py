@@ -72,6 +72,24 @@ def train_config(tmp_path):
     return lambda *overrides: compose_train_config(list(overrides), tmp_path)
 
 
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory):
+    """``tiny_runs.TINY_RESUMABLE`` trained once, start to end: (summary, run dir), the run that every
+    killed, signalled or requeued run of that config must end as. Trained on one thread, as each test
+    runs (the float sums must match); tests read its run dir and never write there."""
+    from attnlab.pipeline import train
+    from tiny_runs import TINY_RESUMABLE
+
+    root = tmp_path_factory.mktemp("uninterrupted")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        summary = train(compose_train_config([*TINY_RESUMABLE, f"paths.run_dir={root / 'run'}"], root))
+    finally:
+        torch.set_num_threads(threads)
+    return summary, root / "run"
+
+
 @pytest.fixture
 def hf_cache(tmp_path, monkeypatch):
     """An empty `datasets` cache for this test alone (the env var for subprocesses, the config here)."""

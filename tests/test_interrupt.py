@@ -53,12 +53,12 @@ def _signal_at(steps: str, signum: str) -> list[str]:
 
 
 def test_sigterm_then_sigint_in_process_save_at_the_step_reached_and_resume_exactly(
-    train_config, tmp_path, monkeypatch
+    train_config, tmp_path, monkeypatch, uninterrupted
 ):
     """SIGTERM at step 13 (last.ckpt otherwise saved at validations only: step 10), a SIGINT while that
     checkpoint is written, then SIGINT at step 20 (validated: saved after the validation); the third
     attempt ends as the uninterrupted run."""
-    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))
+    uninterrupted, uninterrupted_dir = uninterrupted
     handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     run, only_at_validation = tmp_path / "run", "callbacks.last_checkpoint.every_n_train_steps=0"
     last = run / "checkpoints" / "last.ckpt"
@@ -90,7 +90,7 @@ def test_sigterm_then_sigint_in_process_save_at_the_step_reached_and_resume_exac
     assert "interrupted" not in json.loads((run / "summary.json").read_text())
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
 
-    _assert_same_training(tmp_path / "uninterrupted", run, "a SIGTERM at step 13 and a SIGINT at step 20")
+    _assert_same_training(uninterrupted_dir, run, "a SIGTERM at step 13 and a SIGINT at step 20")
     assert third["val_acc"] == uninterrupted["val_acc"]
     assert third["test_acc"] == uninterrupted["test_acc"]
 
@@ -98,12 +98,12 @@ def test_sigterm_then_sigint_in_process_save_at_the_step_reached_and_resume_exac
 @pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 @pytest.mark.parametrize("signum", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])
 def test_signal_to_a_local_run_exits_nonzero_and_the_printed_command_resumes_it(
-    train_config, tmp_path, signum, terminal_signals
+    tmp_path, signum, terminal_signals, uninterrupted
 ):
     """``kill <pid>`` (or Ctrl-C) on ``python train.py``: last.ckpt at the step reached and nothing saved
     after it, exit 128 + signal, summary marked interrupted; the printed command, run as printed, ends
     as the uninterrupted run."""
-    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))
+    uninterrupted, uninterrupted_dir = uninterrupted
     run, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
     # SIGINT as Ctrl-C sends it, to the whole process group: the loader workers ignore it
     process = _start(tmp_path, "task.data.num_workers=2", new_session=True)
@@ -136,7 +136,7 @@ def test_signal_to_a_local_run_exits_nonzero_and_the_printed_command_resumes_it(
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == STEPS and summary["attempts"] == 2 and "interrupted" not in summary
-    _assert_same_training(tmp_path / "uninterrupted", run, f"a {signum} at step {_step(last)}")
+    _assert_same_training(uninterrupted_dir, run, f"a {signum} at step {_step(last)}")
     assert summary["val_acc"] == uninterrupted["val_acc"]
     assert summary["test_acc"] == uninterrupted["test_acc"]
 

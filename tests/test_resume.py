@@ -24,22 +24,10 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO, SlurmRequeue, requeue_slurm_job
 from attnlab.pipeline import resolve_ckpt_path, train
-from tiny_runs import TESTS_DIR, TINY_LISTOPS, pause_at, train_main, wait_until_paused
+from tiny_runs import KILL_AFTER, STEPS, TESTS_DIR, pause_at, train_main, wait_until_paused
+from tiny_runs import TINY_RESUMABLE as TINY
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-STEPS, KILL_AFTER, EPOCH = 36, 14, 12  # 192 training examples / batch 16 = 12 steps per epoch: 3 epochs
-TINY = [
-    *TINY_LISTOPS,
-    "logger=none",
-    "callbacks.throughput.warmup_steps=2",
-    # dropout on, so a resumed run matches only if the random states are restored too
-    "task.model.dropout=0.1",
-    "task.model.attn_dropout=0.1",
-    "trainer.deterministic=true",
-    f"trainer.max_steps={STEPS}",
-    "task.val_check_interval=10",
-    "callbacks.last_checkpoint.every_n_train_steps=1",
-]
 
 
 def _step(path: Path) -> int:
@@ -114,8 +102,8 @@ def _weights_and_optimizer(path: Path) -> tuple[dict, dict]:
 
 
 @pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
-def test_run_killed_mid_epoch_resumes_to_the_same_weights_and_metrics(train_config, tmp_path):
-    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))
+def test_run_killed_mid_epoch_resumes_to_the_same_weights_and_metrics(train_config, tmp_path, uninterrupted):
+    uninterrupted, uninterrupted_dir = uninterrupted
 
     process = _start(tmp_path)  # same config, in its own process, killed without warning
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
@@ -127,7 +115,7 @@ def test_run_killed_mid_epoch_resumes_to_the_same_weights_and_metrics(train_conf
     resumed = train(train_config(*TINY, f"ckpt_path={last}"))
     assert resumed["steps"] == uninterrupted["steps"] == STEPS
 
-    weights_a, optim_a = _weights_and_optimizer(tmp_path / "uninterrupted" / "checkpoints" / "last.ckpt")
+    weights_a, optim_a = _weights_and_optimizer(uninterrupted_dir / "checkpoints" / "last.ckpt")
     weights_b, optim_b = _weights_and_optimizer(last)
     assert weights_a.keys() == weights_b.keys()
     for name in weights_a:
@@ -181,9 +169,9 @@ def _loops(path: Path) -> dict:
 
 @pytest.mark.xdist_group("exclusive")
 def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_requeues_and_the_restart_matches(
-    train_config, tmp_path
+    tmp_path, uninterrupted
 ):
-    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))  # + the data
+    uninterrupted, uninterrupted_dir = uninterrupted
     env, record = _fake_slurm(tmp_path)
     run = tmp_path / "run"
     last, hpc = run / "checkpoints" / "last.ckpt", run / "hpc_ckpt_1.ckpt"
@@ -208,7 +196,7 @@ def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_requeues_and_the_res
     assert record.read_text().split() == ["requeue", "4242"]  # requeued once
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == uninterrupted["steps"] == STEPS
-    _assert_same_training(tmp_path / "uninterrupted", run, f"a requeue at step {saved}")
+    _assert_same_training(uninterrupted_dir, run, f"a requeue at step {saved}")
     assert summary["val_acc"] == uninterrupted["val_acc"]
     assert summary["test_acc"] == uninterrupted["test_acc"]
 
@@ -224,10 +212,12 @@ class SignalAt(L.Callback):
             os.kill(os.getpid(), signal.SIGUSR1)
 
 
-def test_requeue_signal_on_and_off_a_validation_step_resumes_exactly(train_config, tmp_path, monkeypatch):
+def test_requeue_signal_on_and_off_a_validation_step_resumes_exactly(
+    train_config, tmp_path, monkeypatch, uninterrupted
+):
     """Step 15: saved right after the step; step 20 (validated): saved after that validation, which the
     resumed run must not repeat. Two requeues, then the run ends as an uninterrupted one does."""
-    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))
+    uninterrupted, uninterrupted_dir = uninterrupted
     env, record = _fake_slurm(tmp_path)
     for key, value in env.items():
         if key.startswith("SLURM_") or key == "PATH":
@@ -254,7 +244,7 @@ def test_requeue_signal_on_and_off_a_validation_step_resumes_exactly(train_confi
     assert record.read_text().split() == ["requeue", "4242"] * 2
     assert signal.getsignal(signal.SIGUSR1) == handler  # restored after each fit
 
-    _assert_same_training(tmp_path / "uninterrupted", run, "requeues at steps 15 and 20")
+    _assert_same_training(uninterrupted_dir, run, "requeues at steps 15 and 20")
     assert third["val_acc"] == uninterrupted["val_acc"]
     assert third["test_acc"] == uninterrupted["test_acc"]
 

@@ -33,6 +33,21 @@ TINY_MODEL = ["task.model.dim=16", "task.model.mlp_dim=32"]
 QUIET = ["trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0"]
 TINY_LISTOPS = [*TINY_LISTOPS_DATA, *TINY_MODEL, *QUIET]
 
+# the runs that are killed, signalled and resumed (test_resume, test_interrupt, test_resume_tasks)
+STEPS, KILL_AFTER = 36, 14  # 192 training examples / batch 16 = 12 steps per epoch: 3 epochs
+TINY_RESUMABLE = [
+    *TINY_LISTOPS,
+    "logger=none",
+    "callbacks.throughput.warmup_steps=2",
+    # dropout on, so a resumed run matches only if the random states are restored too
+    "task.model.dropout=0.1",
+    "task.model.attn_dropout=0.1",
+    "trainer.deterministic=true",
+    f"trainer.max_steps={STEPS}",
+    "task.val_check_interval=10",
+    "callbacks.last_checkpoint.every_n_train_steps=1",
+]
+
 
 def run_train_py(
     *args: str, cwd: Path = REPO_ROOT, timeout: int = 600, single_thread: bool = False
