@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
-# `make bench-gpu`: the one GPU check, inside 8 minutes on one H100/H200 (BUDGET_S=480; each step gets
-# what is left, so a slow step cuts the ones after it instead of the whole check overrunning).
+# `make bench-gpu`: the one GPU check, inside BUDGET_S seconds (default 480) on one H100/H200; each
+# step gets what is left, so a slow step cuts the ones after it instead of the whole check overrunning.
 #  0. the GPU's name, versions and device-copy bandwidth → <out>/gpu.json
-#  1. attention ops, forward + backward, B·H = 64 (B = 8, H = 8), D = 64, T = 1K…64K in bf16: SDPA
+#  1. correctness first: each Triton op (sliced ReLU, ReLU-bump, causal linear) against the torch op
+#     and the float64 definitions on small odd shapes in bf16, fp16 and fp32, one process per op
+#     (`attnlab.cli.gpu_check`) → <out>/check/<op>.json; an op that fails is left out of the timings
+#     (its torch variant still runs), with its figures
+#  2. attention ops, forward + backward, B·H = 64 (B = 8, H = 8), D = 64, T = 1K…64K in bf16: SDPA
 #     (flash), sliced ReLU and ReLU-bump on Triton and on torch, linear, causal linear on Triton and on
-#     torch; time and peak memory → <out>/ops_bfloat16/bench_attention.csv (an extra first call per
-#     backend compiles the kernels outside the per-cell time limit)
-#  2. training throughput (samples/s, TFLOP/s, MFU) of the LRA ListOps and Text presets under softmax
+#     torch; each backend in its own process (a fault, sticky in CUDA, cannot fail the others), every
+#     length's kernels compiled by an untimed first call → <out>/ops_bfloat16/<backend>/
+#  3. training throughput (samples/s, TFLOP/s, MFU) of the LRA ListOps and Text presets under softmax
 #     and sliced ReLU, bf16-mixed, 40 steps after 10 warm-up steps → <out>/train/ (Text needs its data)
-#  3. the ops again in fp16 and fp32 at 4K and 64K → <out>/ops_float16, <out>/ops_float32
-#  4. every figure in <out>/results.json and one summary: time, the byte floor (`attnlab bench bytes`),
-#     the bandwidth it implies and its fraction of the copy bandwidth; training throughput.
-# OUT=dir chooses the output folder. Under SLURM each job compiles into its own Triton cache.
+#  4. the ops again in fp16 and fp32 at 4K and 64K → <out>/ops_float16, <out>/ops_float32
+#  5. every figure in <out>/results.json and one summary: the checks, time, the byte floor
+#     (`attnlab bench bytes`), the bandwidth it implies and its fraction of the copy bandwidth;
+#     training throughput.
+# OUT=dir chooses the output folder, PY the Python (default .venv/bin/python: built by `make venv`,
+# never here, since a GPU node may have no network). Under SLURM each job compiles into its own
+# Triton cache.
 set -uo pipefail
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-bench_results/gpu}
 BUDGET_S=${BUDGET_S:-480}
 START=$(date +%s)
+if ! command -v "$PY" > /dev/null; then
+  echo "bench-gpu: no Python environment at $PY: run 'make venv' first (or set PY=...)" >&2
+  exit 2
+fi
 "$PY" -c 'import sys, torch
 if not torch.cuda.is_available():
     sys.exit("bench-gpu: no CUDA device here; run it on a GPU machine")' || exit 2
@@ -24,7 +35,8 @@ mkdir -p "$OUT"  # only once a GPU is there: a machine without one is left no em
 if [ -n "${SLURM_JOB_ID:-}" ] && [ -z "${TRITON_CACHE_DIR:-}" ]; then
   export TRITON_CACHE_DIR="${TMPDIR:-/tmp}/attnlab-triton-${SLURM_JOB_ID}"  # as train.py does in a job
 fi
-SUMMARY_S=30  # kept for step 4
+SUMMARY_S=${SUMMARY_S:-30}  # kept for the last step
+MIN_STEP_S=${MIN_STEP_S:-20}  # a step with less left than this is skipped
 exec 3>&1  # run_step's notices reach the terminal even when a step's output goes to a log
 
 # run_step NAME CMD...: CMD under the time left (minus the summary's share), or skipped once it is spent
@@ -32,12 +44,14 @@ run_step() {
   local name=$1 left
   shift
   left=$((BUDGET_S - SUMMARY_S - ($(date +%s) - START)))
-  if [ "$left" -lt 20 ]; then
+  if [ "$left" -lt "$MIN_STEP_S" ]; then
     echo "bench-gpu: $name skipped (the ${BUDGET_S}s budget is spent)" >&3
     return 0
   fi
+  local began=$(date +%s)
   timeout -k 15 "$left" "$@"  # SIGTERM at the budget (what was measured is kept), SIGKILL 15 s later
   local rc=$?
+  echo "bench-gpu: $name: $(($(date +%s) - began)) s (rc $rc, $((BUDGET_S - ($(date +%s) - START))) s of the budget left)" >&3
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     echo "bench-gpu: $name stopped at the budget (${left}s left for it); what it measured is kept" >&3
     return 0
@@ -47,14 +61,28 @@ run_step() {
 
 "$PY" -m attnlab.cli.gpu_results probe "$OUT" || exit 2
 
+# 1. correctness: a Triton op that fails its check is not timed (its torch variant still is)
 OPS="softmax sliced_relu sliced_relu_torch sliced_relu_bump sliced_relu_bump_torch linear linear_causal linear_causal_torch"
-ops() {  # ops DTYPE LENGTHS...
-  local dtype=$1
+for op in sliced_relu sliced_relu_bump linear_causal; do
+  run_step "check of $op" "$PY" -m attnlab.cli.gpu_check "$OUT" --backend "$op"
+  case $? in
+    0) ;;
+    1) OPS=$(echo " $OPS " | sed "s/ $op / /")
+       echo "bench-gpu: $op failed its correctness check: not timed (figures in $OUT/check/$op.json)" ;;
+    *) OPS=$(echo " $OPS " | sed "s/ $op / /")
+       echo "bench-gpu: the check of $op did not finish: not timed" ;;
+  esac
+done
+
+ops() {  # ops DTYPE LENGTHS...: every backend of $OPS in its own process
+  local dtype=$1 backend
   shift
-  # shellcheck disable=SC2086
-  run_step "ops in $dtype" "$PY" -m attnlab.cli.main bench attention --device cuda --dtype "$dtype" -B 8 \
-    --heads 8 --dim 64 --seq-lens "$@" --backends $OPS --mode fwdbwd --repeats 5 --timeout-s 20 \
-    --out-dir "$OUT/ops_$dtype" || echo "bench-gpu: ops benchmark in $dtype reported errors (see its table)"
+  for backend in $OPS; do
+    run_step "$backend in $dtype" "$PY" -m attnlab.cli.main bench attention --device cuda --dtype "$dtype" \
+      -B 8 --heads 8 --dim 64 --seq-lens "$@" --backends "$backend" --mode fwdbwd --repeats 5 \
+      --timeout-s 20 --out-dir "$OUT/ops_$dtype/$backend" \
+      || echo "bench-gpu: $backend in $dtype reported errors (see its table)"
+  done
 }
 
 ops bfloat16 1024 4096 16384 65536
@@ -78,8 +106,10 @@ for task in listops text; do
   done
 done
 
+# 4. fp16 and fp32: the Triton ops that passed their check, and softmax beside them
+OPS=$(for op in $OPS; do case $op in softmax | sliced_relu | sliced_relu_bump | linear_causal) echo "$op" ;; esac; done)
 ops float16 4096 65536
 ops float32 4096 65536
 
 "$PY" -m attnlab.cli.gpu_results collect "$OUT"
-echo "bench-gpu: $(($(date +%s) - START)) s in all"
+echo "bench-gpu: $(($(date +%s) - START)) s in all (budget ${BUDGET_S} s)"

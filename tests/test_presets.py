@@ -437,7 +437,12 @@ def test_official_pixel_presets_mask_black_pixels_like_lra(train_config, task):
     assert official.task.data.zero_pixels == "padding"
     # softmax: LRA's uniform row for black-pixel queries; the others: black pixels query the white ones
     assert official.attn.padded_queries == "attend"
-    assert train_config(f"experiment=lra/{task}", "attn=softmax").attn.padded_queries == "lra"
+    # softmax follows the leaderboard's LRA code unless lra_code=head chooses today's
+    assert train_config(f"experiment=lra/{task}", "attn=softmax").attn.padded_queries == "lra2020"
+    assert (
+        train_config(f"experiment=lra/{task}", "attn=softmax", "lra_code=head").attn.padded_queries == "lra"
+    )
+    assert train_config(f"experiment=lra/{task}", "lra_code=head").attn.padded_queries == "attend"
     assert train_config(f"task={task}").task.data.zero_pixels == "token"
     if task == "image":  # the CLS token takes pixel 0's mask, as LRA's prepended id does
         assert (
@@ -465,3 +470,11 @@ def test_cls_takes_the_first_pixels_mask_under_lras_rule():
     first.load_state_dict(real.state_dict())
     a, b = real.eval().encode(ids, mask), first.eval().encode(ids, mask)
     assert torch.allclose(a[1], b[1]) and not torch.allclose(a[0], b[0])  # only where pixel 0 is black
+
+
+def test_an_unknown_lra_code_is_named(train_config):
+    from attnlab.errors import ConfigError
+    from attnlab.validation import check_config
+
+    with pytest.raises(ConfigError, match=r"lra_code=2020: expected one of leaderboard, head"):
+        check_config(train_config("experiment=lra/pathfinder", "attn=softmax", "lra_code=2020"))

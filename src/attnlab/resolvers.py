@@ -4,7 +4,8 @@
   (`attnlab.resume.resume_run_dir`);
 - ``${attnlab_accumulate:<global batch>,<micro-batch>,<devices>,<nodes>}``: gradient accumulation that
   keeps a stated global batch over any number of devices (`attnlab.batching.accumulation`);
-- ``${attnlab_lra_padded_queries:${attn.name}}``: LRA's black-pixel rule for the chosen backend;
+- ``${attnlab_lra_padded_queries:${attn.name},${lra_code}}``: LRA's black-pixel rule for the chosen
+  backend and the LRA code to follow (`lra_padded_queries`);
 - ``${attnlab_scaled:<value>,<length>,<reference length>}``: a count that grows (or, with the two
   lengths swapped, shrinks) in proportion to the sequence length, e.g. MQAR's key-value pairs and
   batch size in the length sweep (`scaled`).
@@ -20,10 +21,17 @@ from attnlab.batching import accumulation
 from attnlab.errors import ConfigError
 from attnlab.resume import resume_run_dir
 
+#: ``lra_code`` of the LRA presets -> softmax's padded-query rule (`attnlab.attention.padding`)
+LRA_CODES = {"leaderboard": "lra2020", "head": "lra"}
 
-def lra_padded_queries(backend: str) -> str:
-    """LRA's rule for padded queries where the backend has it (softmax: ``lra``), else ``attend``."""
-    return "lra" if backend == "softmax" else "attend"
+
+def lra_padded_queries(backend: str, code: str = "leaderboard") -> str:
+    """LRA's rule for padded queries where the backend has it, else ``attend``. Softmax follows the LRA
+    code named by ``code``: ``leaderboard`` (the code behind the LRA paper's numbers, before 2022-04: a
+    black pixel's row is the sum of V, ``lra2020``) or ``head`` (today's: the mean, ``lra``)."""
+    if code not in LRA_CODES:
+        raise ConfigError(f"lra_code={code!r}: expected one of {', '.join(LRA_CODES)}")
+    return LRA_CODES[code] if backend == "softmax" else "attend"
 
 
 def scaled(value: int, length: int, reference: int) -> int:

@@ -113,7 +113,7 @@ def test_causal_ops_refuse_attend_by_name(op):
     with pytest.raises(ValueError, match="padded_queries='attend' is for bidirectional"):
         op(q, k, v, MASK, causal=True, padded_queries="attend")
     with pytest.raises(
-        ValueError, match="padded_queries must be one of 'zero', 'attend'(, 'lra')?, got 'keys'"
+        ValueError, match="padded_queries must be one of 'zero', 'attend'(, 'lra', 'lra2020')?, got 'keys'"
     ):
         op(q, k, v, MASK, padded_queries="keys")
 

@@ -212,8 +212,10 @@ def test_heads_wider_than_the_kernels_fit_run_on_torch_or_are_refused(monkeypatc
     expected = ops.linear_attention(q, k, v, causal=True, impl="torch")
     from attnlab.attention import linear
 
-    # as on a GPU, `auto` resolves to Triton; the width check must then choose torch
+    # as on a GPU, `auto` resolves to Triton (and trusts it: no first-use check); the width check
+    # must then choose torch
     monkeypatch.setattr(linear, "resolve_impl", lambda op, impl, *tensors: "triton")
+    monkeypatch.setattr(linear.selfcheck, "trusted", lambda *args: True)
     monkeypatch.setattr(runtime.kernels(), "linear_causal_fwd_kernel", None)  # never reached
     assert torch.equal(ops.linear_attention(q, k, v, causal=True, impl="auto"), expected)
     narrow = [x[..., :MAX_HEAD_DIM] for x in (q, k, v)]

@@ -147,3 +147,115 @@ def test_a_stopped_bench_keeps_the_cells_it_measured(tmp_path, terminal_signals)
     rows = {r["seq_len"]: r for r in csv.DictReader((tmp_path / "bench_attention.csv").open())}
     assert rows["32"]["status"] == "ok" and float(rows["32"]["time_ms"]) > 0
     assert rows["16384"]["status"] == "stopped"
+
+
+# ---- the check's order and budget, on the CPU: a stand-in Python answers for the device ------------
+
+FAKE_PYTHON = """#!{python}
+import json, os, pathlib, subprocess, sys, time
+args = sys.argv[1:]
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(" ".join(args) + "\\n")
+if args[0] == "-c":
+    sys.exit(0)  # "CUDA is there"
+if args[:2] == ["-m", "attnlab.cli.gpu_results"]:
+    if args[2] == "probe":
+        pathlib.Path(args[3]).mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args[3], "gpu.json").write_text(json.dumps({{"gpu": "Stand-in GPU", "copy_gbps": 1.0}}))
+        sys.exit(0)
+    sys.exit(subprocess.call([{python!r}, *args]))  # collect: the real one, on what the steps left
+if args[:2] == ["-m", "attnlab.cli.gpu_check"]:
+    backend = args[args.index("--backend") + 1]
+    time.sleep(float(os.environ["FAKE_STEP_S"]))
+    sys.exit(1 if backend == os.environ.get("FAKE_FAIL") else 0)
+time.sleep(float(os.environ["FAKE_STEP_S"]))  # a timing or training step
+"""
+
+
+def _fake_bench(tmp_path, budget_s: int, step_s: float, fail: str = ""):
+    import os
+    import stat
+    import sys
+
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(python=sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "PY": str(fake), "OUT": str(tmp_path / "gpu"), "BUDGET_S": str(budget_s),
+           "SUMMARY_S": "2", "MIN_STEP_S": "1", "FAKE_LOG": str(log), "FAKE_STEP_S": str(step_s),
+           "FAKE_FAIL": fail}  # fmt: skip
+    start = time.perf_counter()
+    done = subprocess.run(["scripts/bench_gpu.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=budget_s + 60)  # fmt: skip
+    calls = log.read_text().splitlines()
+    return done, calls, time.perf_counter() - start
+
+
+def test_bench_gpu_checks_first_isolates_each_backend_and_drops_a_failed_one(tmp_path):
+    done, calls, _ = _fake_bench(tmp_path, budget_s=120, step_s=0.05, fail="sliced_relu_bump")
+    assert done.returncode == 0, done.stderr
+    checks = [i for i, c in enumerate(calls) if "attnlab.cli.gpu_check" in c]
+    timings = [c for c in calls if " bench attention " in f" {c} "]
+    assert len(checks) == 3 and timings and max(checks) < calls.index(timings[0])  # values before times
+    timed = [c.split("--backends ")[1].split()[0] for c in timings]
+    assert all(len(c.split("--backends ")[1].split(" --")[0].split()) == 1 for c in timings)  # one each
+    assert "sliced_relu_bump" not in timed and "sliced_relu_bump_torch" in timed
+    assert "sliced_relu_bump failed its correctness check: not timed" in done.stdout
+    assert {"softmax", "sliced_relu", "linear_causal"} <= set(timed)
+    assert "bench-gpu: " in done.stdout and "s in all (budget 120 s)" in done.stdout
+
+
+def test_bench_gpu_stays_inside_its_budget(tmp_path):
+    """Steps of 2 s each against a 12 s budget: later steps are skipped, saying so, and the whole
+    check ends within the budget (plus the stand-in's start-up)."""
+    done, calls, took = _fake_bench(tmp_path, budget_s=12, step_s=2.0)
+    assert done.returncode == 0, done.stderr
+    assert took < 12 + 8
+    assert "skipped (the 12s budget is spent)" in done.stderr + done.stdout
+    assert any("gpu_results collect" in c for c in calls)  # the summary still comes
+
+
+def test_bench_gpu_without_an_environment_names_make_venv(tmp_path):
+    done = subprocess.run(
+        ["make", "bench-gpu", f"PY={tmp_path / 'no-venv' / 'python'}", f"OUT={tmp_path / 'gpu'}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "run 'make venv' first" in done.stderr
+    assert not (tmp_path / "gpu").exists()
+
+
+def test_the_correctness_pass_on_the_interpreter(tmp_path, monkeypatch, capsys):
+    """`gpu_check` end to end on CPU tensors under TRITON_INTERPRET=1: every case agrees and is
+    written; a kernel made to disagree fails its backend (exit 1) with the error it measured."""
+    from attnlab.attention.triton import sliced
+    from attnlab.cli import gpu_check, gpu_results
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(gpu_check, "CASES", {b: [(37, 8, True), (70, 10, False)] for b in gpu_check.BACKENDS})
+    out = tmp_path / "gpu"
+    assert (
+        gpu_check.main([str(out), "--backend", "linear_causal", "--dtypes", "float32", "--device", "cpu"])
+        == 0
+    )
+    rows = json.loads((out / "check" / "linear_causal.json").read_text())
+    assert [r["seq_len"] for r in rows] == [37, 70] and all(r["ok"] for r in rows)
+    assert all(r["float64_vs_definition"] < 1e-12 for r in rows)
+
+    real = sliced.sliced_relu
+    monkeypatch.setattr(sliced, "sliced_relu", lambda *args: real(*args) * 1.03)
+    assert (
+        gpu_check.main([str(out), "--backend", "sliced_relu", "--dtypes", "bfloat16", "--device", "cpu"]) == 1
+    )
+    rows = json.loads((out / "check" / "sliced_relu.json").read_text())
+    assert not any(r["ok"] for r in rows) and all(r["triton_err"] > 4 * r["torch_err"] for r in rows)
+    assert "sliced_relu failed 2 of 2 cases: left out of the timings" in capsys.readouterr().out
+    (out / "gpu.json").write_text(json.dumps({"gpu": "Test GPU", "copy_gbps": 1.0}))
+    assert gpu_results.collect(out)["checks"] == [
+        *json.loads((out / "check/linear_causal.json").read_text()),
+        *rows,
+    ]
+    gpu_results.print_summary(gpu_results.collect(out), out)
+    summary = capsys.readouterr().out
+    assert "correctness: 2 of 4 cases agree (linear_causal, sliced_relu)" in summary
+    assert "FAILED sliced_relu bfloat16 T=37 D=8: relative error" in summary

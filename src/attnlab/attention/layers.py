@@ -30,6 +30,7 @@ from attnlab.attention.performer import PerformerFeatureMap, performer_attention
 from attnlab.attention.precision import FLOAT_DTYPES
 from attnlab.attention.rope import RotaryEmbedding
 from attnlab.attention.scores import (  # noqa: F401  (public here too: the layers' score maps)
+    check_score_layout,
     first_map,
     fold_rotated_scores,
     fold_scores,
@@ -37,6 +38,7 @@ from attnlab.attention.scores import (  # noqa: F401  (public here too: the laye
     standardise_scores,
     standardise_scores_prefix,
 )
+from attnlab.attention.sliced.authors import PADDING_RULES, authors_padded_sliced_relu
 from attnlab.attention.sliced.dispatch import sliced_relu_attention, sliced_relu_bump_attention
 from attnlab.attention.sliced.normaliser import check_bump_normaliser
 from attnlab.attention.sliced.path import check_path
@@ -316,14 +318,26 @@ class SlicedAttentionLayer(AttentionLayer):
     that map's output, where the per-position table is the cheaper side). The same function of the
     same parameters either way; otherwise it takes q and k as the other layers do. Decoding (`step`,
     `prefill`) always takes q and k: one token at a time gains nothing.
+
+    `score_layout` is how q (and k) become Π's rows (`slice_tokens`): ``"token"``, each token's heads
+    (the paper's Π, the default); ``"authors"``, the in-place reshape of the authors' code, whose rows
+    mix H consecutive tokens of one head (bidirectional layers only; never folded, as its rows are
+    not tokens).
     """
 
     slicer: nn.Module
+
+    def __init__(self, dim: int, num_heads: int, *, score_layout: str = "token", **common) -> None:
+        super().__init__(dim, num_heads, **common)
+        check_score_layout(score_layout, self.causal)
+        self.score_layout = score_layout
 
     def fold(self, batch: int) -> str | None:
         """How `forward` computes the scores of a batch: ``"plain"`` (`fold_scores`), ``"rotated"``
         (`fold_rotated_scores`) or None (q and k, then Π). When folded, the projection's and Π's first
         Linear modules are not called, their weights are read (`attnlab.flops` counts what runs)."""
+        if self.score_layout != "token":
+            return None
         if self.rotary is None:
             return "plain"
         return "rotated" if batch > first_map(self.slicer)[0].out_features else None
@@ -350,7 +364,8 @@ class SlicedAttentionLayer(AttentionLayer):
         return self.out_proj(self.merge(self.attend_scores(s, t, v, key_padding_mask)))
 
     def attend(self, q, k, v, key_padding_mask):
-        s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
+        s = slice_tokens(self.slicer, q, self.score_layout)
+        t = slice_tokens(self.slicer, k, self.score_layout)
         return self.attend_scores(s, t, v, key_padding_mask)
 
     def attend_scores(self, s, t, v, key_padding_mask):
@@ -373,6 +388,11 @@ class SlicedReLUAttention(SlicedAttentionLayer):
     `"output"` (attnlab's default) drops the attention output at `dropout`; `"projection"` is the
     authors' placement (SiwanB/Sliced_ReLU_Attention): dropout at `dropout / 2` after the MLP's GELU,
     none on the output (a linear Π then has no dropout at all).
+
+    `padding_rule`: ``"invariant"`` (default) makes padding change nothing at real positions (every
+    statistic over real tokens); ``"authors"`` is the authors' code with a padding mask
+    (`attnlab.attention.sliced.authors`), whose real outputs move with the amount of padding; it
+    needs the whole-sequence standardisation (`standardise="sequence"`, bidirectional layers).
     """
 
     name = "sliced_relu"
@@ -389,6 +409,7 @@ class SlicedReLUAttention(SlicedAttentionLayer):
         standardise: str = "auto",
         dropout_site: str = "output",
         path: str = "auto",
+        padding_rule: str = "invariant",
         **common,
     ) -> None:
         super().__init__(dim, num_heads, **common)
@@ -407,6 +428,14 @@ class SlicedReLUAttention(SlicedAttentionLayer):
                 'a causal layer takes "prefix" (running statistics) or "none"'
             )
         self.standardise = standardise
+        if padding_rule not in PADDING_RULES:
+            raise ValueError(f"padding_rule must be one of {', '.join(PADDING_RULES)}; got {padding_rule!r}")
+        if padding_rule == "authors" and standardise != "sequence":
+            raise ValueError(
+                "padding_rule='authors' is the authors' whole-sequence standardisation with padding: "
+                f"it needs standardise='sequence' (a bidirectional layer), got standardise={standardise!r}"
+            )
+        self.padding_rule = padding_rule
         width = self.qkv_dim  # Π reads a token's concatenated heads
         if projection == "mlp":
             hidden = width if projection_hidden is None else projection_hidden
@@ -422,6 +451,11 @@ class SlicedReLUAttention(SlicedAttentionLayer):
         self.eps = eps
 
     def attend_scores(self, s, t, v, key_padding_mask):
+        if self.padding_rule == "authors" and key_padding_mask is not None:
+            o = authors_padded_sliced_relu(
+                s, t, v, key_padding_mask, eps=self.eps, padded_queries=self.padded_queries, path=self.path
+            )
+            return self.output_dropout(o)
         if self.standardise == "sequence":
             s, t = standardise_scores(s, t, key_padding_mask)
         elif self.standardise == "prefix":
@@ -443,7 +477,7 @@ class SlicedReLUAttention(SlicedAttentionLayer):
 class SlicedReLUBumpAttention(SlicedAttentionLayer):
     """Sliced ReLU-bump attention: linear Π without bias, no standardisation, learned per-head bandwidth.
 
-    `normaliser="count"` divides by the number of keys (the paper's bump); `"mass"` (causal layers only)
+    `normaliser="count"` divides by the number of keys (the authors' code); `"mass"` (causal layers only)
     by the hat weight seen plus `mass_eps`, so that a causal output does not shrink like 1/position
     (`attnlab.attention.sliced.normaliser`). `path` as in `SlicedReLUAttention`. Causal layers decode
     with `step`. `dropout_site`:

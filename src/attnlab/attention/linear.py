@@ -13,12 +13,15 @@ mix signs through v and lose relative precision at very large T in float32.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from attnlab.attention.padding import check_padded_queries, query_mask
 from attnlab.attention.precision import accumulation_dtype, no_autocast
 from attnlab.attention.softmax import check_qkv
+from attnlab.attention.triton import selfcheck
 from attnlab.attention.triton.runtime import launch, resolve_impl
 
 DEFAULT_CHUNK_SIZE = 64
@@ -69,6 +72,7 @@ def linear_attention(
                 impl,
                 q.device,
                 lambda: causal_linear_attention(q, k, v, key_padding_mask, eps),
+                check=lambda: selfcheck.trusted("linear_attention", q.device, v.dtype, lambda: _case(v)),
             )
             if out is not None:  # None: `auto`, and Triton could not build a kernel here (warned)
                 return out
@@ -85,6 +89,18 @@ def linear_attention(
             phi_q, phi_k, v.to(acc), key_padding_mask, causal, eps, chunk_size, padded_queries
         )
     return out.to(v.dtype)
+
+
+def _case(like: torch.Tensor):
+    """The first-use check's case (``selfcheck.trusted``) of the causal Triton kernels: two rows of
+    200 tokens, one padded to 150, in ``like``'s dtype, device and head dim."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 200, like.shape[-1], generator=gen) for _ in range(3))
+    mask = (torch.arange(200)[None, :] < torch.tensor([[200], [150]])).to(like.device)
+    inputs = [x.to(like.device, like.dtype) for x in (q, k, v)]
+    keywords = {"key_padding_mask": mask, "causal": True}
+    fast = functools.partial(linear_attention, impl="triton")
+    return fast, functools.partial(linear_attention, impl="torch"), inputs, keywords
 
 
 def linear_attention_from_features(

@@ -13,16 +13,32 @@ from torch import nn
 from attnlab.attention.precision import accumulation_dtype
 from attnlab.attention.rope import rotate_half
 
+SCORE_LAYOUTS = ("token", "authors")
 
-def slice_tokens(slicer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, D) -> (B, H, T): Π applied to each token's heads concatenated, a (B, T, H·D) tensor.
 
-    The head axis is moved next to D before flattening; reshaping (B, H, T, D) in place would glue
-    pieces of different tokens together, and a token's score would depend on other tokens.
+def check_score_layout(layout: object, causal: bool) -> None:
+    """`score_layout` of the sliced layers: a known name, and not ``"authors"`` in a causal layer."""
+    if layout not in SCORE_LAYOUTS:
+        raise ValueError(f"score_layout must be one of {', '.join(SCORE_LAYOUTS)}; got {layout!r}")
+    if layout == "authors" and causal:
+        raise ValueError(
+            "score_layout='authors' builds each score row from later tokens too (it reads the future): "
+            "causal layers take score_layout='token'"
+        )
+
+
+def slice_tokens(slicer: nn.Module, x: torch.Tensor, layout: str = "token") -> torch.Tensor:
+    """(B, H, T, D) -> (B, H, T): Π applied to rows of H·D numbers, a (B, T, H·D) tensor.
+
+    ``layout="token"`` (the paper's Π): row t is token t's heads concatenated; the head axis is
+    moved next to D before flattening. ``"authors"``: x is reshaped in place, as the authors' code
+    (SiwanB/Sliced_ReLU_Attention) does, which copies in (H, T, D) order: row t then holds H
+    consecutive tokens of one head (with T a multiple of H, tokens t·H mod T ... of head t·H // T),
+    so a score depends on its neighbours. Kept to train the function behind the published numbers.
     """
     b, h, t, d = x.shape
-    tokens = x.transpose(1, 2).reshape(b, t, h * d)
-    return slicer(tokens).transpose(1, 2)
+    rows = x.reshape(b, t, h * d) if layout == "authors" else x.transpose(1, 2).reshape(b, t, h * d)
+    return slicer(rows).transpose(1, 2)
 
 
 def fold_scores(

@@ -49,14 +49,17 @@ def softmax_attention(
     sees no key at all (a fully padded sequence, or a causal row before the first real token) would
     be a 0/0 softmax, so its output is set to zero instead of NaN, and so is the output of every padded
     query (`padded_queries="attend"`: padded queries attend to the real keys; ``"lra"``: LRA's rule,
-    a padded query's output is the mean of V over all T positions, see `attnlab.attention.padding`
-    and `lra_padded_rows`). `dropout_p` is attention dropout (pass 0 at evaluation).
+    a padded query's output is the mean of V over all T positions; ``"lra2020"``: the leaderboard-era
+    LRA code's, the sum; see `attnlab.attention.padding` and `lra_padded_rows`). `dropout_p` is
+    attention dropout (pass 0 at evaluation).
     """
     check_qkv(q, k, v, key_padding_mask)
     check_padded_queries("softmax_attention", padded_queries, causal, allowed=PADDED_QUERIES)
-    if padded_queries == "lra" and key_padding_mask is not None:
+    if padded_queries in ("lra", "lra2020") and key_padding_mask is not None:
         real = softmax_attention(q, k, v, key_padding_mask, dropout_p=dropout_p, padded_queries="zero")
         padded_rows = lra_padded_rows(q, k, v)
+        if padded_queries == "lra2020":  # every weight 1, not 1/T: the sum, gradients T times larger
+            padded_rows = padded_rows * q.shape[2]
         return torch.where(key_padding_mask[:, None, :, None], real, padded_rows.to(real.dtype))
     b, _, t, _ = q.shape
     if key_padding_mask is None:
@@ -86,6 +89,9 @@ def lra_padded_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     (value 0, gradient that of s) the output is, to first order, v̄ + Σ_j δs_ij (v_j − v̄)/T, and
     Σ_j s_ij (v_j − v̄) = q_i·M/√D with M = Σ_j k_j (v_j − v̄)ᵀ: no T×T matrix. V enters M without
     gradient (in the exact function v_j's weight is 1/T, whatever the scores).
+
+    The leaderboard-era code (``"lra2020"``) computes exp(x − logsumexp(x)): with logsumexp rounded to
+    −1e10 every weight is 1, and its Jacobian is 1·(δ_jk − 1/T): T times this, value and gradient.
     """
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v = q.to(acc), k.to(acc), v.to(acc)

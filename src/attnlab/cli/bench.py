@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli import bench_bytes, bench_generate, bench_threads, bench_training
+from attnlab.cli import bench_authors, bench_bytes, bench_generate, bench_threads, bench_training
 from attnlab.cli.bench_args import add_op_shape_arguments, positive_float, positive_int
 from attnlab.cli.bench_ratios import ratio_lines
 
@@ -330,9 +330,9 @@ def measure_cell(
 ) -> Cell:
     """Warm-up call (also the memory measurement), then up to ``repeats`` timed calls.
 
-    ``compile_first`` (the first, shortest cell of each backend and mode on CUDA): one more call before,
-    outside the time limit, that compiles the Triton kernels (seconds each; the longer T reuse them),
-    so a slow compile never marks a cell, and with it the longer ones, timed out.
+    ``compile_first`` (every CUDA cell): one more call before, outside the time limit, that compiles
+    the Triton kernels this length needs (seconds each), so a slow compile never marks a cell, and
+    with it the longer ones, timed out.
     """
     device = torch.device(cell.device)
     if compile_first:
@@ -386,7 +386,6 @@ def run_bench(
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     cells = [] if cells is None else cells
-    compiled: set[tuple[str, str]] = set()
     # (backend, mode) -> the status that stopped it / its (T, seconds) measured so far
     stopped: dict[tuple[str, str], str] = {}
     last_time: dict[tuple[str, str], list[tuple[int, float]]] = {}
@@ -423,10 +422,11 @@ def run_bench(
                     if mode == "fwdbwd":
                         for x in inputs:
                             x.requires_grad_(True)
-                    first = device.type == "cuda" and key not in compiled
-                    compiled.add(key)
+                    # on CUDA every length gets an untimed first call: a new length can need new
+                    # kernel specialisations (seconds to compile), which must not count as its time
                     call = _make_call(op, inputs, mode)
-                    measure_cell(cell, call, args.repeats, args.timeout_s, compile_first=first)
+                    cuda = device.type == "cuda"
+                    measure_cell(cell, call, args.repeats, args.timeout_s, compile_first=cuda)
                 except Exception as err:  # noqa: BLE001 - any failure becomes a marked cell
                     if not _is_oom(err):
                         cell.status, cell.note = "error", f"{type(err).__name__}: {err}"[:200]
@@ -513,7 +513,9 @@ def write_plot(cells: list[Cell], path: Path, title: str) -> None:
 
 def register(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks (attention ops)", description="Benchmarks.")
-    kinds = bench.add_subparsers(dest="bench_kind", metavar="{attention,bytes,threads,training,generate}")
+    kinds = bench.add_subparsers(
+        dest="bench_kind", metavar="{attention,bytes,threads,training,generate,authors}"
+    )
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
 
     parser = kinds.add_parser(
@@ -545,6 +547,7 @@ def register(subparsers) -> None:
     bench_threads.register(kinds)
     bench_training.register(kinds)
     bench_generate.register(kinds)
+    bench_authors.register(kinds)
 
 
 @contextlib.contextmanager

@@ -56,8 +56,8 @@ POSITIONS = ("rope", "learned", "none")
 BACKENDS = ("softmax", "sliced_relu", "sliced_relu_linear", "sliced_relu_bump", "linear")
 #: bench row -> (attention backend, its options), beside ``sliced_relu`` (the authors' MLP Π,
 #: H·D -> H·D -> H): ``sliced_relu_linear`` the linear Π (``projection=linear``), the paper's other ViT
-#: variant; ``sliced_relu_h16`` (run when asked) the MLP Π with a 16-wide hidden layer, as the ViT
-#: paper preset has it (``conf/experiment/vit/cifar10.yaml``)
+#: variant (the ViT paper presets' ``experiment=vit/cifar10``); ``sliced_relu_h16`` (run when asked) the
+#: MLP Π with a 16-wide hidden layer, a width neither the paper nor the authors' code has (an override)
 VARIANTS: dict[str, tuple[str, dict]] = {
     "sliced_relu_linear": ("sliced_relu", {"projection": "linear"}),
     "sliced_relu_h16": ("sliced_relu", {"projection_hidden": 16}),

@@ -100,7 +100,8 @@ def _floor_name(backend: str) -> str | None:
 
 def op_rows(out: Path, copy_gbps: float | None) -> list[dict]:
     rows = []
-    for path in sorted(out.glob("ops_*/bench_attention.csv")):
+    # one backend per folder (ops_<dtype>/<backend>/), or every backend of a dtype in one
+    for path in sorted([*out.glob("ops_*/bench_attention.csv"), *out.glob("ops_*/*/bench_attention.csv")]):
         for row in csv.DictReader(path.open()):
             entry = {k: row[k] for k in ("backend", "mode", "dtype", "status", "note")}
             entry.update(seq_len=int(row["seq_len"]), batch=int(row["batch"]), heads=int(row["heads"]))
@@ -116,6 +117,14 @@ def op_rows(out: Path, copy_gbps: float | None) -> list[dict]:
                 if copy_gbps:
                     entry["of_copy_bandwidth"] = round(entry["floor_gbps"] / copy_gbps, 3)
             rows.append(entry)
+    return rows
+
+
+def check_rows(out: Path) -> list[dict]:
+    """The correctness pass's rows (``gpu_check``: one file per Triton op)."""
+    rows = []
+    for path in sorted(out.glob("check/*.json")):
+        rows.extend(json.loads(path.read_text()))
     return rows
 
 
@@ -152,7 +161,12 @@ def _number(text: str) -> float | None:
 def collect(out: Path) -> dict:
     gpu_file = out / "gpu.json"
     gpu = json.loads(gpu_file.read_text()) if gpu_file.exists() else {}
-    results = {"gpu": gpu, "ops": op_rows(out, gpu.get("copy_gbps")), "training": train_rows(out)}
+    results = {
+        "gpu": gpu,
+        "checks": check_rows(out),
+        "ops": op_rows(out, gpu.get("copy_gbps")),
+        "training": train_rows(out),
+    }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
@@ -164,6 +178,14 @@ def _cell(value, spec: str) -> str:
 def print_summary(results: dict, out: Path) -> None:
     gpu = results["gpu"]
     print(f"\n== {gpu.get('gpu', 'GPU ?')}: device copy {gpu.get('copy_gbps', '?')} GB/s ==")
+    checks = results.get("checks", [])
+    failed = [r for r in checks if not r.get("ok")]
+    ops = sorted({r["backend"] for r in checks})
+    agree = f"{len(checks) - len(failed)} of {len(checks)} cases agree"
+    print(f"correctness: {agree} ({', '.join(ops) or 'none run'})")
+    for r in failed:
+        reason = r.get("error") or f"relative error {r.get('triton_err')} (torch {r.get('torch_err')})"
+        print(f"  FAILED {r['backend']} {r['dtype']} T={r['seq_len']} D={r['dim']}: {reason}")
     print(
         f"{'op':<26}{'dtype':>9}{'T':>7}{'ms':>10}{'peak MiB':>10}{'floor MB':>10}{'GB/s':>8}{'of copy':>9}"
     )

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(report.accuracy_md)
     print(report.throughput_md)
-    if report.glue_md:  # GLUE runs present: the paper's Table 4 shape
+    if report.glue_md:  # GLUE runs present: Table 4's tasks, then CoLA (ours)
         print(report.glue_md)
     if report.vit_md:  # ViT runs present: the chosen configuration per backend, the median test curves
         print(report.vit_md)

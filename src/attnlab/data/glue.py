@@ -407,7 +407,7 @@ class GlueDataModule(ShardedDataModule):
 
     def baselines(self, split: str = "test") -> dict[str, float]:
         """What always answering train's most frequent class scores on ``split``'s main metric
-        (``test_acc``): its accuracy (CoLA included: Table 4 reports accuracy); 0 for STS-B's
+        (``test_acc``): its accuracy (CoLA too, which Table 4 does not list); 0 for STS-B's
         Spearman (a constant has no correlation)."""
         self.setup()
         if self.spec.labels is None:

@@ -10,8 +10,9 @@ test split, so ``val`` is always a seeded, class-stratified hold-out of the trai
 (``split_seed``, the same for every run seed so runs stay comparable):
 
 ``val_per_class: 0`` holds nothing out: train = every training image and val = the test split, so the
-validation curve is the test curve (the paper presets: train on the training set, report the test curve;
-they select no checkpoint on it). Selection runs on a hold-out (``experiment=vit/grid``).
+validation curve is the test curve (the paper presets, with CCT's recipe: train on the training set,
+report the test curve; they select no checkpoint on it). Selection runs on a hold-out
+(``experiment=vit/grid``).
 
 - CIFAR-10 (``<data_dir>/cifar-10-batches-py/``, the official python pickles read with the LRA Image
   reader's restricted unpickler): train = data_batch_1..5 minus ``val_per_class`` images per class

@@ -16,7 +16,9 @@ from attnlab.attention.layers import UnsupportedAttentionError
 from attnlab.attention.registry import available_backends, check_support
 from attnlab.errors import UserError
 from attnlab.models.classifier import POSITIONS, _check_choice, resolve_attention, sinusoidal_positions
-from attnlab.models.encoder import AttentionFactory, Encoder
+from attnlab.models.encoder import AttentionFactory, Encoder, init_like_gpt2
+
+INITS = ("torch", "gpt2")
 
 
 class NoCausalAttentionError(UnsupportedAttentionError, UserError):
@@ -37,6 +39,12 @@ class CausalLM(nn.Module):
     Padding must be on the right (attnlab's collates pad there): then no real token ever has a pad
     before it, so causal attention alone keeps pads out and the mask is not passed to attention, which
     keeps softmax on its fused causal kernel. Outputs at padded positions are meaningless.
+
+    GPT-2 as nanoGPT builds it: ``tie_embeddings=True`` (the output head is the token embedding),
+    ``bias=False`` (no bias in any Linear or LayerNorm, the attention's q/k/v and output projections
+    included; the head never has one when tied), ``init="gpt2"`` (normal(0, 0.02) weights, the
+    residual projections at 0.02/√(2·depth); ``"torch"``: PyTorch's defaults, learned positions
+    normal(0, 0.02)).
     """
 
     def __init__(
@@ -54,9 +62,16 @@ class CausalLM(nn.Module):
         attn_dropout: float = 0.0,
         qkv_dim: int | None = None,
         short_conv: int = 0,
+        bias: bool = True,
+        tie_embeddings: bool = False,
+        init: str = "torch",
     ):
         super().__init__()
         _check_choice("positions", positions, POSITIONS)
+        _check_choice("init", init, INITS)
+        for key, value in (("bias", bias), ("tie_embeddings", tie_embeddings)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{key} must be true or false, got {value!r}")
         if not mlp_ratio > 0:
             raise ValueError(f"mlp_ratio must be > 0 (MLP width = mlp_ratio × dim), got {mlp_ratio}")
         if mlp_dim is None:
@@ -71,7 +86,8 @@ class CausalLM(nn.Module):
         else:
             self.pos_table = None
         self.drop = nn.Dropout(dropout)
-        causal_attention = functools.partial(resolve_attention(attention), causal=True)
+        no_bias = {} if bias else {"qkv_bias": False, "out_bias": False}
+        causal_attention = functools.partial(resolve_attention(attention), causal=True, **no_bias)
         try:
             # this model's own config keywords, spelt out (attnlab/models/__init__.py says why)
             self.encoder = Encoder(
@@ -86,13 +102,19 @@ class CausalLM(nn.Module):
                 qkv_dim=qkv_dim,
                 short_conv=short_conv,
                 causal=True,
+                bias=bias,
             )
         except UnsupportedAttentionError as err:
             raise NoCausalAttentionError(
                 f"{err}. A causal language model needs causal attention; backends with a causal form: "
                 f"{', '.join(causal_backends())} (e.g. attn=softmax)"
             ) from err
-        self.head = nn.Linear(dim, vocab_size)
+        self.head = nn.Linear(dim, vocab_size, bias=bias and not tie_embeddings)
+        self.init = init
+        if init == "gpt2":
+            init_like_gpt2(self, depth)
+        if tie_embeddings:
+            self.head.weight = self.embed.weight  # one (vocab, dim) matrix, counted once
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if input_ids.dim() != 2:

@@ -19,9 +19,12 @@ AttentionFactory = Callable[..., nn.Module]
 
 
 class FeedForward(nn.Sequential):
-    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0):
+    def __init__(self, dim: int, hidden_dim: int, dropout: float = 0.0, bias: bool = True):
         super().__init__(
-            nn.Linear(dim, hidden_dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden_dim, dim)
+            nn.Linear(dim, hidden_dim, bias=bias),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_dim, dim, bias=bias),
         )
 
 
@@ -40,6 +43,28 @@ def init_like_roberta(module: nn.Module, std: float = 0.02) -> None:
                 nn.init.zeros_(layer.bias)
 
 
+def init_like_gpt2(module: nn.Module, depth: int, std: float = 0.02) -> None:
+    """nanoGPT's GPT-2 initialisation: every Linear and Embedding weight normal(0, std), biases 0, and
+    the projections that write into the residual stream (each block's attention output projection
+    and MLP's second Linear) normal(0, std / sqrt(2·depth)), so the residual's variance does not
+    grow with depth. LayerNorms (1, 0) and other parameters (a bandwidth) keep their own."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear | nn.Embedding):
+            nn.init.normal_(layer.weight, std=std)
+            if getattr(layer, "bias", None) is not None:
+                nn.init.zeros_(layer.bias)
+    for block in module.modules():
+        if isinstance(block, EncoderBlock):
+            out_proj = getattr(block.attn, "out_proj", None)
+            if not isinstance(out_proj, nn.Linear):
+                raise ValueError(
+                    f"the GPT-2 initialisation scales the attention's output projection `out_proj`; "
+                    f"{type(block.attn).__name__} has no nn.Linear of that name"
+                )
+            for proj in (out_proj, block.mlp[-1]):
+                nn.init.normal_(proj.weight, std=std / (2 * depth) ** 0.5)
+
+
 class EncoderBlock(nn.Module):
     """x + Attn(LN(x)), then x + MLP(LN(x)); dropout on both residual branches. With ``short_conv=k``
     the attention reads ShortConv(LN(x)) (causal when ``causal``), the "previous token" step of recall.
@@ -47,6 +72,8 @@ class EncoderBlock(nn.Module):
     ``dropout`` acts on the residual branches and (``mlp_dropout``) inside the MLP; ``attn_dropout`` is
     the attention layer's own (attention weights for softmax, the attention output for the others).
     ``mlp_dropout=False`` and ``norm_eps=1e-12`` are the paper authors' block (RoBERTa's settings).
+    ``bias=False`` removes every bias of the MLP and the LayerNorms (nanoGPT's ``bias=False``; the
+    attention's own biases are its ``qkv_bias``/``out_bias`` options).
     """
 
     def __init__(
@@ -63,15 +90,16 @@ class EncoderBlock(nn.Module):
         norm_eps: float = 1e-5,
         short_conv: int = 0,
         causal: bool = False,
+        bias: bool = True,
     ):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
         # k taps over time on the attention's input (attnlab.models.short_conv); 0: none (the paper's)
         self.short_conv = ShortConv(dim, short_conv, causal) if short_conv else None
         width = {} if qkv_dim is None else {"qkv_dim": qkv_dim}
         self.attn = attention(dim=dim, num_heads=num_heads, rope=rope, dropout=attn_dropout, **width)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = FeedForward(dim, mlp_dim, dropout if mlp_dropout else 0.0)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, bias=bias)
+        self.mlp = FeedForward(dim, mlp_dim, dropout if mlp_dropout else 0.0, bias=bias)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -119,7 +147,9 @@ class Encoder(nn.Module):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.blocks = nn.ModuleList(EncoderBlock(dim=dim, **block_kwargs) for _ in range(depth))
-        self.norm = nn.LayerNorm(dim, eps=block_kwargs.get("norm_eps", 1e-5))
+        self.norm = nn.LayerNorm(
+            dim, eps=block_kwargs.get("norm_eps", 1e-5), bias=block_kwargs.get("bias", True)
+        )
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         for block in self.blocks:

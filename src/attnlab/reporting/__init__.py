@@ -16,10 +16,11 @@ Outputs, all written by `make_report` (one module per kind of output):
 - when MQAR runs are present, `mqar_vs_width.png` and `mqar_vs_seqlen.png` (`mqar`): recall accuracy
   against the model width (the state size of fixed-state backends) and against sequence length, one
   line per backend (the recall-throughput trade-off);
-- when GLUE runs are present, `glue.md` (`glue`): the paper's Table 4 shape;
+- when GLUE runs are present, `glue.md` (`glue`): dev scores of the paper's Table 4 tasks, then CoLA (ours);
 - when tiny-ViT runs are present, `vit_grid.md`, `vit_curves.csv` and `vit_curves.png` (`vit`): the
   configuration `experiment=vit/grid` chose per backend on the hold-out, the command that trains it
-  with 4 seeds, and the median test curve over seeds (the paper's Fig. 2 protocol).
+  with 4 seeds, and the median test curve over seeds (the paper's Fig. 2 plots a median over 4 runs of
+  "validation accuracy" without naming the split).
 
 `runs` finds and checks the summaries, `stats` holds the one statistic (mean, sample std, median),
 `formats` the markdown/CSV writing, and `report` puts the whole report together.

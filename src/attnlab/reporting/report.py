@@ -33,7 +33,7 @@ class Report:
     files: dict[str, Path]
     runs: list[RunSummary]
     skipped: list[tuple[Path, str]]
-    glue_md: str = ""  # Table 4's shape when GLUE runs are present (also written to glue.md)
+    glue_md: str = ""  # GLUE dev scores (Table 4's tasks, then CoLA) when GLUE runs are present (glue.md)
     vit_md: str = ""  # ViT selection and median test curves when ViT runs are present (vit_grid.md)
 
 

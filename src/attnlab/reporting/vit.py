@@ -1,5 +1,6 @@
 """The tiny-ViT protocol of the sliced ReLU paper: per-backend selection on a hold-out, then the median
-test curve of the chosen configuration over seeds (its Fig. 2).
+curve of the chosen configuration over seeds (its Fig. 2 plots a median "validation accuracy" and names
+no split; attnlab's presets validate on the test split, so theirs is a test curve).
 
 Two kinds of ViT runs (tasks `VIT_TASKS`) go in, told apart by ``data_source`` in their summary:
 

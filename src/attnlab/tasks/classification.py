@@ -18,6 +18,19 @@ from torchmetrics.classification import MulticlassAccuracy
 from attnlab.errors import ConfigError
 
 MODEL_INPUTS = ("input_ids", "mask", "input_ids2", "mask2")
+SMOOTHING_RULES = ("torch", "pct")
+
+
+def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, eps: float, rule: str) -> torch.Tensor:
+    """Cross-entropy against smoothed targets, in float32. ``rule="torch"`` is PyTorch's (and timm's):
+    the true class gets 1 − eps + eps/n, every class eps/n (0.805 at eps 0.2 over 40 classes).
+    ``"pct"`` is PCT's ``cal_loss`` (and DGCNN's): the true class 1 − eps, each other eps/(n − 1) (0.8)."""
+    logits = logits.float()
+    if rule == "torch" or eps == 0.0:
+        return F.cross_entropy(logits, labels, label_smoothing=eps)
+    n = logits.shape[-1]
+    target = torch.full_like(logits, eps / (n - 1)).scatter_(-1, labels[:, None], 1.0 - eps)
+    return -(target * F.log_softmax(logits, dim=-1)).sum(-1).mean()
 
 
 class ClassificationTask(L.LightningModule):
@@ -31,15 +44,23 @@ class ClassificationTask(L.LightningModule):
         inputs: Sequence[str] | None = None,
         mean_class_acc: bool = False,
         label_smoothing: float = 0.0,
+        label_smoothing_rule: str = "torch",
     ):
         """``inputs``: the batch keys passed to the model (default `MODEL_INPUTS`, those present);
         ``mean_class_acc``: also log ``val/mean_class_acc`` and ``test/mean_class_acc`` (the mean of
         per-class accuracies, ModelNet's usual second metric); ``label_smoothing``: of the training
-        loss only (PCT uses 0.2), so val/test losses stay comparable across settings."""
+        loss only (PCT uses 0.2), so val/test losses stay comparable across settings;
+        ``label_smoothing_rule``: how eps is spread, ``torch`` or ``pct`` (`smoothed_cross_entropy`)."""
         super().__init__()
         if not 0.0 <= label_smoothing < 1.0:
             raise ConfigError(f"task.module.label_smoothing={label_smoothing!r} must be in [0, 1)")
+        if label_smoothing_rule not in SMOOTHING_RULES:
+            raise ConfigError(
+                f"task.module.label_smoothing_rule={label_smoothing_rule!r}: expected one of "
+                f"{', '.join(SMOOTHING_RULES)}"
+            )
         self.label_smoothing = label_smoothing
+        self.label_smoothing_rule = label_smoothing_rule
         self.model = model
         self.inputs = tuple(inputs) if inputs is not None else MODEL_INPUTS
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -60,7 +81,7 @@ class ClassificationTask(L.LightningModule):
     def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         logits = self(batch)
         smoothing = self.label_smoothing if stage == "train" else 0.0
-        loss = F.cross_entropy(logits.float(), batch["labels"], label_smoothing=smoothing)
+        loss = smoothed_cross_entropy(logits, batch["labels"], smoothing, self.label_smoothing_rule)
         self._log_step(stage, loss, logits, batch["labels"])
         return loss
 

@@ -282,7 +282,7 @@ def _window_parts(lo, mid, hi):
 class _CausalSlicedReLUBump(torch.autograd.Function):
     """Rows ``s, t (N, T)``, ``v (N, T, D)``, bandwidth ``b (N, 1)``; ``valid (N, T)`` or None.
 
-    ``mass_eps`` None: divide by the count of real keys ``n_i`` (the paper's bump). A float: divide
+    ``mass_eps`` None: divide by the count of real keys ``n_i`` (authors' code). A float: divide
     by the hat mass seen plus ``mass_eps``, ``M_i + eps`` with ``M_i = Σ_{j≤i} hat(s_i − t_j)``,
     from the keys' counts and score sums in the same windows. Those are summed apart from the
     values (``_combined_sums``' ``raw`` sums), window differences first: combined like the values,
@@ -444,7 +444,7 @@ def causal_sliced_relu_bump_attention(
     """Causal sliced ReLU-bump attention; inputs already checked by the public op.
 
     ``normaliser="count"``: ``o_i = (1/n_i) Σ_{j≤i} hat(s_i − t_j) v_j``, n_i the number of real keys
-    j ≤ i (the paper's bump). ``"mass"``: ``o_i = Σ_{j≤i} hat(s_i − t_j) v_j / (Σ_{j≤i} hat(s_i − t_j)
+    j ≤ i (authors' code). ``"mass"``: ``o_i = Σ_{j≤i} hat(s_i − t_j) v_j / (Σ_{j≤i} hat(s_i − t_j)
     + mass_eps)``, so that an output does not shrink like 1/i with its position.
     """
     _check_chunk(chunk)

@@ -9,6 +9,8 @@ and the sorted torch ops (``relu``, ``bump``). Nothing below this module imports
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from attnlab.attention.padding import check_padded_queries, query_mask
@@ -25,6 +27,7 @@ from attnlab.attention.sliced.dense import (
 from attnlab.attention.sliced.normaliser import check_bump_normaliser
 from attnlab.attention.sliced.path import choose_path
 from attnlab.attention.sliced.relu import _SlicedReLU
+from attnlab.attention.triton import selfcheck
 from attnlab.attention.triton.runtime import IMPLS, launch, resolve_impl
 
 __all__ = ["sliced_relu_attention", "sliced_relu_bump_attention"]
@@ -41,15 +44,51 @@ def _empty_batch(v: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
     return v * 0 + sum(x.sum() for x in inputs) * 0
 
 
-def _triton(op: str, impl: str, s, t, v, call) -> torch.Tensor | None:
+def _triton(op: str, impl: str, s, t, v, acc: torch.dtype, call) -> torch.Tensor | None:
     """``call(kernels)`` on the Triton kernels when ``impl`` picks them for these tensors; None when
-    the torch code is to run (not CUDA, ``impl="torch"``, or ``auto`` and Triton could not build a
-    kernel here, which `launch` has warned about)."""
-    if resolve_impl(op, impl, s, t, v) != "triton":
+    the torch code is to run (not CUDA, ``impl="torch"``, float64 on CUDA under ``auto``, or ``auto``
+    and either Triton could not build a kernel here, which `launch` has warned about, or the kernels
+    failed their first-use check against the torch code, which `selfcheck` has warned about)."""
+    if resolve_impl(op, impl, s, t, v) != "triton" or not triton_takes_dtype(op, impl, v.device, acc):
         return None
     from attnlab.attention.triton import sliced  # imported when used: triton loads slowly
 
-    return launch(op, impl, v.device, lambda: call(sliced))
+    check = lambda: selfcheck.trusted(op, v.device, v.dtype, lambda: _check_case(op, v))  # noqa: E731
+    return launch(op, impl, v.device, lambda: call(sliced), check=check)
+
+
+def _check_case(op: str, like: torch.Tensor):
+    """The first-use check's case (``selfcheck.trusted``): two rows of 200 tokens, one padded to 150,
+    in ``like``'s dtype, device and head dim, through the Triton kernels and the torch code."""
+    gen = torch.Generator().manual_seed(0)
+    length, heads = 200, 2
+    s, t = (torch.randn(2, heads, length, generator=gen) for _ in range(2))
+    v = torch.randn(2, heads, length, like.shape[-1], generator=gen)
+    inputs = [x.to(like.device, like.dtype) for x in (s, t, v)]
+    if op == "sliced_relu_bump_attention":
+        inputs.append(torch.full((heads,), 0.7, device=like.device))
+    mask = (torch.arange(length)[None, :] < torch.tensor([[length], [150]])).to(like.device)
+    fn = sliced_relu_bump_attention if op == "sliced_relu_bump_attention" else sliced_relu_attention
+    keywords = {"key_padding_mask": mask, "path": "sorted"}
+    return functools.partial(fn, impl="triton"), functools.partial(fn, impl="torch"), inputs, keywords
+
+
+def triton_takes_dtype(op: str, impl: str, device: torch.device, acc: torch.dtype) -> bool:
+    """Whether the sliced Triton kernels run in the accumulation dtype ``acc`` on ``device``.
+
+    float64 on CUDA does not: the compiled ReLU-bump key walk spills 4-13 KB of stack per thread in
+    float64 (sm_70-90), and fp64 units are a fraction of the GPU, so the torch op is the better
+    float64 path; ``auto`` takes it, ``triton`` is refused by name. The interpreter (CPU tensors)
+    runs float64, which the exactness tests use.
+    """
+    if acc != torch.float64 or device.type != "cuda":
+        return True
+    if impl == "triton":
+        raise TypeError(
+            f"{op}: impl='triton' has no float64 kernel on CUDA; use impl='auto' or impl='torch' "
+            "for float64 inputs (the torch op runs them on the GPU)"
+        )
+    return False
 
 
 def _torch_only_causal(op: str, impl: str) -> None:
@@ -110,7 +149,13 @@ def sliced_relu_attention(
         out = dense_sliced_relu(_rows(s, acc), _rows(t, acc), _rows(v, acc), valid, queries, float(eps))
         return _like(out, v)
     out = _triton(
-        "sliced_relu_attention", impl, s, t, v, lambda k: k.sliced_relu(s, t, v, valid, queries, eps, acc)
+        "sliced_relu_attention",
+        impl,
+        s,
+        t,
+        v,
+        acc,
+        lambda k: k.sliced_relu(s, t, v, valid, queries, eps, acc),
     )
     if out is not None:
         return out
@@ -143,7 +188,7 @@ def sliced_relu_bump_attention(
     matter (the op centres them).
     ``causal=True``: keys j <= i only, n_i = real keys j <= i, in O(T log² T) (torch code only).
     ``impl`` as in ``sliced_relu_attention``.
-    ``normaliser``: ``"count"`` (divide by n or n_i, the paper's bump) or, with ``causal=True``,
+    ``normaliser``: ``"count"`` (divide by n or n_i, the authors' code's bump) or, with ``causal=True``,
     ``"mass"``: divide by the hat weight seen, ``Σ_{j≤i} hat(s_i − t_j) + mass_eps``, so a causal
     output does not shrink like 1/i with its position i. ``mass_eps`` is relative to one fully
     matching key (hat = 1); it bounds the ratio's gradient (about 1 / (4 b mass_eps)) where a query's
@@ -198,6 +243,7 @@ def sliced_relu_bump_attention(
         s,
         t,
         v,
+        acc,
         lambda k: k.sliced_relu_bump(s, t, v, width, valid, queries, acc),
     )
     if out is not None:

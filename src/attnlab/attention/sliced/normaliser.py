@@ -1,6 +1,6 @@
 """The ReLU-bump normalisers: which ones exist and where each applies (checked in one place).
 
-``count`` divides by the number of real keys (the paper's bump). In a causal model that is n_i = i + 1
+``count`` divides by the number of real keys (the authors' code's bump). In a causal model that is n_i = i + 1
 at position i, so an output that copies one key shrinks like 1/i; ``mass`` divides by the hat weight
 seen instead (a soft count of the keys in the query's window), implemented for the causal op and its
 decoding step.

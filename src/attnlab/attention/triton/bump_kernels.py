@@ -201,7 +201,8 @@ def bump_walk_kernel(
     else:
         y = tl.load(y_ptr + at, mask=valid[:, None] & dmask[None, :], other=0.0).to(acc_dtype)
         if MODE == 1:
-            tl.store(scal_ptr + (dblk * N + row) * T + idx, -coef * tl.reduce(y * acc1, 1, _add), mask=pmask)
+            scal_at = scal_ptr + (dblk * N.to(tl.int64) + row) * T + idx  # 64-bit: N·T can pass 2³¹
+            tl.store(scal_at, -coef * tl.reduce(y * acc1, 1, _add), mask=pmask)
             # dL/db sums over every query and column with cancellation: in float64
             y64 = y.to(tl.float64)
             part = tl.reduce(tl.reduce(y64 * acc2, 1, _add), 0, _add)
@@ -215,4 +216,5 @@ def bump_walk_kernel(
             )  # fmt: skip
         else:
             tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=both)
-            tl.store(scal_ptr + (dblk * N + row) * T + idx, -coef * tl.reduce(y * acc2, 1, _add), mask=pmask)
+            scal_at = scal_ptr + (dblk * N.to(tl.int64) + row) * T + idx
+            tl.store(scal_at, -coef * tl.reduce(y * acc2, 1, _add), mask=pmask)

@@ -268,6 +268,7 @@ def relu_backward_kernel(
     run_q, run_qs, err_q, err_qs = _carried(qcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, True)
     vbar = tl.load(vbar_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
     mean = tl.load(mean_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    plane = N.to(tl.int64) * T  # one (N, T) plane of ``dots``: past 2³¹ entries at B·H·T ≥ 2³¹
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
@@ -297,11 +298,11 @@ def relu_backward_kernel(
         run_kt, err_kt = _two_sum(run_kt, err_kt, tl.reduce(keys_t, 0, _add))
         run_q, err_q = _two_sum(run_q, err_q, tl.reduce(queries, 0, _add))
         run_qs, err_qs = _two_sum(run_qs, err_qs, tl.reduce(queries_s, 0, _add))
-        at = dots_ptr + ((dblk * 3) * N + row) * T
+        at = dots_ptr + (dblk * 3) * plane + row * T
         tl.store(at + i, tl.reduce(g * pre_k, 1, _add), mask=is_query)
-        tl.store(at + N * T + i, tl.reduce(g * pre_kt, 1, _add), mask=is_query)
+        tl.store(at + plane + i, tl.reduce(g * pre_kt, 1, _add), mask=is_query)
         # at a key, -pre_q and -pre_qs are the sums over the queries above it
-        tl.store(at + 2 * N * T + j, -tl.reduce(centred * pre_q, 1, _add), mask=is_key)
+        tl.store(at + 2 * plane + j, -tl.reduce(centred * pre_q, 1, _add), mask=is_key)
         grad = w[:, None] * ((t[:, None] * pre_q - pre_qs) - mean[None, :])
         tl.store(
             dv_ptr + (row * T + j)[:, None] * D + d[None, :], grad.to(dv_ptr.dtype.element_ty), mask=key2

@@ -36,7 +36,11 @@ Result = TypeVar("Result")
 
 
 class TritonUnavailableError(RuntimeError):
-    """``impl="triton"`` was asked for where the kernels cannot run."""
+    """``impl="triton"`` was asked for where the kernels cannot run; ``problem`` says why."""
+
+    def __init__(self, message: str, problem: str | None = None):
+        super().__init__(message)
+        self.problem = problem
 
 
 def interpret_mode() -> bool:
@@ -87,7 +91,7 @@ def resolve_impl(op: str, impl: str, *tensors: torch.Tensor) -> str:
         )
     problem = device_problem(tensors[0].device) if on_cuda else None
     if problem is not None:
-        raise TritonUnavailableError(f"{op}: impl='triton' cannot run: {problem}; {_WAY_OUT}")
+        raise TritonUnavailableError(f"{op}: impl='triton' cannot run: {problem}; {_WAY_OUT}", problem)
     return "triton"
 
 
@@ -110,21 +114,38 @@ def _warn_fallback(op: str, problem: str) -> None:
         )
 
 
-def launch(op: str, impl: str, device: torch.device, call: Callable[[], Result]) -> Result | None:
+def launch(
+    op: str,
+    impl: str,
+    device: torch.device,
+    call: Callable[[], Result],
+    check: Callable[[], bool] | None = None,
+) -> Result | None:
     """Run the Triton path ``call()``. If Triton fails to build or launch a kernel (a
     ``TritonError``: compilation, ptxas, resources), ``impl="triton"`` raises
     ``TritonUnavailableError`` with the reason; ``auto`` warns once, remembers the device as unusable
     (later calls go straight to torch) and returns None: the caller then runs the torch code.
     The forward's call builds its kernels; the backward's are built at the first backward pass,
-    after the device probe (``device_problem``) has shown that Triton builds and runs there."""
+    after the device probe (``device_problem``) has shown that Triton builds and runs there.
+    ``check``: under ``auto``, first the op's first-use check (``selfcheck.trusted``); False: None,
+    the torch code (the check has warned). A kernel that fails to build inside the check is a build
+    failure as above, not a disagreement."""
     from triton.errors import TritonError
 
     try:
+        if impl == "auto" and check is not None and not check():
+            return None
         return call()
-    except TritonError as err:
-        problem = f"Triton failed to build or launch a kernel on {device}: {_first_line(err)}"
+    except (TritonError, TritonUnavailableError) as err:
+        if isinstance(err, TritonUnavailableError):  # raised inside the check's own impl="triton" call
+            if impl != "auto" or err.problem is None:
+                raise
+            problem = err.problem
+        else:
+            problem = f"Triton failed to build or launch a kernel on {device}: {_first_line(err)}"
         if impl != "auto":
-            raise TritonUnavailableError(f"{op}: impl='triton' cannot run: {problem}; {_WAY_OUT}") from err
+            message = f"{op}: impl='triton' cannot run: {problem}; {_WAY_OUT}"
+            raise TritonUnavailableError(message, problem) from err
         _PROBED[str(device)] = problem
         _warn_fallback(op, problem)
         return None
