@@ -18,11 +18,15 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(PY) train.py $(ARGS)
 
+# two workers; tests that must not share a moment with each other (signals, SLURM, servers, timings)
+# carry one xdist_group and run one after another on one worker
+TEST_WORKERS := -n 2 --dist loadgroup
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(TEST_WORKERS)
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -m "slow or not slow"
+	$(PY) -m pytest -q $(TEST_WORKERS) -m "slow or not slow"
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests train.py
