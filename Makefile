@@ -37,7 +37,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 $(VENV)/bin/attnlab bench attention $(ARGS)
 
-# training samples/s per backend at each task's real length (README, "Training samples/s per task")
+# training samples/s per backend at each task's real length (docs/benchmarks.md, "CPU: training samples/s per task")
 bench-training: $(STAMP)
 	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 $(VENV)/bin/attnlab bench training --threads 1 --repeats 5 $(ARGS)
 
