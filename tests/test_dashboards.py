@@ -152,7 +152,7 @@ def _wandb_records(path: Path):
             parts = []
 
 
-def test_wandb_offline_run_gets_history_and_config(train_config, tmp_path, monkeypatch):
+def test_wandb_offline_run_gets_history_and_config(train_config, tmp_path, monkeypatch, capfd):
     import wandb  # in the dev extras: logger=wandb is offered by the README, so CI runs it
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -166,6 +166,9 @@ def test_wandb_offline_run_gets_history_and_config(train_config, tmp_path, monke
     finally:
         wandb.finish()  # Lightning leaves the run open; finishing flushes it to disk
         wandb.teardown()  # and stops wandb's background service
+    said = capfd.readouterr()
+    for line in ("Run summary", "Tracking run with wandb", "You can sync this run"):
+        assert line not in said.out + said.err  # wandb's own banner and summary: silent
 
     run_files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(run_files) == 1, run_files
