@@ -156,7 +156,8 @@ def test_wandb_offline_run_gets_history_and_config(train_config, tmp_path, monke
     import wandb  # in the dev extras: logger=wandb is offered by the README, so CI runs it
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}.items():
+    monkeypatch.delenv("WANDB_SILENT", raising=False)  # the logger's config must silence wandb itself
+    for name, value in {"WANDB_MODE": "offline", "WANDB_CONSOLE": "off"}.items():
         monkeypatch.setenv(name, value)
     for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # keep wandb out of ~/
         monkeypatch.setenv(name, str(tmp_path / name.lower()))
