@@ -4,11 +4,12 @@ See README.md for the config groups (task, attn, trainer, logger, experiment) an
 """
 
 import sys
+from pathlib import Path
 
 import attnlab.threads
 
-# first, before anything loads torch: OpenMP reads its wait policy once, when torch loads it
-attnlab.threads.configure()
+if __name__ == "__main__":  # first, before anything loads torch: OpenMP reads its wait policy once
+    attnlab.threads.configure()  # (not on import: a program that imports `main` keeps its threads)
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
@@ -16,9 +17,12 @@ from omegaconf import DictConfig  # noqa: E402
 import attnlab  # noqa: E402, F401  registers the config resolvers (hydra.run.dir of a resumed run)
 from attnlab.errors import user_error  # noqa: E402
 
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
-def main(cfg: DictConfig) -> float | None:
+
+# an absolute config path: the same configs when this file is imported under another module name
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+def _run(cfg: DictConfig) -> float | None:
     # imported late so `--help` and config errors stay fast
     from attnlab.pipeline import discard_unstarted_run_dir, train
     from attnlab.summary import exit_status
@@ -45,12 +49,32 @@ def main(cfg: DictConfig) -> float | None:
     return summary["val_acc"]  # the value a Hydra sweeper would optimise
 
 
-if __name__ == "__main__":
-    from pathlib import Path
+def main(argv: list[str] | None = None) -> int:
+    """``python train.py <argv>`` as a call: the exit status, the same messages on stderr.
 
+    The command line's checks and errors can then be exercised without starting an interpreter.
+    ``argv`` defaults to the process's own arguments.
+    """
     from attnlab.overrides import check_attention_options
 
-    problem = check_attention_options(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+    args = sys.argv[1:] if argv is None else list(argv)
+    problem = check_attention_options(args, CONF_DIR)
     if problem:  # before Hydra, whose own message would point at `+attn....` instead of the spelling
-        sys.exit(f"error: {problem}")
-    main()
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    program = sys.argv
+    sys.argv = [program[0] if argv is None else str(Path(__file__).resolve()), *args]  # Hydra parses these
+    try:
+        _run()
+    except SystemExit as stop:  # sys.exit's meaning, which the interpreter applies to the command
+        if stop.code is None or isinstance(stop.code, int):
+            return stop.code or 0
+        print(stop.code, file=sys.stderr)
+        return 1
+    finally:
+        sys.argv = program
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

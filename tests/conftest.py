@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
-
-import pytest
-import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import open_dict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
+
+# compiled Triton kernels kept in the checkout (git-ignored), for this process and those it starts: the
+# next run of the suite loads them instead of compiling again (a user's own TRITON_CACHE_DIR wins)
+os.environ.setdefault("TRITON_CACHE_DIR", str(REPO_ROOT / ".cache" / "triton"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import open_dict  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -22,6 +28,22 @@ def _small_torch_threads():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def terminal_signals():
+    """SIGINT and SIGTERM as a terminal leaves them, for this test and the processes it starts.
+
+    A shell that starts the suite in the background (`nohup make test &`, a CI runner, a batch job)
+    sets SIGINT to ignored, and every process inherits that: Ctrl-C would then reach nothing. A caught
+    signal is reset to its default by exec, so a child of this test gets SIG_DFL for both.
+    """
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for signum, handler in previous.items():
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def compose_train_config(overrides: list[str], tmp_path: Path):
@@ -48,6 +70,24 @@ def compose_train_config(overrides: list[str], tmp_path: Path):
 @pytest.fixture
 def train_config(tmp_path):
     return lambda *overrides: compose_train_config(list(overrides), tmp_path)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory):
+    """``tiny_runs.TINY_RESUMABLE`` trained once, start to end: (summary, run dir), the run that every
+    killed, signalled or requeued run of that config must end as. Trained on one thread, as each test
+    runs (the float sums must match); tests read its run dir and never write there."""
+    from attnlab.pipeline import train
+    from tiny_runs import TINY_RESUMABLE
+
+    root = tmp_path_factory.mktemp("uninterrupted")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        summary = train(compose_train_config([*TINY_RESUMABLE, f"paths.run_dir={root / 'run'}"], root))
+    finally:
+        torch.set_num_threads(threads)
+    return summary, root / "run"
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+import pytest
 import torch
 from hydra.utils import instantiate
 
@@ -54,6 +55,7 @@ def _evaluate_in_one_process(cfg, ckpt: str) -> tuple[float, float]:
     return val, test
 
 
+@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 def test_two_process_run_shards_data_and_reduces_metrics_across_ranks(train_config, tmp_path):
     run = tmp_path / "run"
     command = [

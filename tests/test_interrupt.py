@@ -28,7 +28,9 @@ from test_resume import (
     _start,
     _step,
     _wait_for_step,
+    _wait_until_paused,
 )
+from tiny_runs import TESTS_DIR
 
 
 class SignalAt(L.Callback):
@@ -51,12 +53,12 @@ def _signal_at(steps: str, signum: str) -> list[str]:
 
 
 def test_sigterm_then_sigint_in_process_save_at_the_step_reached_and_resume_exactly(
-    train_config, tmp_path, monkeypatch
+    train_config, tmp_path, monkeypatch, uninterrupted
 ):
     """SIGTERM at step 13 (last.ckpt otherwise saved at validations only: step 10), a SIGINT while that
     checkpoint is written, then SIGINT at step 20 (validated: saved after the validation); the third
     attempt ends as the uninterrupted run."""
-    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))
+    uninterrupted, uninterrupted_dir = uninterrupted
     handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     run, only_at_validation = tmp_path / "run", "callbacks.last_checkpoint.every_n_train_steps=0"
     last = run / "checkpoints" / "last.ckpt"
@@ -88,23 +90,24 @@ def test_sigterm_then_sigint_in_process_save_at_the_step_reached_and_resume_exac
     assert "interrupted" not in json.loads((run / "summary.json").read_text())
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
 
-    _assert_same_training(tmp_path / "uninterrupted", run, "a SIGTERM at step 13 and a SIGINT at step 20")
+    _assert_same_training(uninterrupted_dir, run, "a SIGTERM at step 13 and a SIGINT at step 20")
     assert third["val_acc"] == uninterrupted["val_acc"]
     assert third["test_acc"] == uninterrupted["test_acc"]
 
 
+@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 @pytest.mark.parametrize("signum", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])
 def test_signal_to_a_local_run_exits_nonzero_and_the_printed_command_resumes_it(
-    train_config, tmp_path, signum
+    tmp_path, signum, terminal_signals, uninterrupted
 ):
     """``kill <pid>`` (or Ctrl-C) on ``python train.py``: last.ckpt at the step reached and nothing saved
     after it, exit 128 + signal, summary marked interrupted; the printed command, run as printed, ends
     as the uninterrupted run."""
-    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))
+    uninterrupted, uninterrupted_dir = uninterrupted
     run, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
     # SIGINT as Ctrl-C sends it, to the whole process group: the loader workers ignore it
     process = _start(tmp_path, "task.data.num_workers=2", new_session=True)
-    _wait_for_step(process, last, KILL_AFTER)
+    _wait_until_paused(process, tmp_path)
     if signum == "SIGINT":
         os.killpg(process.pid, signal.SIGINT)
     else:
@@ -113,14 +116,15 @@ def test_signal_to_a_local_run_exits_nonzero_and_the_printed_command_resumes_it(
     assert process.returncode == 128 + signal.Signals[signum], output[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["interrupted"] and summary["signal"] == signum and summary["test_acc"] is None
-    assert KILL_AFTER <= summary["steps"] == _step(last) < STEPS
+    assert summary["steps"] == _step(last) == KILL_AFTER + 1  # signalled while held after KILL_AFTER
     (hint,) = [line for line in output.splitlines() if "resume with" in line]
     assert hint.startswith(f"{signum} at step {summary['steps']}: resume with python train.py ")
     command = shlex.split(hint.split("resume with ", 1)[1])
     assert command[-2:] == ["ckpt_path=auto", f"hydra.run.dir={run}"]
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # the printed command names the pause callback:
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))  # importable
     resumed = subprocess.run(
         [sys.executable, str(REPO_ROOT / "train.py"), *command[2:]],
         cwd=tmp_path,
@@ -132,7 +136,7 @@ def test_signal_to_a_local_run_exits_nonzero_and_the_printed_command_resumes_it(
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == STEPS and summary["attempts"] == 2 and "interrupted" not in summary
-    _assert_same_training(tmp_path / "uninterrupted", run, f"a {signum} at step {_step(last)}")
+    _assert_same_training(uninterrupted_dir, run, f"a {signum} at step {_step(last)}")
     assert summary["val_acc"] == uninterrupted["val_acc"]
     assert summary["test_acc"] == uninterrupted["test_acc"]
 
@@ -158,7 +162,7 @@ class _SignalProbe(torch.utils.data.Dataset):
         return [signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)]
 
 
-def test_loader_workers_leave_sigint_and_sigterm_to_the_training_process():
+def test_loader_workers_leave_sigint_and_sigterm_to_the_training_process(terminal_signals):
     """Ctrl-C reaches every process of the group: a worker it ended would fail the batches still to come
     (a validation after the stop, the next fetch of a long step) before the checkpoint is saved."""
     from attnlab.data.loaders import ShardedDataModule
@@ -205,12 +209,13 @@ def test_sigterm_before_the_first_step_marks_the_run_interrupted(train_config, t
     assert summary["test_acc"] is None
 
 
+@pytest.mark.xdist_group("exclusive")
 @pytest.mark.slow
 def test_sigterm_to_rank_0_of_a_ddp_run_stops_every_rank_alike(tmp_path):
     """Two gloo processes; the signal reaches rank 0 only. Every rank saves at the same step, skips the
     test stage and exits 143 (rank 1 used to go on testing alone and die when rank 0 left)."""
     run, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
-    process = _start(tmp_path, "trainer=ddp_cpu", "trainer.max_steps=3000")
+    process = _start(tmp_path, "trainer=ddp_cpu", "trainer.max_steps=3000", pause=False)
     _wait_for_step(process, last, KILL_AFTER, timeout=180)
     children = subprocess.run(
         ["ps", "-o", "pid=", "--ppid", str(process.pid)], capture_output=True, text=True

@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from attnlab.attention import available_backends
 from attnlab.models.causal_lm import NoCausalAttentionError, causal_backends
 from attnlab.validation import check_config
-from tiny_runs import REPO_ROOT, run_train_py
+from tiny_runs import REPO_ROOT, run_train_py, train_main
 
 CONFIGS = ["task=mqar", "experiment=mqar/sweep_width", "experiment=mqar/sweep_seqlen"]
 # data and step counts only: what makes a documented command take seconds
@@ -101,7 +101,7 @@ def test_the_length_sweep_scales_pairs_and_keeps_tokens_per_batch(train_config, 
 
 def test_a_bad_length_in_the_length_sweep_is_named(tmp_path):
     """The scaled counts refuse a length they cannot scale, as a one-line error naming the key."""
-    done = _train_py(tmp_path, "experiment=mqar/sweep_seqlen", "task.data.source.seq_len=0", timeout=300)
+    done = train_main("experiment=mqar/sweep_seqlen", "task.data.source.seq_len=0", cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "error: task.data.batch_size:" in done.stderr
     assert "attnlab_scaled:64,64,0: expected three integers >= 1" in done.stderr
@@ -160,7 +160,7 @@ def test_docs_short_conv_command_builds_the_convolution(tmp_path):
 
 @pytest.mark.slow
 def test_the_short_conv_default_recalls(tmp_path):
-    """docs/mqar.md's command as written: ReLU-bump with 3 taps recalls (issue 34: >= 60 % in 10 min)."""
+    """docs/mqar.md's command as written: ReLU-bump with 3 taps recalls (>= 60 % in 10 min)."""
     done = _train_py(tmp_path, "task=mqar", "attn=sliced_relu_bump", "task.model.short_conv=3", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     (summary,) = (tmp_path / "outputs" / "mqar" / "sliced_relu_bump").glob("*/summary.json")

@@ -1,7 +1,7 @@
 """Exact resume after a kill, SLURM requeue on SIGUSR1, and which checkpoint a restart picks.
 
-The interrupted runs are real `python train.py` processes: one is SIGKILLed mid-epoch once its
-``last.ckpt`` reports a step past ``KILL_AFTER``; the other gets SIGUSR1 with SLURM's variables set
+The interrupted runs are real `python train.py` processes: one is SIGKILLed mid-epoch while
+`tiny_runs.PauseAt` holds it after step ``KILL_AFTER``; the other gets SIGUSR1 with SLURM's variables set
 (so Lightning uses its SLURMEnvironment and attnlab's `SlurmRequeue` takes the signal) and a fake
 ``scontrol`` on PATH. In-process runs raise the signal at chosen steps, on and off a validation step.
 """
@@ -25,22 +25,10 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO, SlurmRequeue, requeue_slurm_job
 from attnlab.pipeline import resolve_ckpt_path, train
 from attnlab.rundir import RunDirError
-from tiny_runs import TINY_LISTOPS
+from tiny_runs import KILL_AFTER, STEPS, TESTS_DIR, pause_at, train_main, wait_until_paused
+from tiny_runs import TINY_RESUMABLE as TINY
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-STEPS, KILL_AFTER, EPOCH = 36, 14, 12  # 192 training examples / batch 16 = 12 steps per epoch: 3 epochs
-TINY = [
-    *TINY_LISTOPS,
-    "logger=none",
-    "callbacks.throughput.warmup_steps=2",
-    # dropout on, so a resumed run matches only if the random states are restored too
-    "task.model.dropout=0.1",
-    "task.model.attn_dropout=0.1",
-    "trainer.deterministic=true",
-    f"trainer.max_steps={STEPS}",
-    "task.val_check_interval=10",
-    "callbacks.last_checkpoint.every_n_train_steps=1",
-]
 
 
 def _step(path: Path) -> int:
@@ -53,18 +41,22 @@ def _start(
     env: dict | None = None,
     base: list[str] = TINY,
     new_session: bool = False,
+    pause: bool = True,
 ) -> subprocess.Popen:
     """``python train.py`` on the tiny config (or ``base``); one thread, as in the in-process runs (same
-    float sums). ``new_session``: its own process group, to signal it with its loader workers (Ctrl-C)."""
+    float sums). ``new_session``: its own process group, to signal it with its loader workers (Ctrl-C).
+    ``pause``: held after step ``KILL_AFTER`` until a signal comes (`_wait_until_paused`)."""
     command = [
         sys.executable,
         str(REPO_ROOT / "train.py"),
         *base,
         *overrides,
+        *(pause_at(KILL_AFTER, tmp_path / "paused") if pause else []),
         f"paths.data_dir={tmp_path / 'data'}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), full_env.get("PYTHONPATH")]))
     return subprocess.Popen(
         command,
         cwd=tmp_path,
@@ -74,6 +66,11 @@ def _start(
         text=True,
         start_new_session=new_session,
     )
+
+
+def _wait_until_paused(process: subprocess.Popen, tmp_path: Path, timeout: float = 300) -> None:
+    """Until the run `_start` began in ``tmp_path`` is held after step ``KILL_AFTER``."""
+    wait_until_paused(process, tmp_path / "paused", timeout)
 
 
 def _wait_for_step(process: subprocess.Popen, ckpt: Path, step: int, timeout: float = 120) -> None:
@@ -105,20 +102,21 @@ def _weights_and_optimizer(path: Path) -> tuple[dict, dict]:
     return ckpt["state_dict"], ckpt["optimizer_states"][0]["state"]
 
 
-def test_run_killed_mid_epoch_resumes_to_the_same_weights_and_metrics(train_config, tmp_path):
-    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))
+@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
+def test_run_killed_mid_epoch_resumes_to_the_same_weights_and_metrics(train_config, tmp_path, uninterrupted):
+    uninterrupted, uninterrupted_dir = uninterrupted
 
     process = _start(tmp_path)  # same config, in its own process, killed without warning
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    _wait_for_step(process, last, KILL_AFTER)
+    _wait_until_paused(process, tmp_path)
     _kill(process)
     killed_at = _step(last)
-    assert KILL_AFTER <= killed_at < STEPS, f"train.py finished (step {killed_at}) before it was killed"
+    assert killed_at == KILL_AFTER, f"killed while held after step {KILL_AFTER}, last.ckpt at {killed_at}"
 
     resumed = train(train_config(*TINY, f"ckpt_path={last}"))
     assert resumed["steps"] == uninterrupted["steps"] == STEPS
 
-    weights_a, optim_a = _weights_and_optimizer(tmp_path / "uninterrupted" / "checkpoints" / "last.ckpt")
+    weights_a, optim_a = _weights_and_optimizer(uninterrupted_dir / "checkpoints" / "last.ckpt")
     weights_b, optim_b = _weights_and_optimizer(last)
     assert weights_a.keys() == weights_b.keys()
     for name in weights_a:
@@ -170,35 +168,36 @@ def _loops(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)["loops"]
 
 
+@pytest.mark.xdist_group("exclusive")
 def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_requeues_and_the_restart_matches(
-    train_config, tmp_path
+    tmp_path, uninterrupted
 ):
-    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))  # + the data
+    uninterrupted, uninterrupted_dir = uninterrupted
     env, record = _fake_slurm(tmp_path)
     run = tmp_path / "run"
     last, hpc = run / "checkpoints" / "last.ckpt", run / "hpc_ckpt_1.ckpt"
 
     process = _start(tmp_path, env=env)
-    _wait_for_step(process, last, KILL_AFTER)
+    _wait_until_paused(process, tmp_path)
     process.send_signal(signal.SIGUSR1)  # what SLURM sends 90 s before the time limit
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 0, output[-3000:]
     assert record.read_text().split() == ["requeue", "4242"]
     saved = _step(hpc)
-    assert KILL_AFTER <= saved < STEPS
+    assert saved == KILL_AFTER + 1  # the signal came while held after KILL_AFTER: the next boundary
     # nothing trained, validated or saved after the hpc checkpoint: last.ckpt holds the same state
     assert _step(last) == saved and _loops(last) == _loops(hpc)
     assert not (run / "summary.json").exists()
 
     # the requeued job: same command, same run dir, ckpt_path null: Lightning picks hpc_ckpt_1.ckpt
-    restarted = _start(tmp_path, env=env)
+    restarted = _start(tmp_path, env=env, pause=False)
     output, _ = restarted.communicate(timeout=120)
     assert restarted.returncode == 0, output[-3000:]
     assert f"Restoring states from the checkpoint path at {hpc}" in output
     assert record.read_text().split() == ["requeue", "4242"]  # requeued once
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == uninterrupted["steps"] == STEPS
-    _assert_same_training(tmp_path / "uninterrupted", run, f"a requeue at step {saved}")
+    _assert_same_training(uninterrupted_dir, run, f"a requeue at step {saved}")
     assert summary["val_acc"] == uninterrupted["val_acc"]
     assert summary["test_acc"] == uninterrupted["test_acc"]
 
@@ -214,10 +213,12 @@ class SignalAt(L.Callback):
             os.kill(os.getpid(), signal.SIGUSR1)
 
 
-def test_requeue_signal_on_and_off_a_validation_step_resumes_exactly(train_config, tmp_path, monkeypatch):
+def test_requeue_signal_on_and_off_a_validation_step_resumes_exactly(
+    train_config, tmp_path, monkeypatch, uninterrupted
+):
     """Step 15: saved right after the step; step 20 (validated): saved after that validation, which the
     resumed run must not repeat. Two requeues, then the run ends as an uninterrupted one does."""
-    uninterrupted = train(train_config(*TINY, f"paths.run_dir={tmp_path / 'uninterrupted'}"))
+    uninterrupted, uninterrupted_dir = uninterrupted
     env, record = _fake_slurm(tmp_path)
     for key, value in env.items():
         if key.startswith("SLURM_") or key == "PATH":
@@ -244,7 +245,7 @@ def test_requeue_signal_on_and_off_a_validation_step_resumes_exactly(train_confi
     assert record.read_text().split() == ["requeue", "4242"] * 2
     assert signal.getsignal(signal.SIGUSR1) == handler  # restored after each fit
 
-    _assert_same_training(tmp_path / "uninterrupted", run, "requeues at steps 15 and 20")
+    _assert_same_training(uninterrupted_dir, run, "requeues at steps 15 and 20")
     assert third["val_acc"] == uninterrupted["val_acc"]
     assert third["test_acc"] == uninterrupted["test_acc"]
 
@@ -380,11 +381,14 @@ def test_stale_temporary_file_does_not_renumber_hpc_checkpoints(tmp_path, monkey
 
 
 # ---- resume as the README writes it; history across attempts ---------------------------------------------
-def _readme_run(tmp_path: Path, *overrides: str) -> subprocess.Popen:
-    """``python train.py [overrides]`` in ``tmp_path`` with nothing but the tiny sizes: no run dir given."""
-    command = [sys.executable, str(REPO_ROOT / "train.py"), *TINY, *overrides]
+def _readme_run(tmp_path: Path, *overrides: str, pause: bool = False) -> subprocess.Popen:
+    """``python train.py [overrides]`` in ``tmp_path`` with nothing but the tiny sizes: no run dir given.
+    ``pause``: held after step ``KILL_AFTER`` until a signal comes (`_wait_until_paused`)."""
+    held = pause_at(KILL_AFTER, tmp_path / "paused") if pause else []
+    command = [sys.executable, str(REPO_ROOT / "train.py"), *TINY, *overrides, *held]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
     return subprocess.Popen(
         command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -397,23 +401,19 @@ def _metric_steps(run_dir: Path, column: str) -> list[int]:
         return [int(row["step"]) for row in csv.DictReader(handle) if row.get(column)]
 
 
+@pytest.mark.xdist_group("exclusive")
 def test_resume_as_the_readme_writes_it_continues_the_same_run(tmp_path):
     """``ckpt_path=<run>/checkpoints/last.ckpt``, no ``hydra.run.dir``: same run dir, best-checkpoint
     tracking restored, metric rows and wall time of the killed attempt kept, attempts counted."""
-    process = _readme_run(tmp_path, "logger=csv", "trainer.log_every_n_steps=1")
+    process = _readme_run(tmp_path, "logger=csv", "trainer.log_every_n_steps=1", pause=True)
     runs = tmp_path / "outputs" / "listops" / "sliced_relu"
-    deadline = time.monotonic() + 180  # start-up and data on a loaded 2-core machine take a while
-    while not list(runs.glob("*/checkpoints/last.ckpt")) and time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"train.py ended (rc {process.returncode}) before its first checkpoint")
-        time.sleep(0.05)
+    _wait_until_paused(process, tmp_path)
     found = list(runs.glob("*/checkpoints/last.ckpt"))
-    assert len(found) == 1, f"expected one run's last.ckpt after 180 s, found {found}"
+    assert len(found) == 1, f"expected one run's last.ckpt, found {found}"
     (last,) = found
-    _wait_for_step(process, last, KILL_AFTER)
     _kill(process)
     run_dir, killed_at = last.parent.parent, _step(last)
-    assert KILL_AFTER <= killed_at < STEPS
+    assert killed_at == KILL_AFTER
     first_attempt_s = torch.load(last, weights_only=True)["callbacks"]["AttemptClock"]["wall_time_s"]
 
     relative = last.relative_to(tmp_path)  # typed as a user would, from where they ran the first command
@@ -494,13 +494,7 @@ def test_bad_ckpt_path_files_are_named_on_the_command_line(tmp_path, content, me
         bad.write_bytes(content)
     else:
         torch.save(content, bad)
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), *TINY, f"ckpt_path={bad}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = train_main(*TINY, f"ckpt_path={bad}", cwd=tmp_path)
     assert done.returncode == 1
     assert f"error: ckpt_path {bad} {message}" in done.stderr
     assert "Traceback" not in done.stderr

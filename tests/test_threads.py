@@ -160,6 +160,7 @@ def test_train_py_sets_threads_before_torch_loads_and_the_users_win(tmp_path, us
         assert f"torch uses {expected} intra-op threads" in line
 
 
+@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 def test_bench_threads_runs_each_setting_beside_busy_processes(tmp_path):
     out_file = tmp_path / "threads.json"
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", MARKER)}

@@ -12,11 +12,11 @@ import torch
 from attnlab.errors import ConfigError
 from attnlab.pipeline import train
 from attnlab.validation import check_config
-from tiny_runs import REPO_ROOT, TINY_LISTOPS, run_train_py
+from tiny_runs import REPO_ROOT, TINY_LISTOPS, run_train_py, train_main
 
 
 def _train_py(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return run_train_py(*TINY_LISTOPS, "logger=none", *overrides, cwd=tmp_path, timeout=300)
+    return train_main(*TINY_LISTOPS, "logger=none", *overrides, cwd=tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_train_split_smaller_than_a_batch_is_named(train_config):
 def test_a_resolver_refusing_its_inputs_is_named_without_a_traceback(tmp_path):
     """The paper MLM preset derives gradient accumulation from the device count: 3 devices cannot
     share a global batch of 1024 sequences."""
-    done = run_train_py("experiment=mlm/paper", "trainer.devices=3", cwd=tmp_path, timeout=300)
+    done = train_main("experiment=mlm/paper", "trainer.devices=3", cwd=tmp_path)
     assert done.returncode == 1
     assert "error: trainer.accumulate_grad_batches:" in done.stderr
     assert "1024 sequences do not split evenly over 3 devices" in done.stderr
@@ -157,7 +157,7 @@ def test_an_unreachable_mlflow_server_fails_in_seconds_naming_the_uri():
 
 @pytest.mark.parametrize("plus", ["", "+"])
 def test_a_misspelt_backend_option_gets_one_line_with_the_accepted_ones(tmp_path, plus):
-    done = run_train_py(f"{plus}attn.projeciton=linear", cwd=tmp_path, timeout=120)
+    done = train_main(f"{plus}attn.projeciton=linear", cwd=tmp_path)
     assert done.returncode == 1
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines == [lines[0]] and lines[0].startswith("error: attn.projeciton: no such option")

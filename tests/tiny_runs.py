@@ -1,14 +1,25 @@
-"""Overrides that shrink a training run to seconds, shared by the tests that train (tiny ListOps), and
-`run_train_py`, the command line as a user types it."""
+"""Overrides that shrink a training run to seconds, shared by the tests that train (tiny ListOps),
+`run_train_py`, the command line as a user types it, and `PauseAt`, which holds a run for a signal."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
+import logging
 import os
 import subprocess
 import sys
+import time
+from functools import cache
 from pathlib import Path
 
+import lightning as L
+
+from attnlab.callbacks.checkpoint import StepBoundaryStop
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTS_DIR = Path(__file__).resolve().parent
 
 TINY_LISTOPS_DATA = [
     "task.data.source.sizes.train=192",
@@ -21,6 +32,21 @@ TINY_LISTOPS_DATA = [
 TINY_MODEL = ["task.model.dim=16", "task.model.mlp_dim=32"]
 QUIET = ["trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0"]
 TINY_LISTOPS = [*TINY_LISTOPS_DATA, *TINY_MODEL, *QUIET]
+
+# the runs that are killed, signalled and resumed (test_resume, test_interrupt, test_resume_tasks)
+STEPS, KILL_AFTER = 36, 14  # 192 training examples / batch 16 = 12 steps per epoch: 3 epochs
+TINY_RESUMABLE = [
+    *TINY_LISTOPS,
+    "logger=none",
+    "callbacks.throughput.warmup_steps=2",
+    # dropout on, so a resumed run matches only if the random states are restored too
+    "task.model.dropout=0.1",
+    "task.model.attn_dropout=0.1",
+    "trainer.deterministic=true",
+    f"trainer.max_steps={STEPS}",
+    "task.val_check_interval=10",
+    "callbacks.last_checkpoint.every_n_train_steps=1",
+]
 
 
 def run_train_py(
@@ -37,3 +63,80 @@ def run_train_py(
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     command = [sys.executable, str(REPO_ROOT / "train.py"), *args]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@cache
+def _train_script():
+    """``train.py`` imported as the module ``train`` (Hydra names the run's log after it); its
+    ``__main__`` block, the thread set-up, does not run."""
+    spec = importlib.util.spec_from_file_location("train", REPO_ROOT / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def train_main(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python train.py <args>`` in ``cwd`` through ``train.main(argv)`` in this process: the exit
+    status and what it printed, as ``run_train_py`` returns them, without starting an interpreter.
+
+    For the command line's checks and error messages; a run whose output comes from Lightning's own
+    loggers, threads or signals needs ``run_train_py``. The logging set-up Hydra installs for the run
+    is taken down again."""
+    main = _train_script().main
+    root = logging.getLogger()
+    handlers, level, here = root.handlers[:], root.level, os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(list(args))
+    finally:
+        os.chdir(here)
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    return subprocess.CompletedProcess(["train.py", *args], status, out.getvalue(), err.getvalue())
+
+
+class PauseAt(L.Callback):
+    """Holds training before the step after ``step`` (whose checkpoints are written by then), says so
+    by creating ``marker``, and waits there until a signal arrives: a kill, or one that attnlab's
+    handlers answer with a stop at the next step boundary. A test then signals a run at a known step,
+    however fast or slow the machine, instead of racing the steps it polls for."""
+
+    def __init__(self, step: int, marker: str, timeout: float = 300.0):
+        self.step, self.marker, self.timeout, self.held = step, Path(marker), timeout, False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.held or trainer.global_step != self.step:
+            return
+        self.held = True
+        stops = [c for c in trainer.callbacks if isinstance(c, StepBoundaryStop)]
+        self.marker.write_text(f"{trainer.global_step}\n")
+        deadline = time.monotonic() + self.timeout
+        while all(stop.received is None for stop in stops) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def pause_at(step: int, marker: Path) -> list[str]:
+    """The overrides that add `PauseAt` to a run (a subprocess needs ``TESTS_DIR`` on its path)."""
+    return [
+        "+callbacks.pause_at._target_=tiny_runs.PauseAt",
+        f"+callbacks.pause_at.step={step}",
+        f"+callbacks.pause_at.marker={marker}",
+    ]
+
+
+def wait_until_paused(process: subprocess.Popen, marker: Path, timeout: float = 300) -> None:
+    """Until the run started as ``process`` reports (``marker``) that `PauseAt` holds it."""
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if process.poll() is not None:
+            output = process.stdout.read()[-3000:] if process.stdout else ""
+            raise AssertionError(f"train.py ended (rc {process.returncode}) before it paused:\n{output}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"train.py did not pause (no {marker}) within {timeout} s")
+        time.sleep(0.02)

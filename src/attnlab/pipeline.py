@@ -82,7 +82,15 @@ def hyperparameters(cfg: DictConfig, params: int, seq_len: int) -> dict[str, Any
 #: Lightning's console lines that a user cannot act on: adverts for its cloud products, a note that
 #: ``srun`` exists on a machine with SLURM installed (shown on every local run there), and a
 #: deprecation inside Lightning itself
-NOISE = ("💡 Tip:", "command is available on your system but is not used", "isinstance(treespec, LeafSpec)")
+NOISE = (
+    "💡 Tip:",
+    "command is available on your system but is not used",
+    "isinstance(treespec, LeafSpec)",
+    # Lightning logs by global step, so an epoch shorter than the interval loses no training log
+    "is smaller than the logging interval",
+    # a resumed run's metrics.csv keeps its earlier rows (`HistoryCSVLogger`), whatever Lightning says
+    "Previous log files in this directory will be deleted",
+)
 
 
 def _route_lightning_logs_to_root() -> None:

@@ -3,7 +3,7 @@
 PyTorch's CPU ops run on an OpenMP pool (GNU libgomp in the pip wheels) whose idle threads *spin*
 before they sleep. When other processes keep the cores busy (a login node, a laptop, a 2-core CI
 runner) the spinning threads steal the very cores that the thread they wait for needs, and a
-training step can take several times longer than with one thread (the README's "The CPU under load"
+training step can take several times longer than with one thread (docs/configuration.md, "CPU threads"
 has the figures). Three measures, each only where the user has not chosen:
 
 - **A cap** (``OMP_NUM_THREADS``): the CPUs this process may really use, its CPU affinity

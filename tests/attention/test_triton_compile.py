@@ -133,6 +133,8 @@ def _launch(kernel: str, target: str, dtype: str) -> tuple[list[str], dict, dict
     types = [f"*{dtype}" if t == VAL else t for t in types]
     constants = dict(constants)
     options = {"num_warps": BUMP_TUNING.num_warps if kernel.startswith("bump_") else TUNING.num_warps}
+    if kernel == "relu_backward_kernel":
+        options["maxnreg"] = TUNING.backward_max_registers
     if kernel.startswith("linear_"):
         config = launch_config(DTYPES[dtype], TARGETS[target])
         constants.update(C=config.pop("C"), PRECISION=precision(DTYPES[dtype]))

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("exclusive")  # jobs on one cluster: one test at a time
+
 JOB_DEADLINE_S = 120  # queueing + run of a trivial job; generous for a loaded 2-core CI machine
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 # A trivial job needs next to nothing; small requests keep it from waiting behind other work.

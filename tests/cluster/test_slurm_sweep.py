@@ -25,6 +25,8 @@ import pytest
 
 from tiny_runs import TINY_LISTOPS
 
+pytestmark = pytest.mark.xdist_group("exclusive")  # jobs on one cluster: one test at a time
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SWEEP_DEADLINE_S = 300  # 4 tiny runs, 2 at a time on the 2-core CI node: ~40 s when the machine is idle
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}

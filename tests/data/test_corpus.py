@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,6 +154,20 @@ def test_every_file_format_gives_the_same_streams(tmp_path, kind, streaming):
     expected = expected_streams(source, DOCS)
     assert {s: streams[s].tolist() for s in streams} == expected
     assert (tmp_path / "data" / "mlm").is_dir() and source.tokenizer_dir().is_relative_to(tmp_path / "data")
+
+
+def test_a_saved_sets_id_ignores_the_cache_files_datasets_adds_to_its_folder(tmp_path):
+    """Tokenizing a ``save_to_disk`` folder writes ``cache-*.arrow`` into it, which moves the folder's
+    mtime: the corpus id (its data folder) must stay what it was, or the streams are never found."""
+    files = write_corpus(tmp_path / "corpus", "disk")
+    source = TextCorpus(data_dir=tmp_path / "data", files=files, text_field="body")
+    before = source.corpus_id()
+    (Path(files) / "cache-0123456789abcdef.arrow").write_bytes(b"x")
+    later = Path(files).stat().st_mtime + 5
+    os.utime(files, (later, later))
+    assert source.corpus_id() == before
+    (Path(files) / "state.json").write_text("{}")  # the saved set itself changed: another corpus
+    assert source.corpus_id() != before
 
 
 def test_parallel_tokenization_matches_one_process(tmp_path):

@@ -75,6 +75,14 @@ def _digest(value) -> str:
     return hashlib.sha1(json.dumps(value, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def _stamps(path: Path) -> list[tuple[str, int, int]]:
+    """(path, size, whole-second mtime) of a corpus file, or of each file of a ``save_to_disk`` folder
+    except the ``cache-*.arrow`` files `datasets` adds there when it maps the set: the folder's own
+    mtime moves with those, which gave the corpus a new id between tokenizing and loading it."""
+    files = sorted(f for f in path.rglob("*") if f.is_file() and not f.name.startswith("cache-"))
+    return [(str(f), f.stat().st_size, int(f.stat().st_mtime)) for f in (files if path.is_dir() else [path])]
+
+
 class TextCorpus:
     """Where the text comes from, how it is split and tokenized; prepares and loads the token streams.
 
@@ -170,7 +178,7 @@ class TextCorpus:
         if self.files is None:
             return f"pydoc-topics-py{sys.version_info.major}.{sys.version_info.minor}"
         paths = self._resolved_files()
-        stamp = [(str(p), p.stat().st_size, int(p.stat().st_mtime)) for p in paths]
+        stamp = [entry for p in paths for entry in _stamps(p)]
         options = [self._file_format(paths), self.text_field, self.sample_by, self.hf_split]
         return f"{paths[0].stem or 'corpus'}-{_digest([stamp, options])}"
 

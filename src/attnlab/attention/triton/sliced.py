@@ -51,6 +51,10 @@ class StreamTuning:
     min_chunk: int = 2048
     chunk: int | None = None
     num_warps: int = 8
+    # the backward walk's register cap: uncapped it takes 188-197 registers a thread at 8 warps (one
+    # block of 256 threads per SM, 12.5 % occupancy); at 128 two blocks fit, for at most 8 bytes of
+    # spills (sm_80 bf16; `tests/attention/test_triton_compile.py` reads both)
+    backward_max_registers: int = 128
 
 
 TUNING = StreamTuning()
@@ -174,7 +178,7 @@ def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
         grad_v, dots, kcarry if kcarry is not None else s, qcarry,
         rows, length, dim, order.shape[1], chunk, n_chunks,
         HAS_W=weight is not None, HAS_KCARRY=kcarry is not None, BLOCK=TUNING.block, BD=block_d,
-        num_warps=TUNING.num_warps,
+        num_warps=TUNING.num_warps, maxnreg=TUNING.backward_max_registers,
     )  # fmt: skip
     return grad_v, dots.sum(dim=0) if d_blocks > 1 else dots[0]
 
