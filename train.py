@@ -65,10 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     The command line's checks and errors can then be exercised without starting an interpreter.
     ``argv`` defaults to the process's own arguments.
     """
+    from attnlab.config_groups import check_group_choices
     from attnlab.overrides import check_attention_options
 
     args = sys.argv[1:] if argv is None else list(argv)
-    problem = check_attention_options(args, CONF_DIR) or _run_dir_problem(args)
+    problem = check_group_choices(args, CONF_DIR) or check_attention_options(args, CONF_DIR)
+    problem = problem or _run_dir_problem(args)
     if problem:  # before Hydra, whose own message would point at `+attn....` instead of the spelling
         print(f"error: {problem}", file=sys.stderr)
         return 1

@@ -25,7 +25,7 @@ FLOORS: list[set[str]] = [
     {"flops", "data"},
     {"models"},
     {"tasks", "callbacks", "reporting"},
-    {"pipeline", "loggers", "resolvers", "launcher", "overrides"},
+    {"pipeline", "loggers", "resolvers", "launcher", "overrides", "config_groups"},
     {"cli", "__init__"},
 ]
 

@@ -130,7 +130,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.info("Triton kernel cache of this SLURM job: %s (TRITON_CACHE_DIR)", triton_cache)
     check_gpus(cfg.trainer)  # GPUs that this torch build and Triton can run on? fail before any work
     _route_lightning_logs_to_root()
-    _log_cpu_threads()
+    if rank_zero_only.rank != 0:  # a DDP run's other ranks: their info lines would repeat rank 0's
+        logging.getLogger().setLevel(logging.WARNING)
+    _log_cpu_threads(cfg)
     run_dir = Path(cfg.paths.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero_only.rank != 0:  # rank 0 holds the run dir's lock for every rank
@@ -311,10 +313,17 @@ def discard_unstarted_run_dir(run_dir: str | Path, output_dir: str | Path | None
     return True
 
 
-def _log_cpu_threads() -> None:
-    """Which thread settings this run uses and who chose them (`attnlab.threads`)."""
+def _log_cpu_threads(cfg: DictConfig) -> None:
+    """Which thread settings this run uses and who chose them (`attnlab.threads`), and whether the
+    governor moves the count (the `CpuThreads` callback: not when configured off, deterministic or on
+    a GPU)."""
     settings = thread_settings()
-    chosen = settings.describe() if settings else "CPU threads: as the calling program set them"
+    governed = (
+        (cfg.get("callbacks") or {}).get("cpu_threads") is not None
+        and not cfg.trainer.get("deterministic")
+        and str(cfg.trainer.get("accelerator", "cpu")) == "cpu"
+    )
+    chosen = settings.describe(governed) if settings else "CPU threads: as the calling program set them"
     log.info("%s; torch uses %d intra-op threads", chosen, torch.get_num_threads())
 
 

@@ -58,11 +58,13 @@ class ThreadSettings:
         """Whether the governor may move the thread count (not when the user fixed it)."""
         return not self.off and self.chosen_by.get("threads") == "attnlab"
 
-    def describe(self) -> str:
+    def describe(self, governed: bool = True) -> str:
+        """``governed``: whether this run lets the governor move the count (a run with
+        ``callbacks.cpu_threads=null``, in deterministic mode or on a GPU does not)."""
         if self.off:
             return f"CPU threads: torch's defaults ({SWITCH}=off)"
         threads = f"{self.cap} threads ({self.chosen_by['threads']}"
-        threads += ", following the CPUs other processes leave free)" if self.adaptive else ")"
+        threads += ", following the CPUs other processes leave free)" if self.adaptive and governed else ")"
         return (
             f"CPU threads: {threads}, OpenMP waiting {self.wait} ({self.chosen_by['wait']}); "
             f"set OMP_NUM_THREADS / OMP_WAIT_POLICY to choose, {SWITCH}=off for torch's defaults"
