@@ -49,6 +49,16 @@ def _run(cfg: DictConfig) -> float | None:
     return summary["val_acc"]  # the value a Hydra sweeper would optimise
 
 
+def _run_dir_problem(args: list[str]) -> str | None:
+    """A ``hydra.run.dir`` that names an existing file: Hydra would fail making it, in a traceback."""
+    for arg in args:
+        if arg.lstrip("+").startswith("hydra.run.dir="):
+            path = Path(arg.split("=", 1)[1])
+            if path.exists() and not path.is_dir():
+                return f"hydra.run.dir={path}: a file, not a directory; give a run directory"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python train.py <argv>`` as a call: the exit status, the same messages on stderr.
 
@@ -60,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else list(argv)
     problem = check_group_choices(args, CONF_DIR) or check_attention_options(args, CONF_DIR)
+    problem = problem or _run_dir_problem(args)
     if problem:  # before Hydra, whose own message would point at `+attn....` instead of the spelling
         print(f"error: {problem}", file=sys.stderr)
         return 1

@@ -20,7 +20,7 @@ MAX_LINES = 600
 #: subpackage of attnlab (``attnlab.data``) or a top-level module (``attnlab.resume``).
 FLOORS: list[set[str]] = [
     {"errors", "threads"},
-    {"resume", "batching", "validation", "summary", "history", "cluster"},
+    {"resume", "rundir", "batching", "validation", "summary", "history", "cluster"},
     {"attention"},
     {"flops", "data"},
     {"models"},

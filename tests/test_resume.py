@@ -24,6 +24,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO, SlurmRequeue, requeue_slurm_job
 from attnlab.pipeline import resolve_ckpt_path, train
+from attnlab.rundir import RunDirError
 from tiny_runs import KILL_AFTER, STEPS, TESTS_DIR, pause_at, train_main, wait_until_paused
 from tiny_runs import TINY_RESUMABLE as TINY
 
@@ -292,7 +293,7 @@ def test_requeue_handler_only_under_slurm_with_auto_requeue(where, tmp_path, mon
 
 def _fake_checkpoint(path: Path, step: int, mtime: float) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"global_step": step}, path)
+    torch.save({"global_step": step, "state_dict": {}}, path)
     os.utime(path, (mtime, mtime))
 
 
@@ -325,9 +326,9 @@ def test_null_resumes_from_hpc_checkpoint_only_under_slurm(train_config, tmp_pat
     (tmp_path / "run" / "checkpoints" / "last.ckpt").rename(hpc)
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO), pytest.raises(RunDirError, match="already holds a finished run"):
         train(train_config(*TINY, "trainer.max_steps=6", "test=false"))
-    assert str(hpc) not in caplog.text  # not on SLURM: a fresh start
+    assert str(hpc) not in caplog.text  # not on SLURM: a fresh start, refused over the earlier run
 
     env, _ = _fake_slurm(tmp_path)
     for key, value in env.items():

@@ -246,9 +246,16 @@ def test_a_checkpoint_of_another_model_is_named_with_both_runs(train_config, tmp
     train(first)
     last = Path(first.paths.run_dir) / "checkpoints" / "last.ckpt"
     wider = train_config(*TINY_LISTOPS, "task.model.dim=32", f"ckpt_path={last}")
-    with pytest.raises(CheckpointError) as caught:
+    with pytest.raises(CheckpointError) as caught:  # its run's config.yaml says so, before any work
         train(wider)
     message = str(caught.value)
-    assert f"ckpt_path {last} holds another model" in message and "of another shape" in message
-    assert "saved by task=listops, attn=sliced_relu, dim=16, depth=2" in message
+    assert f"ckpt_path {last}: this command changes" in message and "task.model.dim: 16 -> 32" in message
+    # a checkpoint copied out of its run has no config.yaml beside it: its weights say it
+    copy = tmp_path / "copied.ckpt"
+    copy.write_bytes(last.read_bytes())
+    with pytest.raises(CheckpointError) as caught:
+        train(train_config(*TINY_LISTOPS, "task.model.dim=32", f"ckpt_path={copy}"))
+    message = str(caught.value)
+    assert f"ckpt_path {copy} holds another model" in message and "of another shape" in message
+    assert "saved by a run whose config.yaml is not beside it" in message
     assert "this run is task=listops, attn=sliced_relu, dim=32, depth=2" in message

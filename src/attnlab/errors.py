@@ -32,9 +32,26 @@ def user_error(error: BaseException) -> UserError | None:
         from_worker = _from_loader_worker(error)
         if from_worker is not None:
             return from_worker
+        refused = _refused_by_constructor(error)
+        if refused is not None:
+            return refused
         seen.add(id(error))
         error = error.__cause__
     return None
+
+
+def _refused_by_constructor(error: BaseException) -> UserError | None:
+    """A config value that a constructor refused with a plain ValueError or TypeError, as one line
+    naming the config node (Hydra's ``instantiate`` reports it in several lines with a traceback)."""
+    cause = error.__cause__
+    if type(error).__name__ != "InstantiationException" or not isinstance(cause, ValueError | TypeError):
+        return None
+    if isinstance(cause, UserError):
+        return cause
+    key = re.search(r"^full_key: (\S+)", str(error), re.M)
+    target = re.search(r"call to target '([^']+)'", str(error))
+    where = key.group(1) if key else (target.group(1) if target else "config")
+    return UserError(f"{where}: {cause}")
 
 
 _WORKER_ERROR = re.compile(r"^Caught (\w+) in DataLoader worker process \d+\.\nOriginal Traceback", re.S)

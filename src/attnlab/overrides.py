@@ -15,6 +15,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.validation import MODEL_SUPPLIED
+
 _ATTN_OPTION = re.compile(r"^[+~]{0,2}attn\.([A-Za-z_][\w]*)(?:[.=]|$)")
 #: keys an attn config has that are not layer options
 _CONFIG_KEYS = {"_target_", "_partial_", "name", "module"}
@@ -53,9 +55,14 @@ def check_attention_options(args: list[str], conf_dir: Path) -> str | None:
         keys = set(OmegaConf.load(config)) if config.is_file() else set()
         accepted = set(backend_options(backend)) | keys
         for option in options:
+            if option in MODEL_SUPPLIED:
+                return (
+                    f"attn.{option}: set by the model, not by the attention config; "
+                    f"use {MODEL_SUPPLIED[option]}"
+                )
             if option not in accepted | _CONFIG_KEYS:
                 return (
                     f"attn.{option}: no such option for attention backend {backend!r}; accepted options: "
-                    f"{', '.join(sorted(accepted - _CONFIG_KEYS))}"
+                    f"{', '.join(sorted(accepted - _CONFIG_KEYS - set(MODEL_SUPPLIED)))}"
                 )
     return None

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.attention.gpu_check import check_gpus
 from attnlab.callbacks.checkpoint import Interrupt, SlurmRequeue
+from attnlab.callbacks.divergence import TrainingDiverged
 from attnlab.callbacks.throughput import ThroughputMonitor
 from attnlab.cluster import check_slurm_layout, job_local_triton_cache
 from attnlab.data.common import file_lock
@@ -40,13 +41,15 @@ from attnlab.history import AttemptClock, HistoryCSVLogger
 from attnlab.resume import (
     best_checkpoint_in_run,
     check_checkpoint_fits,
+    check_resume_config,
     checkpoint_step,
-    read_checkpoint,
+    checkpoint_weights,
     resolve_ckpt_path,
     resume_command,
     run_description,
     saved_run,
 )
+from attnlab.rundir import LOCK_NAME, claim_for_fresh_run, locked_by_another, run_dir_lock
 from attnlab.summary import git_commit, interrupted_fields, write_summary
 from attnlab.threads import applied as thread_settings
 from attnlab.validation import check_config
@@ -132,9 +135,24 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     _log_cpu_threads(cfg)
     run_dir = Path(cfg.paths.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if rank_zero_only.rank != 0:  # rank 0 holds the run dir's lock for every rank
+        return _train(cfg, clock, run_dir)
+    with run_dir_lock(run_dir):  # a second run started in this dir meanwhile is refused
+        return _train(cfg, clock, run_dir)
+
+
+def _train(cfg: DictConfig, clock: AttemptClock, run_dir: Path) -> dict[str, Any]:
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)  # a bad checkpoint fails before any work
+    if ckpt_path is None and rank_zero_only.rank == 0:  # a fresh run never replaces an earlier one's results
+        aside = claim_for_fresh_run(run_dir, bool(cfg.get("overwrite", False)), _resume_command(run_dir))
+        if aside is not None:
+            log.info("overwrite=true: the earlier run in %s was moved to %s", run_dir, aside)
+    if ckpt_path is not None:  # the model, task and recipe of the run it continues: before any work
+        check_resume_config(ckpt_path, cfg)
     saved = saved_run(ckpt_path) if ckpt_path is not None else {}  # before this run's config.yaml replaces it
-    if rank_zero_only.rank == 0:  # from the start: an interrupted or failed run dir still says what it ran
+    if ckpt_path is None and rank_zero_only.rank == 0:
+        # from the start: an interrupted or failed run dir still says what it ran (a resumed run's
+        # config.yaml is replaced only once its checkpoint has been found to fit)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     # before the data: a logger that cannot start (no tracking server) fails before any work
     loggers = [instantiate(lg) for lg in cfg.get("logger", {}).values() if lg is not None]
@@ -151,6 +169,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     module = instantiate(cfg.task.module, model=model)
     if ckpt_path is not None:  # another task's or size's checkpoint: one line, not a state_dict traceback
         check_checkpoint_fits(ckpt_path, module.state_dict(), run_description(cfg), saved)
+        if rank_zero_only.rank == 0:
+            OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None] + [clock]
     if ckpt_path is not None:  # one run across attempts: keep the metric rows up to the checkpoint
         for logger in loggers:
@@ -172,10 +192,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     )
 
     sigterm = None  # a SIGTERM that Lightning's handler took, before `Interrupt` takes over at the first step
+    diverged: TrainingDiverged | None = None
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:  # in the sanity check: nothing trained since the checkpoint it resumed from
         sigterm = signal.SIGTERM
+    except TrainingDiverged as err:  # no test of NaN weights: the summary says so and the report skips it
+        diverged = err
     requeue = _find(trainer.callbacks, SlurmRequeue)
     if requeue is not None and requeue.preempted:
         log.info(
@@ -199,9 +222,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     best_path = best_checkpoint_in_run(checkpoint.best_model_path if checkpoint else "", run_dir)
     best_val = checkpoint.best_model_score if checkpoint else None
     test_metrics: dict[str, float] = {}  # test/acc -> test_acc, test/top5 -> test_top5, ...
-    if cfg.get("test", True) and signum is None:
+    if cfg.get("test", True) and signum is None and diverged is None:
         if best_path:  # the weights only: restoring the whole checkpoint would rewind the callbacks too
-            module.load_state_dict(read_checkpoint(best_path, "best checkpoint")["state_dict"])
+            module.load_state_dict(checkpoint_weights(best_path, "best checkpoint"))
         try:
             results = trainer.test(module, datamodule=datamodule)
         except SIGTERMException:  # training is over and saved
@@ -238,9 +261,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "dim": cfg.task.model.get("dim"),  # model width: the state size of recall comparisons
         **test_metrics,
         **(interrupted_fields(signum) if signum is not None else {}),
+        **({"diverged": True, "diverged_at_step": diverged.step} if diverged is not None else {}),
         # Lightning's smoke test (a batch or a few of each stage): a check that the run works, not a result
         **({"smoke_test": True} if trainer.fast_dev_run else {}),
     }
+    if diverged is not None:
+        if trainer.is_global_zero:
+            write_summary(run_dir, summary)
+        _finish_wandb(trainer)
+        raise diverged  # train.py prints its one line
     if trainer.is_global_zero:
         path = write_summary(run_dir, summary)
         _print_closing_lines(summary, path)
@@ -251,7 +280,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 #: what a run dir holds before any training: Hydra's log and config copies, attnlab's config, loggers' dirs
-_STARTUP_FILES = {"train.log", ".hydra", "config.yaml", "csv", "tensorboard", "wandb"}
+_STARTUP_FILES = {"train.log", ".hydra", "config.yaml", "csv", "tensorboard", "wandb", LOCK_NAME}
 
 
 def discard_unstarted_run_dir(run_dir: str | Path, output_dir: str | Path | None = None) -> bool:
@@ -267,6 +296,8 @@ def discard_unstarted_run_dir(run_dir: str | Path, output_dir: str | Path | None
     run_dir = Path(run_dir)
     if not run_dir.is_dir() or any(entry.name not in _STARTUP_FILES for entry in run_dir.iterdir()):
         return False
+    if locked_by_another(run_dir):
+        return False  # another run is starting in it: the refused one must not remove its files
     if any(
         path.is_file() and path.stat().st_size
         for sub in ("csv", "tensorboard")

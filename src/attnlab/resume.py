@@ -67,7 +67,19 @@ def read_checkpoint(path: str | Path, what: str = "checkpoint") -> dict[str, Any
 
 def checkpoint_step(path: str | Path, what: str = "checkpoint") -> int:
     """The global step a checkpoint was saved at (the weights are not read: memory-mapped)."""
-    return int(read_checkpoint(path, what)["global_step"])
+    step = read_checkpoint(path, what)["global_step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"{what} {path} is damaged: its global_step is {step!r}, not an integer >= 0")
+    return int(step)
+
+
+def checkpoint_weights(path: str | Path, what: str = "ckpt_path") -> dict[str, Any]:
+    """The checkpoint's ``state_dict`` (tensors by name), refused by name when it has none."""
+    weights = read_checkpoint(path, what).get("state_dict")
+    if not isinstance(weights, dict):
+        found = "no state_dict" if weights is None else f"a state_dict of type {type(weights).__name__}"
+        raise CheckpointError(f"{what} {path} holds {found}: it is not a model checkpoint attnlab can resume")
+    return weights
 
 
 def resume_candidates(run_dir: Path) -> list[Path]:
@@ -120,9 +132,11 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
                 f"{run_dir}; refusing to resume from it (give that file as ckpt_path=<path> if you mean it)"
             )
         newest = max(candidates, key=lambda p: (checkpoint_step(p), p.stat().st_mtime))
+        checkpoint_weights(newest)
         log.info("ckpt_path=auto: resuming from %s (of %s)", newest, ", ".join(p.name for p in candidates))
         return str(newest)
     checkpoint_step(Path(ckpt_path), "ckpt_path")  # fails early, naming the file, when it is not a checkpoint
+    checkpoint_weights(Path(ckpt_path))
     return str(ckpt_path)
 
 
@@ -197,7 +211,24 @@ def check_checkpoint_fits(
     first differences, what the checkpoint's run was (``saved``: `saved_run`, read before this run
     writes its own config.yaml) and what this run expects (``expected``: `run_description`).
     """
-    held = read_checkpoint(ckpt_path, "ckpt_path")["state_dict"]
+    held = checkpoint_weights(ckpt_path)
+    import torch
+
+    broken = next(
+        (
+            key
+            for key, value in held.items()
+            if isinstance(value, torch.Tensor)
+            and value.is_floating_point()
+            and not torch.isfinite(value).all()
+        ),
+        None,
+    )
+    if broken is not None:
+        raise CheckpointError(
+            f"ckpt_path {ckpt_path} holds non-finite weights (NaN or inf, first in {broken}): the run that "
+            f"saved it had diverged; resume from an earlier checkpoint or start a new run"
+        )
     shapes = [
         f"{key}: checkpoint {tuple(held[key].shape)}, this run {tuple(value.shape)}"
         for key, value in state_dict.items()
@@ -246,3 +277,105 @@ def run_description(cfg) -> dict[str, Any]:
         "depth": pick("task.model.depth"),
         "num_heads": pick("task.model.num_heads"),
     }
+
+
+#: keys a resumed run may set differently from the run it continues: budgets and limits, logging,
+#: where files go, how many devices; everything else (task, data, model, backend and its options,
+#: optimiser, precision, seed) would make the continued run another experiment. docs/resume.md lists them.
+MAY_CHANGE_ON_RESUME = (
+    "ckpt_path",
+    "overwrite",
+    "test",
+    "paths.",
+    "logger.",
+    "callbacks.",
+    "task.max_steps",
+    "task.max_epochs",
+    "task.max_time",
+    "task.val_check_interval",
+    "task.check_val_every_n_epoch",
+    "task.data.num_workers",
+    "task.data.eval_batch_size",
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.max_time",
+    "trainer.min_steps",
+    "trainer.min_epochs",
+    "trainer.val_check_interval",
+    "trainer.check_val_every_n_epoch",
+    "trainer.limit_train_batches",
+    "trainer.limit_val_batches",
+    "trainer.limit_test_batches",
+    "trainer.limit_predict_batches",
+    "trainer.num_sanity_val_steps",
+    "trainer.log_every_n_steps",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.profiler",
+    "trainer.default_root_dir",
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.strategy",
+)
+
+
+def _may_change(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in MAY_CHANGE_ON_RESUME)
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        flat: dict[str, Any] = {}
+        for key, value in node.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat or {prefix.rstrip("."): {}}
+    return {prefix.rstrip("."): node}
+
+
+def changed_on_resume(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The keys, outside `MAY_CHANGE_ON_RESUME`, whose values differ between two resolved configs."""
+    before, after = _flatten(saved), _flatten(current)
+    return sorted(
+        key
+        for key in before.keys() | after.keys()
+        if not _may_change(key) and before.get(key) != after.get(key)
+    )
+
+
+def check_resume_config(ckpt_path: str | Path, cfg) -> None:
+    """Refuse to resume a checkpoint under a config that changes its model, task or training recipe.
+
+    The run's ``config.yaml`` (beside its ``checkpoints/``) is compared with this command's resolved
+    config; a softmax checkpoint resumed with ``attn=linear`` has weights of the same shapes and used
+    to train on as another backend. A checkpoint without its run's config.yaml is checked by its
+    weights alone (`check_checkpoint_fits`).
+    """
+    from omegaconf import OmegaConf
+
+    run_dir = run_dir_of_checkpoint(ckpt_path)
+    config = run_dir / "config.yaml" if run_dir is not None else None
+    if config is None or not config.is_file():
+        return
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(config), resolve=False)
+    except Exception as err:  # yaml's and OmegaConf's errors share no base class
+        raise CheckpointError(
+            f"{config} (the config of the run to resume) is not readable YAML: {err}"
+        ) from err
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{config} (the config of the run to resume) is not a mapping of keys")
+    changed = changed_on_resume(saved, OmegaConf.to_container(cfg, resolve=True))
+    if not changed:
+        return
+    flat_saved, flat_now = _flatten(saved), _flatten(OmegaConf.to_container(cfg, resolve=True))
+    shown = ", ".join(
+        f"{key}: {flat_saved.get(key, '<absent>')!r} -> {flat_now.get(key, '<absent>')!r}"
+        for key in changed[:6]
+    )
+    more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+    raise CheckpointError(
+        f"ckpt_path {ckpt_path}: this command changes {len(changed)} key(s) of the run it resumes that "
+        f"change its model or training ({shown}{more}); resume with the run's own values (its config: "
+        f"{config}), or start a new run in another dir. Keys that may change on resume: docs/resume.md"
+    )

@@ -63,6 +63,16 @@ def batches_limit() -> tuple[Check, str]:
     )
 
 
+def choice(*allowed: Any) -> tuple[Check, str]:
+    return (lambda v: v in allowed), "one of " + ", ".join(dict.fromkeys(map(str, allowed)))
+
+
+#: what Lightning's ``Trainer(precision=...)`` accepts
+PRECISIONS = (
+    *("64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"),
+    *("64", "32", "16", "bf16", 64, 32, 16, "transformer-engine", "transformer-engine-float16"),
+)
+
 POSITIVE = integer(minimum=1)
 NON_NEGATIVE = integer(minimum=0)
 FRACTION = number(0.0, 1.0)
@@ -95,11 +105,21 @@ CHECKS: dict[str, tuple[Check, str]] = {
         "null or a mapping of timm Mixup options (mixup_alpha, cutmix_alpha, prob, switch_prob, ...)",
     ),
     "task.model.dropout": number(0.0, 1.0),
-    "task.model.attn_dropout": number(0.0, 1.0),
+    "task.model.attn_dropout": number(0.0, 1.0, high_open=True),  # the attention layer's own bound
+    "task.model.positions": choice("learned", "sinusoidal", "rope", "none"),  # models.classifier.POSITIONS
+    "task.data.source.sizes.train": POSITIVE,
+    "task.data.source.sizes.val": POSITIVE,
+    "task.data.source.sizes.test": POSITIVE,
     "task.module.optimizer.lr": number(0.0, low_open=True),
     "task.module.optimizer.weight_decay": number(0.0),
     "task.module.scheduler.warmup_steps": NON_NEGATIVE,
     "trainer.num_nodes": POSITIVE,
+    "trainer.max_steps": integer(minimum=1, also=(-1,)),
+    "trainer.max_epochs": (
+        lambda v: v is None or (_is_int(v) and v >= -1),
+        "null or an integer >= -1 (-1: no limit in epochs)",
+    ),
+    "trainer.precision": choice(*PRECISIONS),
     "trainer.accumulate_grad_batches": POSITIVE,
     "trainer.log_every_n_steps": POSITIVE,
     "trainer.num_sanity_val_steps": integer(minimum=-1),
@@ -113,6 +133,8 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "trainer.limit_test_batches": batches_limit(),
     "trainer.overfit_batches": batches_limit(),
     "callbacks.throughput.warmup_steps": NON_NEGATIVE,
+    "callbacks.last_checkpoint.every_n_train_steps": NON_NEGATIVE,
+    "callbacks.periodic_checkpoint.every_n_train_steps": NON_NEGATIVE,
     "test": (lambda v: isinstance(v, bool), "true or false"),
 }
 
@@ -133,6 +155,9 @@ def check_config(cfg: DictConfig) -> None:
         if not ok(value):
             problems.append(f"{key}={value!r}: expected {expected}")
     problems += _missing_logger_packages(cfg)
+    problems += _unread_added_keys(cfg, _command_overrides())
+    if not problems:
+        problems += _attention_problems(cfg)
     if len(problems) == 1:
         raise ConfigError(f"bad config value {problems[0]}")
     if problems:
@@ -156,3 +181,147 @@ def _missing_logger_packages(cfg: DictConfig) -> list[str]:
                     f"logger={name}: needs the {module} package, which is an optional extra: {install}"
                 )
     return problems
+
+
+#: what the model passes to the attention layer it builds: set in ``task.model``, never in ``attn``
+MODEL_SUPPLIED = {
+    "dim": "task.model.dim",
+    "num_heads": "task.model.num_heads",
+    "rope": "task.model.positions=rope",
+    "dropout": "task.model.attn_dropout",
+    "qkv_dim": "task.model.qkv_dim",
+}
+
+
+def _attention_problems(cfg: DictConfig) -> list[str]:
+    """The attention config's options, checked by building one layer as the model will.
+
+    Every backend's constructor checks its own options (``attn.eps=0``, ``attn.projection=cubic``,
+    ``attn.causal=maybe``, a width not divisible by the head count); building one layer here, at the
+    model's width, turns what used to fail after the data was prepared, as Hydra's multi-line report,
+    into one line before any work.
+    """
+    attn = cfg.get("attn")
+    if not isinstance(attn, DictConfig) or "_target_" not in attn:
+        return []
+    supplied = [key for key in MODEL_SUPPLIED if key in attn]
+    if supplied:
+        key = supplied[0]
+        return [f"attn.{key}: set by the model, not by the attention config; use {MODEL_SUPPLIED[key]}"]
+    model = cfg.task.get("model") if isinstance(cfg.get("task"), DictConfig) else None
+    model = model if isinstance(model, DictConfig) else DictConfig({})
+    dim, heads = model.get("dim"), model.get("num_heads")
+    if not (_is_int(dim) and _is_int(heads)):
+        dim, heads = 16, 2  # a model that names its width otherwise: the options alone are checked
+    width = {"qkv_dim": model.qkv_dim} if model.get("qkv_dim") is not None else {}
+    causal = str(model.get("_target_", "")).endswith("CausalLM")  # decoders build causal layers
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        factory = instantiate(attn)
+        extra = {"causal": True} if causal else {}
+        factory(dim=dim, num_heads=heads, **width, **extra)
+    except InstantiationException as err:
+        return [f"attn ({attn.get('name')}): {err.__cause__ or err}"]
+    except (ValueError, TypeError) as err:
+        return [f"attention backend {attn.get('name')!r} with this config: {err}"]
+    return []
+
+
+def _command_overrides() -> list[str]:
+    """The command line's overrides, as Hydra recorded them (none outside a Hydra run)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return list(HydraConfig.get().overrides.task)
+
+
+def _unread_added_keys(cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """``+key=value`` overrides that add a key nothing reads, each with the closest existing key.
+
+    Hydra adds any key it is given with ``+``: ``+task.modle.dim=32`` trained on without a word, and
+    ``+task.model.dimm=64`` failed late in the model's constructor. A key is read when its node is
+    built with ``_target_`` whose signature takes it (or any keyword), or when the config refers to
+    it (``${oc.select:task.max_epochs,-1}``); a key that creates a new node or top-level key is read
+    by nothing.
+    """
+    import difflib
+
+    added = [o.split("=", 1)[0].lstrip("+") for o in overrides if o.startswith("+") and "=" in o]
+    added = [key for key in added if key and not key.startswith(("hydra.", "attn."))]
+    readers = [key for key in added if key.rpartition(".")[2].startswith("_")]  # _target_, _partial_
+    added = [key for key in added if key not in readers]
+    if not added:
+        return []
+    referenced = OmegaConf.to_yaml(cfg)  # unresolved: interpolations name the keys they read
+    tree = OmegaConf.to_container(cfg, resolve=False)  # the structure only: nothing is resolved
+    problems = []
+    for key in added:
+        if f"{key}," in referenced or f"{key}}}" in referenced:
+            continue
+        parent_key = key.rpartition(".")[0]
+        parent = _lookup(tree, parent_key)
+        if not isinstance(parent, dict):
+            continue
+        here = f"{parent_key}." if parent_key else ""
+        existing = [f"{here}{k}" for k in parent if not _only_added(parent[k], f"{here}{k}", added)]
+        if "_target_" in parent:
+            accepted = _target_parameters(str(parent["_target_"]))
+            if accepted is None or key.rpartition(".")[2] in accepted:
+                continue
+            name, candidates = key, sorted({f"{here}{a}" for a in accepted} | set(existing))
+        elif existing and parent_key:
+            continue  # a node of plain settings: code may read any key of it
+        else:  # a node, or a top-level key, that only this override creates: compare where it starts
+            node, prefix, name, candidates = tree, "", key, []
+            for part in key.split("."):
+                kids = [f"{prefix}{k}" for k in node if not _only_added(node[k], f"{prefix}{k}", added)]
+                if f"{prefix}{part}" not in kids:
+                    name, candidates = f"{prefix}{part}", kids
+                    break
+                node, prefix = node[part], f"{prefix}{part}."
+        rest = key[len(name) :]  # a misspelt node: prefer the nodes that hold the rest of the key
+        holding = [c for c in candidates if rest and _lookup(tree, c + rest) is not None]
+        matches = difflib.get_close_matches(name, holding, n=1, cutoff=0.6)
+        if matches:
+            hint = f"; did you mean {matches[0]}{rest}?"
+        else:
+            matches = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+            hint = f"; did you mean {matches[0]}?" if matches else ""
+        problems.append(f"+{key}: nothing reads this key{hint}")
+    return problems
+
+
+def _lookup(tree: Any, key: str) -> Any:
+    """The value at dotted ``key`` of a plain nested dict, None when absent (``""``: the whole tree)."""
+    for part in key.split(".") if key else []:
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def _only_added(node: Any, path: str, added: list[str]) -> bool:
+    """Whether the config holds ``path`` only because ``+`` overrides put every key of it there."""
+    if isinstance(node, dict):
+        return all(_only_added(v, f"{path}.{k}", added) for k, v in node.items()) if node else False
+    return path in added
+
+
+def _target_parameters(target: str) -> list[str] | None:
+    """The keyword parameters ``target`` takes; None when it takes any (``**kwargs``) or is unknown."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    try:
+        obj = get_object(target)
+        signature = inspect.signature(obj.__init__ if isinstance(obj, type) else obj)
+    except Exception:  # not importable or no signature: leave it to the constructor
+        return None
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.name != "self"]

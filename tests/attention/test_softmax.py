@@ -97,3 +97,53 @@ def test_bad_inputs_name_expected_shapes():
         softmax_attention(q, k, v, torch.ones(2, 5))
     with pytest.raises(ValueError, match="key_padding_mask"):
         softmax_attention(q, k, v, torch.ones(2, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize(
+    ("where", "causal"), [("q", False), ("q", True), ("k", False), ("k", True), ("v", False)]
+)
+@pytest.mark.parametrize("masked", [False, True])
+def test_non_finite_inputs_give_the_references_nan_pattern(where, masked, causal):
+    """SDPA's fused kernels dropped a NaN in q (0 non-finite outputs against the reference's 4) and,
+    with a mask and causal, spread a NaN key to the queries before it."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 7, 4, generator=gen) for _ in range(3))
+    mask = torch.ones(2, 7, dtype=torch.bool)
+    if masked:
+        mask[1, 5:] = False
+    x = {"q": q, "k": k, "v": v}
+    x[where] = x[where].clone()
+    x[where][1, 0, 3, 1] = float("nan")
+    x[where][0, 1, 2, 0] = float("nan")
+    key_mask = mask if masked else None
+    got = softmax_attention(x["q"], x["k"], x["v"], key_mask, causal)
+    expected = reference.softmax_attention(
+        x["q"].double(), x["k"].double(), x["v"].double(), key_mask, causal
+    )
+    assert (~torch.isfinite(got)).any()
+    assert torch.equal(torch.isnan(got), ~torch.isfinite(expected))
+    finite = torch.isfinite(expected)
+    torch.testing.assert_close(got[finite].double(), expected[finite], atol=1e-5, rtol=1e-5)
+
+
+def test_a_padded_key_holding_nan_changes_nothing():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=gen) for _ in range(3))
+    mask = torch.tensor([[True] * 4 + [False] * 2])
+    clean = softmax_attention(q, k, v, mask)
+    k, v = k.clone(), v.clone()
+    k[0, :, 5], v[0, :, 4] = float("nan"), float("nan")
+    assert torch.equal(softmax_attention(q, k, v, mask), clean)
+
+
+def test_a_nan_value_reaches_no_query_before_it_when_causal():
+    """The reference's ``probs @ v`` spreads a future key's NaN value through its zero weight; a
+    causal query must not see the future at all."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=gen) for _ in range(3))
+    clean = softmax_attention(q, k, v, causal=True)
+    v = v.clone()
+    v[0, 1, 3, 2] = float("nan")
+    got = softmax_attention(q, k, v, causal=True)
+    assert torch.equal(got[:, :, :3], clean[:, :, :3]) and torch.equal(got[:, 0], clean[:, 0])
+    assert torch.isnan(got[0, 1, 3:, 2]).all() and not torch.isnan(got[0, 1, 3:, [0, 1, 3]]).any()

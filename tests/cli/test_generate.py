@@ -164,3 +164,51 @@ def test_a_position_table_allows_exactly_the_tokens_it_has_positions_for(runs, c
     assert limit == 24 - prompt + 1  # positions 0 .. 23 read, the last new token never fed back
     code, _, err = generate_cli(capsys, run, "--prompt", "a b c", "--max-new-tokens", limit + 1)
     assert code == 2 and f"ask for at most {limit}" in err
+
+
+def test_a_rope_model_is_bounded_unless_asked_for_more(runs, capsys, monkeypatch):
+    """A billion new tokens from a RoPE model used to start, with no bound and no estimate."""
+    code, out, err = generate_cli(capsys, runs["linear"], "--max-new-tokens", 1_000_000_000)
+    assert code == 2 and not out
+    assert err.startswith(
+        "attnlab generate: error: --max-new-tokens 1000000000: more than 100,000 new tokens"
+    )
+    assert "--allow-long" in err and err.count("\n") == 1
+    import attnlab.cli.generate as cli
+
+    from omegaconf import OmegaConf
+
+    # the limit, and the flag that lifts it, at a small scale: past the model's own max_len
+    beyond = OmegaConf.load(runs["linear"] / "config.yaml").task.model.max_len + 2
+    monkeypatch.setattr(cli, "LONG_GENERATION", beyond - 1)
+    assert generate_cli(capsys, runs["linear"], "--max-new-tokens", beyond)[0] == 2
+    code, text, _ = generate_cli(capsys, runs["linear"], "--max-new-tokens", beyond, "--allow-long")
+    assert code == 0 and text
+
+
+def test_the_progress_bar_shows_the_time_left(runs, capsys):
+    code = main(["generate", str(runs["linear"]), "--max-new-tokens", "5"])
+    err = capsys.readouterr().err
+    assert code == 0 and "ETA " in err and "tokens [" in err
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("config", "config.yaml: not a readable run config"),
+        ("state_dict", "holds no state_dict"),
+    ],
+)
+def test_a_damaged_run_is_one_line(runs, tmp_path, capsys, damage, message):
+    copy = tmp_path / "run"
+    shutil.copytree(runs["linear"], copy)
+    if damage == "config":
+        (copy / "config.yaml").write_text("task: [unclosed\n")
+    else:
+        for path in (copy / "checkpoints").glob("*.ckpt"):
+            checkpoint = torch.load(path, weights_only=True)
+            checkpoint.pop("state_dict")
+            torch.save(checkpoint, path)
+    code, out, err = generate_cli(capsys, copy)
+    assert code == 2 and not out
+    assert err.startswith("attnlab generate: error: ") and message in err and err.count("\n") == 1

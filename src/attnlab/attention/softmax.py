@@ -52,9 +52,50 @@ def softmax_attention(
     a padded query's output is the mean of V over all T positions; ``"lra2020"``: the leaderboard-era
     LRA code's, the sum; see `attnlab.attention.padding` and `lra_padded_rows`). `dropout_p` is
     attention dropout (pass 0 at evaluation).
+
+    Non-finite inputs give the float64 reference's NaN pattern: a kept query's output is NaN where
+    its q, or the k of a real key it sees (j <= i when causal), holds a NaN, and in each value column
+    where such a key's v does; exact elsewhere (the fused kernels spread or drop NaN by their own
+    rules). A padded or future key has no influence whatever it holds (the reference's ``probs @ v``
+    multiplies a future key's NaN value by its zero weight, which spreads it). An inf is treated as
+    a NaN (in the reference its sign decides).
+
+    The scores q·k/√D are formed in the input dtype: in float32 they overflow once |q|·|k| nears
+    about 1e38 (65504 in float16), where the float64 reference stays finite; keep q and k far from
+    there (the models' LayerNorms do) or compute in float64.
     """
     check_qkv(q, k, v, key_padding_mask)
     check_padded_queries("softmax_attention", padded_queries, causal, allowed=PADDED_QUERIES)
+    bad_q = ~torch.isfinite(q).all(dim=-1)  # (B, H, T)
+    bad_k, bad_v = ~torch.isfinite(k).all(dim=-1), ~torch.isfinite(v)  # (B, H, T), (B, H, T, Dv)
+    if not q.is_cuda and not bool(bad_q.any() | bad_k.any() | bad_v.any()):  # on CUDA asking would stall
+        return _softmax_attention(q, k, v, key_padding_mask, causal, dropout_p, padded_queries)
+    if key_padding_mask is not None:
+        bad_k = bad_k & key_padding_mask[:, None, :]
+        bad_v = bad_v & key_padding_mask[:, None, :, None]
+    finite = [x.masked_fill(~torch.isfinite(x), 0.0) for x in (q, k, v)]
+    out = _softmax_attention(*finite, key_padding_mask, causal, dropout_p, padded_queries)
+    if causal:  # the keys each query sees: j <= i
+        seen_k, seen_v = bad_k.cummax(dim=2).values, bad_v.cummax(dim=2).values
+    else:
+        seen_k, seen_v = bad_k.any(dim=2, keepdim=True), bad_v.any(dim=2, keepdim=True)
+    poison = (bad_q | seen_k)[..., None] | seen_v  # (B, H, T, Dv): what the reference makes NaN ...
+    if key_padding_mask is not None:  # ... at the queries it keeps, of sequences with a key to see
+        has_key = key_padding_mask.cummax(dim=-1).values if causal else key_padding_mask.any(-1, keepdim=True)
+        kept = key_padding_mask if padded_queries != "attend" else torch.ones_like(key_padding_mask)
+        poison = poison & (has_key & kept)[:, None, :, None]
+    return out.masked_fill(poison, float("nan"))
+
+
+def _softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    causal: bool,
+    dropout_p: float,
+    padded_queries: str,
+) -> torch.Tensor:
     if padded_queries in ("lra", "lra2020") and key_padding_mask is not None:
         real = softmax_attention(q, k, v, key_padding_mask, dropout_p=dropout_p, padded_queries="zero")
         padded_rows = lra_padded_rows(q, k, v)

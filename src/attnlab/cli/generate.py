@@ -5,6 +5,10 @@ weights (a run dir: its best checkpoint, else ``last.ckpt``); the tokenizer come
 (``attnlab_lm``). The prompt is prefilled with the parallel causal op, then each new token costs one
 recurrent step (`attnlab.tasks.sampling`). The text goes to stdout, the progress bar and the speed
 (tokens/s) to stderr.
+
+A model with a position table (learned, sinusoidal) generates up to its ``max_len`` positions; one
+without (RoPE, none) up to 100,000 new tokens, more with ``--allow-long``. The progress bar shows the
+tokens done, the rate and the time left.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from attnlab.cli.bench_args import positive_int
 from attnlab.errors import CheckpointError, UserError
 
 LM_TARGET = "attnlab.models.causal_lm.CausalLM"
+#: new tokens a model without a position table (RoPE, none) generates without --allow-long: far past
+#: its training context, and hours on a CPU
+LONG_GENERATION = 100_000
 
 
 def find_run(path: Path) -> tuple[Path, Path]:
@@ -50,14 +57,19 @@ def find_run(path: Path) -> tuple[Path, Path]:
 def load_run(path: Path, device: str = "cpu"):
     """(model in eval mode, tokenizer, config) of a causal LM run."""
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     from attnlab.data.tokenizer import from_strings
-    from attnlab.resume import read_checkpoint
+    from attnlab.resume import checkpoint_weights, read_checkpoint
     from attnlab.tasks.lm import CHECKPOINT_KEY
 
     config_path, checkpoint_path = find_run(path)
-    cfg = OmegaConf.load(config_path)
+    try:
+        cfg = OmegaConf.load(config_path)
+    except Exception as err:  # yaml's and OmegaConf's errors share no base class
+        raise UserError(f"{config_path}: not a readable run config ({str(err).splitlines()[0]})") from err
+    if not isinstance(cfg, DictConfig):
+        raise UserError(f"{config_path}: not a run config (a mapping of keys)")
     task = OmegaConf.select(cfg, "task.name")
     target = OmegaConf.select(cfg, "task.model._target_")
     if target != LM_TARGET:
@@ -75,9 +87,8 @@ def load_run(path: Path, device: str = "cpu"):
         )
     tokenizer = from_strings(files["vocab"], files["merges"], f"{checkpoint_path} (its tokenizer)")
     model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), vocab_size=tokenizer.vocab_size)
-    state = {
-        k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")
-    }
+    weights = checkpoint_weights(checkpoint_path, "checkpoint")
+    state = {k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")}
     model.load_state_dict(state)
     return model.to(device).eval(), tokenizer, cfg
 
@@ -131,11 +142,20 @@ def main(args: argparse.Namespace) -> int:
                     f"ones exceed the model's {model.max_len} positions ({model.positions} positions); "
                     f"ask for at most {model.max_len - len(prompt) + 1}"
                 )
+            if args.max_new_tokens > LONG_GENERATION and not args.allow_long:
+                raise UserError(
+                    f"--max-new-tokens {args.max_new_tokens}: more than {LONG_GENERATION:,} new tokens, "
+                    f"{total // model.max_len}× the {model.max_len} positions the model was built for "
+                    f"({model.positions} positions have no end); add --allow-long if you mean it"
+                )
             model.max_len = total  # RoPE / no positions: nothing in the model ends at max_len
     except UserError as err:
         print(f"attnlab generate: error: {err}", file=sys.stderr)
         return 2
-    bar = tqdm(total=args.max_new_tokens, unit="tok", file=sys.stderr, disable=args.quiet, leave=False)
+    bar = tqdm(
+        total=args.max_new_tokens, unit="tok", file=sys.stderr, disable=args.quiet, leave=False,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} tokens [{elapsed}, ETA {remaining}, {rate_fmt}]",
+    )  # fmt: skip
     out = generate(
         model, prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
         on_token=lambda _: bar.update(1),
@@ -169,4 +189,8 @@ def register(subparsers) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--allow-long", action="store_true",
+        help=f"allow more than {LONG_GENERATION:,} new tokens from a model without a position table",
+    )  # fmt: skip
     parser.set_defaults(func=main)

@@ -10,6 +10,7 @@ inside a sequence too: that is how ``zero_pixels="padding"`` keeps black pixels 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import math
 import os
@@ -20,6 +21,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +47,22 @@ class DataError(UserError):
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {message}")
         self.path, self.line, self.reason = Path(path), line, message
+
+
+def read_json(path: str | Path, keys: Sequence[str] = (), what: str = "a record attnlab wrote") -> Any:
+    """The JSON object in ``path``, or a `DataError` naming the file: unreadable, not JSON (a write
+    cut short, an edit), not an object, or without one of ``keys``. Delete it and attnlab writes it
+    again where it wrote it."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(path, f"not readable as {what} ({err}); delete it to have it written again") from err
+    missing = [key for key in keys if not isinstance(data, dict) or key not in data]
+    if not isinstance(data, dict) or missing:
+        found = f"no {', '.join(map(repr, missing))}" if isinstance(data, dict) else type(data).__name__
+        raise DataError(path, f"not {what} ({found}); delete it to have it written again")
+    return data
 
 
 def check_choice(key: str, value, allowed: Sequence) -> None:

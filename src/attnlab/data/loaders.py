@@ -17,9 +17,13 @@ was resumed or not; no augmentation draws from, or shifts, the process's global 
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing.util
 import os
 import random
 import signal
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -118,13 +122,59 @@ def _worker_init(worker_id: int, rank: int) -> None:
     """Loader workers leave SIGINT and SIGTERM to the training process, which saves ``last.ckpt`` at the
     next step boundary and then shuts them down (`attnlab.callbacks.checkpoint.Interrupt`): a Ctrl-C
     reaches every process of the terminal's group, and a worker it killed would fail the next batch.
-    Lightning's worker seeding, which a worker_init_fn of ours replaces, still runs."""
+    Lightning's worker seeding, which a worker_init_fn of ours replaces, still runs.
+
+    Since SIGTERM no longer ends them, a worker also ends when its parent is gone (`_watch_parent`),
+    and the parent kills the ones still alive when its interpreter exits (`_end_workers_at_exit`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _watch_parent(os.getppid())
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         from lightning.fabric.utilities.seed import pl_worker_init_function
 
         pl_worker_init_function(worker_id, rank)
+
+
+def _watch_parent(parent: int, interval_s: float = 0.5) -> None:
+    """End this worker once ``parent`` is no longer its parent (killed with ``kill -9``, crashed), even
+    when the worker is busy in a dataset's code and never looks at its queue again."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="attnlab-parent-watchdog", daemon=True).start()
+
+
+def _end_workers_at_exit(grace_s: float = 2.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``, the daemonic children still alive at interpreter exit.
+
+    A loader whose iterator outlives its use (held by a failing test's traceback, say) is never shut
+    down; at exit multiprocessing sends its daemonic children SIGTERM, which `_worker_init`'s workers
+    ignore, and waits for them forever: pytest hung at exit. This runs first (atexit runs handlers
+    last-in, first-out, and it is registered after multiprocessing's); a child that does end on
+    SIGTERM ends as multiprocessing would have ended it.
+    """
+    import multiprocessing
+
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    if not children:
+        return
+    # torch's SIGCHLD handler raises in this thread when a loader worker dies of a signal
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        child.join(timeout=max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=grace_s)
+
+
+multiprocessing.util  # noqa: B018  imported first: its exit handler must run after ours
+atexit.register(_end_workers_at_exit)
 
 
 class ShardedDataModule(L.LightningDataModule):

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from attnlab.data.common import DataError, MissingDataError, check_choice, removed_on_failure
+from attnlab.data.common import DataError, MissingDataError, check_choice, read_json, removed_on_failure
 from attnlab.data.corpus_blocks import CorpusBlocksDataModule
 from attnlab.data.corpus_errors import document_texts, explain_load_failure
 from attnlab.data.loaders import SPLITS
@@ -333,7 +333,7 @@ class TextCorpus:
                 raise MissingDataError(
                     path, "Run `attnlab data prepare mlm` or train once: it tokenizes the corpus."
                 )
-            self._meta = json.loads(path.read_text())
+            self._meta = read_json(path, (), "the tokenized corpus's record")
         return self._meta
 
     def load(self) -> dict[str, np.ndarray]:
@@ -369,7 +369,11 @@ class TextCorpus:
                 "tokenizer and tokenize the corpus",
             }
         folder = self.tokens_dir()
-        meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else None
+        meta = (
+            read_json(folder / "meta.json", (), "the tokenized corpus's record")
+            if (folder / "meta.json").is_file()
+            else None
+        )
         splits = {
             s: {
                 "path": str(folder / f"{s}.bin"),

@@ -21,6 +21,7 @@ from attnlab.reporting.tables import (
     throughput_markdown,
     throughput_table,
 )
+from attnlab.reporting.variants import label_variants
 from attnlab.reporting.vit import vit_markdown, vit_runs, write_vit_curves
 
 
@@ -50,8 +51,9 @@ def write_report(
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out-dir {str(out)!r} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
-    acc = accuracy_table(runs, metric)
-    thr = throughput_table(runs, baseline)
+    variants = label_variants(runs)  # runs of other configurations are not seeds of one result
+    acc = accuracy_table(variants, metric)
+    thr = throughput_table(variants, baseline)
     acc_md = accuracy_markdown(acc)
     thr_md = throughput_markdown(thr, baseline)
     files = {name: out / name for name in _FILE_NAMES}

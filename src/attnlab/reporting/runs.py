@@ -125,6 +125,11 @@ def parse_summary(path: Path) -> RunSummary:
             f"{path}: the run was interrupted ({data.get('signal', 'a signal')} at step "
             f"{data.get('steps')}); resume it with ckpt_path=auto in its run dir to report it"
         )
+    if data.get("diverged"):
+        raise ReportError(
+            f"{path}: the run diverged (a non-finite training loss at step {data.get('diverged_at_step')}); "
+            f"not a result"
+        )
     if data.get("smoke_test"):
         raise ReportError(f"{path}: a smoke test (trainer.fast_dev_run), not a result")
     for key in ("task", "attn"):

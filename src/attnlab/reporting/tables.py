@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnlab.reporting.formats import MISSING, markdown_table, number
@@ -21,6 +21,7 @@ from attnlab.reporting.runs import (
     task_sort_key,
 )
 from attnlab.reporting.stats import Stat
+from attnlab.reporting.variants import per_seed
 from attnlab.summary import SUMMARY_FIELDS  # every field a run summary carries, in runs.csv order
 
 
@@ -37,8 +38,10 @@ class AccuracyTable:
     metric: str
     tasks: list[str]
     backends: list[str]
-    cells: dict[tuple[str, str], Stat | None]  # (backend, task) -> stat
+    cells: dict[tuple[str, str], Stat | None]  # (backend, task) -> stat over distinct seeds
     baseline: dict[str, Stat | None]  # task -> stat of baseline_acc
+    #: (backend, task) -> {seed: runs} for the seeds run more than once (averaged into one value)
+    repeats: dict[tuple[str, str], dict[Any, int]] = field(default_factory=dict)
 
     def average(self, backend: str) -> tuple[float | None, int]:
         """Mean over tasks of the per-task means, and how many tasks it covers."""
@@ -56,13 +59,22 @@ def accuracy_table(runs: Sequence[RunSummary], metric: str = "test_acc") -> Accu
         raise ReportError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
     tasks = sorted({r.task for r in runs}, key=task_sort_key)
     backends = sorted({r.attn for r in runs}, key=backend_sort_key)
-    cells = {
-        (b, t): Stat.of(r.get(metric) for r in runs if r.attn == b and r.task == t)
-        for b in backends
-        for t in tasks
-    }
+    cells, repeats = {}, {}
+    for b in backends:
+        for t in tasks:
+            values, repeated = per_seed([r for r in runs if r.attn == b and r.task == t], metric)
+            cells[(b, t)] = Stat.of(values)
+            if repeated:
+                repeats[(b, t)] = repeated
     baseline = {t: Stat.of(r.get("baseline_acc") for r in runs if r.task == t) for t in tasks}
-    return AccuracyTable(metric, tasks, backends, cells, baseline)
+    return AccuracyTable(metric, tasks, backends, cells, baseline, repeats)
+
+
+def _repeats_note(repeated: dict[Any, int] | None) -> str:
+    """Seeds run more than once: flagged, since their repeats are one seed's value, not more seeds."""
+    if not repeated:
+        return ""
+    return " ⚠ repeated seed " + ", ".join(f"{seed} ×{n}" for seed, n in sorted(repeated.items(), key=str))
 
 
 def _average_cell(value: float | None, covered: int, total: int) -> str:
@@ -78,15 +90,19 @@ def accuracy_markdown(table: AccuracyTable) -> str:
     rows = []
     for b in table.backends:
         avg, covered = table.average(b)
-        cells = [_pct_cell(table.cells[(b, t)]) for t in table.tasks]
+        cells = [
+            _pct_cell(table.cells[(b, t)]) + _repeats_note(table.repeats.get((b, t))) for t in table.tasks
+        ]
         rows.append([b, *cells, _average_cell(avg, covered, len(table.tasks))])
     avg, covered = table.baseline_average()
     base_cells = [MISSING if (s := table.baseline[t]) is None else f"{100 * s.mean:.2f}" for t in table.tasks]
     rows.append(["majority class", *base_cells, _average_cell(avg, covered, len(table.tasks))])
     title = (
         f"## Accuracy ({table.metric}, %)\n\n"
-        "Cells: mean ± sample std, and the median, over seeds (number of runs); the sliced ReLU paper "
-        "reports medians of 4 runs. "
+        "Cells: mean ± sample std, and the median, over distinct seeds (number of seeds; a seed run "
+        "more than once counts once, its runs averaged, and is flagged); the sliced ReLU paper "
+        "reports medians of 4 runs. Runs whose configs differ in more than the seed are separate "
+        "columns, `<task> [key=value, ...]`. "
         "Majority class: baseline_acc on the test split.\n\n"
     )
     return title + markdown_table(header, rows)

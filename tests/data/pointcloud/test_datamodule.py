@@ -186,3 +186,24 @@ def test_auto_prefers_the_hdf5_copy_of_the_published_tables(tmp_path):
     assert source.chosen is source.hdf5
     meshes = ModelNet40Source(tmp_path, format="off")
     assert meshes.chosen is meshes.off
+
+
+def test_a_cached_cloud_holding_nan_is_refused_and_sampled_again(tmp_path, caplog):
+    """Cached arrays are checked as they are read, like the meshes: NaN used to reach the metrics."""
+    import logging
+
+    import numpy as np
+
+    write_modelnet_off(tmp_path / "ModelNet40", classes=["bed", "chair"])
+    first = ModelNetSource(tmp_path, sample_points=16).load()["train"].points
+    source = ModelNetSource(tmp_path, sample_points=16)
+    cached = source.cache_dir / "train.npz"
+    with np.load(cached) as arrays:
+        points, labels = arrays["points"].copy(), arrays["labels"]
+    points[2, 5, 1] = np.nan
+    np.savez(cached, points=points, labels=labels)
+    with caplog.at_level(logging.WARNING):
+        clouds = source.load()
+    assert f"{cached}: cloud 2 holds NaN or inf coordinates; it is rebuilt" in caplog.text
+    assert torch.isfinite(clouds["train"].points).all()
+    torch.testing.assert_close(clouds["train"].points, first)

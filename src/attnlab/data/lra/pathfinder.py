@@ -19,7 +19,6 @@ vocabulary has 257 ids either way; every sequence has ``res²`` positions.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from attnlab.data.common import (
     MissingDataError,
     TokenSequenceDataset,
     pixel_offset,
+    read_json,
     require_examples,
 )
 from attnlab.data.lra.pathfinder_generator import (
@@ -175,7 +175,9 @@ def _inspect(directory: Path) -> _Layout:
     layout = _Layout(directory, _metadata_files(directory))
     generator_file = directory / GENERATOR_FILE
     if generator_file.is_file():
-        layout.generator = json.loads(generator_file.read_text(encoding="utf-8"))
+        layout.generator = read_json(
+            generator_file, ("num_images", "images_per_batch"), "a Pathfinder generator record"
+        )
         total, per_batch = int(layout.generator["num_images"]), int(layout.generator["images_per_batch"])
         expected = [min(per_batch, total - start) for start in range(0, total, per_batch)]
         incomplete = [k for k, count in enumerate(expected) if not batch_is_complete(directory, k, count)]

@@ -148,6 +148,12 @@ def _read_cached_split(path: Path, sample_points: int, channels: int, classes: i
         or (labels.size and not 0 <= labels.min() <= labels.max() < classes)
     ):  # fmt: skip
         raise DataError(path, "the cached arrays have the wrong shape, type or labels; it is rebuilt")
+    finite = np.isfinite(points).all(axis=(1, 2))
+    if not finite.all():  # checked as the source files are: NaN would train on without a word
+        raise DataError(
+            path,
+            f"cloud {int(np.argmin(finite))} holds NaN or inf coordinates; it is rebuilt",
+        )
     return points, labels
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data.common import remove_orphans, removed_on_failure
+from attnlab.data.common import read_json, remove_orphans, removed_on_failure
 from attnlab.data.pointcloud.modelnet import ModelNetSource, PointClouds
 from attnlab.data.pointcloud.off import write_off
 
@@ -175,7 +175,7 @@ def generate_shapes(
     params = generator_params(train_per_class, test_per_class, seed, noise, tilt_degrees)
     marker = root / GENERATOR_FILE
     if marker.is_file():
-        if json.loads(marker.read_text()) == json.loads(json.dumps(params)):
+        if read_json(marker, (), "a shapes generator record") == json.loads(json.dumps(params)):
             return root
         raise ValueError(f"{root} holds a set generated with other parameters ({marker}); remove it")
     root.parent.mkdir(parents=True, exist_ok=True)

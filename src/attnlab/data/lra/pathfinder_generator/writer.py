@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from attnlab.data.common import remove_orphans, removed_on_failure
+from attnlab.data.common import read_json, remove_orphans, removed_on_failure
 from attnlab.data.lra.pathfinder_generator.params import (
     PathfinderParams,
     dataset_dir,
@@ -63,7 +63,7 @@ def _check_generator_file(directory: Path, record: dict) -> None:
     """Refuse to mix sets: an existing ``generator.json`` must name the same parameters and seed."""
     path = directory / GENERATOR_FILE
     if path.is_file():
-        existing = json.loads(path.read_text(encoding="utf-8"))
+        existing = read_json(path, (), "a Pathfinder generator record")
         keys = ("params", "seed", "images_per_batch")
         differ = [k for k in keys if existing.get(k) != record[k]]
         if differ:
