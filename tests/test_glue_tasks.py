@@ -126,10 +126,10 @@ def test_regression_head_gives_one_score_per_pair_and_learns_a_target():
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
+def pretrained(tmp_path_factory, corpus_data_dir):
     """A short task=mlm run on the embedded corpus; its best checkpoint."""
     root = tmp_path_factory.mktemp("glue-mlm")
-    summary = train(compose_train_config([*TINY_MLM, f"paths.data_dir={root / 'data'}"], root))
+    summary = train(compose_train_config([*TINY_MLM, f"paths.data_dir={corpus_data_dir}"], root))
     return summary["best_checkpoint"]
 
 

@@ -32,9 +32,9 @@ TINY_MLM = [
 ]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("mlm-data")
+@pytest.fixture
+def data_dir(corpus_data_dir):
+    return corpus_data_dir
 
 
 def run(tmp_path, data_dir, *overrides):
