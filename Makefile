@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: train test test-all lint bench bench-training bench-gpu venv
+.PHONY: train test test-all lint bench bench-training bench-gpu venv help
 
 venv: $(STAMP)
 
@@ -37,7 +37,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 $(VENV)/bin/attnlab bench attention $(ARGS)
 
-# training samples/s per backend at each task's real length (README, "Training samples/s per task")
+# training samples/s per backend at each task's real length (docs/benchmarks.md, "CPU: training samples/s per task")
 bench-training: $(STAMP)
 	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 $(VENV)/bin/attnlab bench training --threads 1 --repeats 5 $(ARGS)
 
@@ -47,3 +47,14 @@ bench-training: $(STAMP)
 # builds one itself: a GPU node may have no network.
 bench-gpu:
 	PY=$(PY) OUT=$(or $(OUT),bench_results/gpu) scripts/bench_gpu.sh
+
+help:
+	@echo "make train           train the default model (ListOps, sliced ReLU, CPU); overrides in ARGS=\"...\""
+	@echo "make test            the fast test suite"
+	@echo "make test-all        every test, the slow ones too"
+	@echo "make lint            ruff check and ruff format --check"
+	@echo "make bench           attention ops: time and memory against sequence length (CPU)"
+	@echo "make bench-training  training samples/s per task and backend (CPU, about 7 minutes)"
+	@echo "make bench-gpu       the GPU check: Triton ops checked, then timed; training throughput"
+	@echo "make venv            build .venv from pyproject.toml (train and test do it when needed)"
+	@echo "make help            this list"

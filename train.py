@@ -55,10 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     The command line's checks and errors can then be exercised without starting an interpreter.
     ``argv`` defaults to the process's own arguments.
     """
+    from attnlab.config_groups import check_group_choices
     from attnlab.overrides import check_attention_options
 
     args = sys.argv[1:] if argv is None else list(argv)
-    problem = check_attention_options(args, CONF_DIR)
+    problem = check_group_choices(args, CONF_DIR) or check_attention_options(args, CONF_DIR)
     if problem:  # before Hydra, whose own message would point at `+attn....` instead of the spelling
         print(f"error: {problem}", file=sys.stderr)
         return 1

@@ -2,7 +2,7 @@
 
 A Hub dataset stored as parquet is prepared by `datasets`' Parquet builder, configured from the repo's
 metadata configs, into ``<cache>/<org>___<name>/<config>/0.0.0/<commit>/`` (`<name>-<split>.arrow` and
-`dataset_info.json`). Nothing can be downloaded here, so the fixture runs that same builder on local
+`dataset_info.json`). Tests download nothing, so the fixture runs that same builder on local
 parquet files: the cache it writes is the one an offline `load_dataset` later finds, layout and all.
 """
 

@@ -152,11 +152,12 @@ def _wandb_records(path: Path):
             parts = []
 
 
-def test_wandb_offline_run_gets_history_and_config(train_config, tmp_path, monkeypatch):
+def test_wandb_offline_run_gets_history_and_config(train_config, tmp_path, monkeypatch, capfd):
     import wandb  # in the dev extras: logger=wandb is offered by the README, so CI runs it
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}.items():
+    monkeypatch.delenv("WANDB_SILENT", raising=False)  # the logger's config must silence wandb itself
+    for name, value in {"WANDB_MODE": "offline", "WANDB_CONSOLE": "off"}.items():
         monkeypatch.setenv(name, value)
     for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # keep wandb out of ~/
         monkeypatch.setenv(name, str(tmp_path / name.lower()))
@@ -166,6 +167,9 @@ def test_wandb_offline_run_gets_history_and_config(train_config, tmp_path, monke
     finally:
         wandb.finish()  # Lightning leaves the run open; finishing flushes it to disk
         wandb.teardown()  # and stops wandb's background service
+    said = capfd.readouterr()
+    for line in ("Run summary", "Tracking run with wandb", "You can sync this run"):
+        assert line not in said.out + said.err  # wandb's own banner and summary: silent
 
     run_files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(run_files) == 1, run_files

@@ -77,6 +77,8 @@ def test_two_process_run_shards_data_and_reduces_metrics_across_ranks(train_conf
     assert per_device > 0 and total > 0
     assert total != 2 * per_device  # summed over ranks (each timed its own steps), not extrapolated
     assert "over 2 devices" in done.stdout
+    said = done.stdout + done.stderr
+    assert said.count("CPU threads: ") == 1 and said.count("summary: ") == 1, said[-4000:]  # rank 0 alone
 
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     loader_state = last["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]

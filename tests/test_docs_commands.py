@@ -1,6 +1,6 @@
 """Every command the README and docs show is one a user can type: it parses and its config composes.
 
-Running each to the end needs datasets that cannot be downloaded here, and the runs that can
+Running each to the end needs datasets that tests cannot download, and the runs that can
 (make train, the MLM, MQAR, shapes, digits, resume, dashboard and report commands) have their own
 tests. This one catches what those miss: a documented option that no longer exists, a config key
 renamed in the code but not in the docs, a backend option misspelt in an example. Lines with

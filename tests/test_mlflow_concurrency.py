@@ -1,4 +1,4 @@
-"""`logger=mlflow` when several jobs start at once on a fresh project store (issue 8, item 3).
+"""`logger=mlflow` when several jobs start at once on a fresh project store.
 
 Each worker is a separate Python process, like the jobs of a SLURM array. All import what they need,
 wait until every one is ready, then open the store at the same moment and log. The fast test's workers
@@ -182,3 +182,16 @@ def _readline(process: subprocess.Popen, timeout_s: float) -> str:
             process.kill()
             return ""
     return process.stdout.readline()
+
+
+def test_creating_the_store_says_nothing_at_info_level(tmp_path):
+    """alembic logs a line per migration plugin and MLflow one per table step: not for the user's log."""
+    script = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
+        "from attnlab.loggers import prepare_mlflow_store; "
+        f"prepare_mlflow_store('sqlite:///{tmp_path}/mlruns/mlflow.db', 'listops')"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert "alembic" not in said and "Creating initial MLflow database tables" not in said, said

@@ -160,7 +160,7 @@ def test_docs_short_conv_command_builds_the_convolution(tmp_path):
 
 @pytest.mark.slow
 def test_the_short_conv_default_recalls(tmp_path):
-    """docs/mqar.md's command as written: ReLU-bump with 3 taps recalls (issue 34: >= 60 % in 10 min)."""
+    """docs/mqar.md's command as written: ReLU-bump with 3 taps recalls (>= 60 % in 10 min)."""
     done = _train_py(tmp_path, "task=mqar", "attn=sliced_relu_bump", "task.model.short_conv=3", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     (summary,) = (tmp_path / "outputs" / "mqar" / "sliced_relu_bump").glob("*/summary.json")

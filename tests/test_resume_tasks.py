@@ -1,5 +1,5 @@
 """Exact resume beyond ListOps: the EMA saved where the step happens, augmentations replayed whatever the
-number of loader workers, Mixup replayed; and the kill -9 acceptance runs of issue 27 (digits ViT with
+number of loader workers, Mixup replayed; and the kill -9 runs (digits ViT with
 EMA and Mixup, shapes, ListOps, each with 2 workers).
 
 `test_resume.py` holds the machinery (kill -9 of a real ``train.py``, SLURM requeue); the runs here reuse it
@@ -129,7 +129,7 @@ SLOW = {"listops", "cifar10_vit as configured", "shapes"}
     "task", [pytest.param(t, marks=pytest.mark.slow) if t in SLOW else t for t in RESUMABLE]
 )
 def test_killed_run_with_loader_workers_resumes_bit_identical(train_config, tmp_path, task):
-    """Issue 27's acceptance runs: kill -9 while held after step 14, ``ckpt_path=auto`` in the same
+    """The kill -9 runs: kill -9 while held after step 14, ``ckpt_path=auto`` in the same
     run dir; weights, EMA, optimizer state, validation and test accuracy equal the uninterrupted run's."""
     run = [
         *RESUMABLE[task],

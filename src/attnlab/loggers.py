@@ -11,6 +11,7 @@ sets a SQLite busy timeout (20 s) on every session, so writers wait for each oth
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,8 @@ def prepare_mlflow_store(
     db = sqlite_store_path(tracking_uri)
     if db is None:
         return None
+    for name in ("alembic", "mlflow.store.db.utils"):  # a line per migration plugin and step: noise
+        logging.getLogger(name).setLevel(logging.WARNING)
     from alembic.util import CommandError
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient

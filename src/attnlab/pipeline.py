@@ -79,7 +79,15 @@ def hyperparameters(cfg: DictConfig, params: int, seq_len: int) -> dict[str, Any
 #: Lightning's console lines that a user cannot act on: adverts for its cloud products, a note that
 #: ``srun`` exists on a machine with SLURM installed (shown on every local run there), and a
 #: deprecation inside Lightning itself
-NOISE = ("💡 Tip:", "command is available on your system but is not used", "isinstance(treespec, LeafSpec)")
+NOISE = (
+    "💡 Tip:",
+    "command is available on your system but is not used",
+    "isinstance(treespec, LeafSpec)",
+    # Lightning logs by global step, so an epoch shorter than the interval loses no training log
+    "is smaller than the logging interval",
+    # a resumed run's metrics.csv keeps its earlier rows (`HistoryCSVLogger`), whatever Lightning says
+    "Previous log files in this directory will be deleted",
+)
 
 
 def _route_lightning_logs_to_root() -> None:
@@ -119,7 +127,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.info("Triton kernel cache of this SLURM job: %s (TRITON_CACHE_DIR)", triton_cache)
     check_gpus(cfg.trainer)  # GPUs that this torch build and Triton can run on? fail before any work
     _route_lightning_logs_to_root()
-    _log_cpu_threads()
+    if rank_zero_only.rank != 0:  # a DDP run's other ranks: their info lines would repeat rank 0's
+        logging.getLogger().setLevel(logging.WARNING)
+    _log_cpu_threads(cfg)
     run_dir = Path(cfg.paths.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)  # a bad checkpoint fails before any work
@@ -272,10 +282,17 @@ def discard_unstarted_run_dir(run_dir: str | Path, output_dir: str | Path | None
     return True
 
 
-def _log_cpu_threads() -> None:
-    """Which thread settings this run uses and who chose them (`attnlab.threads`)."""
+def _log_cpu_threads(cfg: DictConfig) -> None:
+    """Which thread settings this run uses and who chose them (`attnlab.threads`), and whether the
+    governor moves the count (the `CpuThreads` callback: not when configured off, deterministic or on
+    a GPU)."""
     settings = thread_settings()
-    chosen = settings.describe() if settings else "CPU threads: as the calling program set them"
+    governed = (
+        (cfg.get("callbacks") or {}).get("cpu_threads") is not None
+        and not cfg.trainer.get("deterministic")
+        and str(cfg.trainer.get("accelerator", "cpu")) == "cpu"
+    )
+    chosen = settings.describe(governed) if settings else "CPU threads: as the calling program set them"
     log.info("%s; torch uses %d intra-op threads", chosen, torch.get_num_threads())
 
 

@@ -3,7 +3,7 @@
 PyTorch's CPU ops run on an OpenMP pool (GNU libgomp in the pip wheels) whose idle threads *spin*
 before they sleep. When other processes keep the cores busy (a login node, a laptop, a 2-core CI
 runner) the spinning threads steal the very cores that the thread they wait for needs, and a
-training step can take several times longer than with one thread (the README's "The CPU under load"
+training step can take several times longer than with one thread (docs/configuration.md, "CPU threads"
 has the figures). Three measures, each only where the user has not chosen:
 
 - **A cap** (``OMP_NUM_THREADS``): the CPUs this process may really use, its CPU affinity
@@ -58,11 +58,13 @@ class ThreadSettings:
         """Whether the governor may move the thread count (not when the user fixed it)."""
         return not self.off and self.chosen_by.get("threads") == "attnlab"
 
-    def describe(self) -> str:
+    def describe(self, governed: bool = True) -> str:
+        """``governed``: whether this run lets the governor move the count (a run with
+        ``callbacks.cpu_threads=null``, in deterministic mode or on a GPU does not)."""
         if self.off:
             return f"CPU threads: torch's defaults ({SWITCH}=off)"
         threads = f"{self.cap} threads ({self.chosen_by['threads']}"
-        threads += ", following the CPUs other processes leave free)" if self.adaptive else ")"
+        threads += ", following the CPUs other processes leave free)" if self.adaptive and governed else ")"
         return (
             f"CPU threads: {threads}, OpenMP waiting {self.wait} ({self.chosen_by['wait']}); "
             f"set OMP_NUM_THREADS / OMP_WAIT_POLICY to choose, {SWITCH}=off for torch's defaults"

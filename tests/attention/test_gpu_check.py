@@ -1,4 +1,4 @@
-"""The start-up GPU check (issue 30 item 4): a device the installed torch build (or Triton) cannot run
+"""The start-up GPU check: a device the installed torch build (or Triton) cannot run
 on stops ``trainer=gpu|ddp|ddp_slurm`` before any work, with one line naming the device, the build and
 the fix. No GPU here: the device is faked by monkeypatching ``torch.cuda``; Triton's half compiles
 its probe kernel for the faked capability for real (no GPU needed)."""

@@ -1,4 +1,4 @@
-"""ReLU-bump in float32 on the Triton path at narrow bandwidths (issue 30 item 2): at least as precise
+"""ReLU-bump in float32 on the Triton path at narrow bandwidths: at least as precise
 as the torch path, outputs and gradients, against the float64 reference on the same (float32)
 inputs; in fact about as precise as float32 can hold the results.
 

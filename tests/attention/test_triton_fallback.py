@@ -1,6 +1,6 @@
 """``impl="auto"`` falls back to the torch code, with one warning naming the reason, when Triton
-cannot build or launch a kernel on the device; ``impl="triton"`` raises with the reason (issue 30
-item 3). No GPU here: the tensors are declared CUDA (``runtime._on_cuda``) and the failure is faked
+cannot build or launch a kernel on the device; ``impl="triton"`` raises with the reason.
+No GPU here: the tensors are declared CUDA (``runtime._on_cuda``) and the failure is faked
 where the kernels are loaded, or in the per-device probe."""
 
 from __future__ import annotations

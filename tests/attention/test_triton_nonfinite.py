@@ -1,4 +1,4 @@
-"""NaN and inf scores (issue 30 item 1): the Triton path gives exactly what the torch path gives.
+"""NaN and inf scores: the Triton path gives exactly what the torch path gives.
 
 A row (batch, head) holding a non-finite score at a real position outputs NaN at its kept queries
 and gets NaN gradients; every other row is exact, and non-finite scores in padded slots change

@@ -109,8 +109,7 @@ LENGTHS = [1024, pytest.param(4096, marks=pytest.mark.slow)]
 
 @pytest.mark.parametrize("length", LENGTHS)
 def test_sliced_relu_moves_at_most_two_and_a_half_floors(monkeypatch, length):
-    """Issue 31's target for the Triton sliced ReLU (3.22x / 3.92x before: two backward walks, a
-    totals pre-pass per walk, ~130 scalar torch ops)."""
+    """The Triton sliced ReLU's bound: one backward walk over the forward's stream, one totals pass."""
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert _ratio("sliced_relu", length) <= 2.5
@@ -118,8 +117,7 @@ def test_sliced_relu_moves_at_most_two_and_a_half_floors(monkeypatch, length):
 
 @pytest.mark.parametrize("length", LENGTHS)
 def test_relu_bump_moves_at_most_four_floors(monkeypatch, length):
-    """Issue 31's target for the Triton ReLU-bump (16.6x before: three float64 window streams per
-    direction read-modify-writing a float64 (N, T, D) buffer, eight walks in the backward)."""
+    """The Triton ReLU-bump's bound: tile walks over the sorted keys, one per direction."""
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert _ratio("sliced_relu_bump", length) <= 4

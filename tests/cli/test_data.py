@@ -50,3 +50,15 @@ def test_retrieval_missing_is_reported_not_raised(tmp_path, capsys):
     assert main(["data", "prepare", "lra", "--task", "retrieval", "--data-dir", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "dataset not found" in out and "lra_release.gz" in out
+
+
+def test_the_how_to_is_said_once(tmp_path, hf_cache, capsys):
+    """Preparing Text with no data: the error names the how-to, and the status table does not repeat it."""
+    assert main(["data", "prepare", "lra", "--task", "text", "--data-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("Download aclImdb_v1.tar.gz") == 1, out
+    assert f"{tmp_path}/aclImdb/train" in out  # the table is still there
+    assert (
+        main(["data", "prepare", "lra", "--task", "text", "--check-only", "--data-dir", str(tmp_path)]) == 1
+    )
+    assert "how to obtain: Download aclImdb_v1.tar.gz" in capsys.readouterr().out  # the only place it is said

@@ -1,5 +1,5 @@
 """`attnlab report` on tiny-ViT runs: the configuration chosen per backend on the hold-out, the command
-that trains it with 4 seeds, and the median test curve over seeds (issue 32 item 3)."""
+that trains it with 4 seeds, and the median test curve over seeds."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ class CpuThreads(Callback):
     def __init__(self, interval_s: float = 1.0):
         self.interval_s = interval_s
         self.governor: ThreadGovernor | None = None
+        self._said_fixed = False  # setup runs for fit and again for test: say it once
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         settings = applied()
@@ -31,7 +32,9 @@ class CpuThreads(Callback):
         if trainer.strategy.root_device.type != "cpu":
             return
         if torch.are_deterministic_algorithms_enabled():
-            log.info("CPU threads: fixed at %d (deterministic mode)", torch.get_num_threads())
+            if not self._said_fixed:
+                log.info("CPU threads: fixed at %d (deterministic mode)", torch.get_num_threads())
+                self._said_fixed = True
             return
         self.governor = ThreadGovernor(settings.cap, torch.set_num_threads, self.interval_s)
 

@@ -40,7 +40,7 @@ from attnlab.reporting.formats import markdown_table
 
 #: task -> (sequence length, batch size, positions): the real lengths, about 8K tokens a step, and each
 #: task's position scheme (conf/task/*.yaml; timm's ViT adds learned positions, point clouds have none);
-#: ``t64`` and ``t256`` are the round shapes issue 35 set its goal at (B=128 at T=64, B=32 at T=256)
+#: ``t64`` and ``t256`` are round shapes of short-sequence training (B=128 at T=64, B=32 at T=256)
 TASKS: dict[str, tuple[int, int, str]] = {
     "t64": (64, 128, "rope"),
     "vit_cifar10": (65, 128, "learned"),

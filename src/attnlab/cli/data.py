@@ -40,8 +40,9 @@ def compose_task_source(task: str, overrides: list[str], data_dir: str | None, c
     return instantiate(cfg.task.data.source)
 
 
-def print_status(status: dict) -> bool:
-    """Print one task's status; True when every split has all its expected examples."""
+def print_status(status: dict, said: str = "") -> bool:
+    """Print one task's status; True when every split has all its expected examples. The how-to is
+    left out when ``said`` (what the preparation just printed) already holds it."""
     complete = True
     print(f"\n{status['task']}")
     for split, info in status["splits"].items():
@@ -53,7 +54,7 @@ def print_status(status: dict) -> bool:
         print(f"  {split:<6} {'ok     ' if ok else 'MISSING'} {count}{target}  {info['path']}")
     for problem in status.get("problems", []):
         print(f"  problem: {problem}")
-    if not complete:
+    if not complete and status["how_to_obtain"] not in said:
         print(f"  how to obtain: {status['how_to_obtain']}")
     return complete
 
@@ -79,12 +80,14 @@ def run_prepare(args: argparse.Namespace) -> int:
     all_complete = True
     for task in tasks:
         source = compose_task_source(task, args.overrides, args.data_dir, Path(args.config_dir))
+        said = ""
         if not args.check_only:
             try:
                 source.prepare()
             except MissingDataError as err:
-                print(f"\n{task}: {err}")
-        all_complete &= print_status(source.status())
+                said = f"{task}: {err}"
+                print(f"\n{said}")
+        all_complete &= print_status(source.status(), said)
     return 0 if all_complete else 1
 
 

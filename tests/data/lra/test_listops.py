@@ -445,7 +445,7 @@ def test_load_split_names_the_line_of_a_bad_token(tmp_path):
         load_split(path)
 
 
-# --- strict reading (issue 9, item 4) -----------------------------------------------------------
+# --- strict reading ---------------------------------------------------------------------------
 
 
 def test_a_split_with_no_rows_is_an_error_naming_the_file(tmp_path):

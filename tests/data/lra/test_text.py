@@ -218,7 +218,7 @@ def test_describe(data_dir, tmp_path_factory):
     assert not empty["splits"]["test"]["present"] and empty["splits"]["test"]["num_examples"] is None
 
 
-# --- strict reading and the official text pipeline (issue 9, item 4) -------------------------------
+# --- strict reading and the official text pipeline -----------------------------------------------
 
 
 def test_surrounding_whitespace_is_stripped_as_tfds_does(data_dir):

@@ -136,7 +136,7 @@ def _plant(folder, marker) -> list:
 
 @pytest.mark.parametrize("manifest", ["kept", "removed"])
 def test_a_payload_planted_in_the_cache_never_runs(tmp_path, manifest):
-    """Issue 18: torch-geometric unpickled its cache (weights_only=False); the cache is plain arrays now.
+    """torch-geometric unpickled its cache (weights_only=False); the cache is plain arrays now.
     With the manifest kept (the cache claims to be current) the planted files are refused and the
     clouds sampled again; without it the cache is rebuilt. Either way the payload never runs."""
     write_modelnet_off(tmp_path / "ModelNet40", classes=["bed", "chair"])

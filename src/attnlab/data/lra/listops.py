@@ -52,8 +52,9 @@ DEFAULT_SIZES = {"train": 96_000, "val": 2_000, "test": 2_000}
 HEADER = "Source\tTarget"
 
 #: Token ids: 0 is padding, 1-10 the digits 0-9, 11-14 the operators, 15 the closing bracket.
-#: LRA issue #14: the released pipeline's tokenizer dropped ``[`` and ``]``; the maintainers answered
-#: that the brackets are required, so ``]`` is a token here (parentheses carry no extra information).
+#: google-research/long-range-arena#14 on GitHub: the released pipeline's tokenizer dropped ``[`` and
+#: ``]``; the maintainers answered that the brackets are required, so ``]`` is a token here
+#: (parentheses carry no extra information).
 VOCAB = ["<pad>", *(str(d) for d in range(10)), *OPERATORS, END]
 VOCAB_SIZE = len(VOCAB)
 TOKEN_TO_ID = {token: index for index, token in enumerate(VOCAB) if index != PAD_ID}
