@@ -104,3 +104,13 @@ def test_a_run_dir_that_is_a_file_is_named(tmp_path):
         done.stderr.strip()
         == f"error: hydra.run.dir={tmp_path / 'taken'}: a file, not a directory; give a run directory"
     )
+
+
+def test_a_data_file_that_is_a_folder_is_one_line(tmp_path):
+    """Reading a folder where a file belongs (or a file the user may not read) is the user's to fix."""
+    folder = tmp_path / "basic_train.tsv"
+    folder.mkdir()
+    with pytest.raises(OSError) as caught:
+        folder.read_text()
+    assert str(user_error(caught.value)) == f"{folder}: Is a directory"
+    assert user_error(OSError("no file name, no errno")) is None
