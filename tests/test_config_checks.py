@@ -3,6 +3,8 @@ nothing reads is refused with the closest key."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from attnlab.errors import ConfigError, user_error
@@ -114,3 +116,15 @@ def test_a_data_file_that_is_a_folder_is_one_line(tmp_path):
         folder.read_text()
     assert str(user_error(caught.value)) == f"{folder}: Is a directory"
     assert user_error(OSError("no file name, no errno")) is None
+
+
+def test_a_max_len_shorter_than_the_data_is_named_before_training(train_config):
+    """The classifier refused the first batch that was too long, mid-epoch, in a traceback."""
+    from attnlab.pipeline import train
+
+    cfg = train_config(*TINY_LISTOPS, "task.model.max_len=20", "logger=none")
+    with pytest.raises(
+        ConfigError, match=r"task\.model\.max_len=20: the train split holds sequences of up to \d+"
+    ):
+        train(cfg)
+    assert not (Path(cfg.paths.run_dir) / "checkpoints").exists()

@@ -37,6 +37,7 @@ from attnlab.callbacks.divergence import TrainingDiverged
 from attnlab.callbacks.throughput import ThroughputMonitor
 from attnlab.cluster import check_slurm_layout, job_local_triton_cache
 from attnlab.data.common import file_lock
+from attnlab.errors import ConfigError
 from attnlab.history import AttemptClock, HistoryCSVLogger
 from attnlab.resume import (
     best_checkpoint_in_run,
@@ -167,6 +168,7 @@ def _train(cfg: DictConfig, clock: AttemptClock, run_dir: Path) -> dict[str, Any
     datamodule.setup()
     model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), **datamodule.model_kwargs())
     module = instantiate(cfg.task.module, model=model)
+    _check_lengths_fit(model, datamodule)  # before the fit, not at the first batch that is too long
     if ckpt_path is not None:  # another task's or size's checkpoint: one line, not a state_dict traceback
         check_checkpoint_fits(ckpt_path, module.state_dict(), run_description(cfg), saved)
         if rank_zero_only.rank == 0:
@@ -311,6 +313,23 @@ def discard_unstarted_run_dir(run_dir: str | Path, output_dir: str | Path | None
             parent.rmdir()
             parent = parent.parent
     return True
+
+
+def _check_lengths_fit(model, datamodule) -> None:
+    """A model whose ``max_len`` is shorter than the data's longest sequence, named before training."""
+    limit = getattr(model, "max_len", None)
+    if not isinstance(limit, int) or getattr(model, "dual", False):  # pairs: each side is checked alone
+        return
+    for split in ("train", "val", "test"):
+        try:
+            longest = datamodule.max_length(split)
+        except (KeyError, NotImplementedError, AttributeError, TypeError):
+            continue
+        if longest > limit:
+            raise ConfigError(
+                f"task.model.max_len={limit}: the {split} split holds sequences of up to {longest} tokens; "
+                f"set task.model.max_len to at least {longest}, or truncate the data"
+            )
 
 
 def _log_cpu_threads(cfg: DictConfig) -> None:
