@@ -128,3 +128,19 @@ def test_a_max_len_shorter_than_the_data_is_named_before_training(train_config):
     ):
         train(cfg)
     assert not (Path(cfg.paths.run_dir) / "checkpoints").exists()
+
+
+def test_wandb_online_without_login_is_one_line_before_any_work(train_config, monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    with pytest.raises(ConfigError) as caught:
+        check_config(train_config("logger=wandb"))
+    message = str(caught.value)
+    assert "logger=wandb: wandb runs online (WANDB_MODE=online) but is not logged in here" in message
+    assert "`wandb login`" in message and "WANDB_MODE=offline" in message and "\n" not in message
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # logged in: no complaint
+    check_config(train_config("logger=wandb"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY")
+    check_config(train_config("logger=wandb"))
