@@ -49,7 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # one line, not a traceback per process: what is complete is kept
+        print(
+            f"attnlab {args.command}: interrupted (Ctrl-C); what was complete is kept, run the command "
+            f"again to continue",
+            file=sys.stderr,
+        )
+        return 130
 
 
 if __name__ == "__main__":
