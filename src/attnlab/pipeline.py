@@ -36,7 +36,7 @@ from attnlab.callbacks.checkpoint import Interrupt, SlurmRequeue
 from attnlab.callbacks.divergence import TrainingDiverged
 from attnlab.callbacks.throughput import ThroughputMonitor
 from attnlab.cluster import check_slurm_layout, job_local_triton_cache
-from attnlab.data.common import file_lock
+from attnlab.data.common import file_lock, sigterm_raises
 from attnlab.errors import ConfigError
 from attnlab.history import AttemptClock, HistoryCSVLogger
 from attnlab.resume import (
@@ -163,8 +163,8 @@ def _train(cfg: DictConfig, clock: AttemptClock, run_dir: Path) -> dict[str, Any
     # Every process (all DDP ranks, started together by srun) needs the data before the model can be
     # built, and no process group exists yet: a file lock makes them take turns, so the data is
     # generated once and the others find it complete.
-    with file_lock(Path(cfg.paths.data_dir) / ".attnlab-prepare.lock"):
-        datamodule.prepare_data()
+    with file_lock(Path(cfg.paths.data_dir) / ".attnlab-prepare.lock"), sigterm_raises():
+        datamodule.prepare_data()  # a SIGTERM here leaves no half-written file (train.py says so)
     datamodule.setup()
     model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), **datamodule.model_kwargs())
     module = instantiate(cfg.task.module, model=model)

@@ -51,13 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:  # one line, not a traceback per process: what is complete is kept
+    except KeyboardInterrupt as stop:  # one line, not a traceback per process: what is complete is kept
+        name = getattr(stop, "signal_name", "Ctrl-C")  # SIGTERM where files were being written
         print(
-            f"attnlab {args.command}: interrupted (Ctrl-C); what was complete is kept, run the command "
+            f"attnlab {args.command}: interrupted ({name}); what was complete is kept, run the command "
             f"again to continue",
             file=sys.stderr,
         )
-        return 130
+        return 143 if name == "SIGTERM" else 130
 
 
 if __name__ == "__main__":

@@ -62,8 +62,14 @@ def _write_batch(job: tuple[str, PathfinderParams, int, int, int, int]) -> tuple
 
 def _leave_ctrl_c_to_parent() -> None:
     """Pool workers ignore SIGINT: a Ctrl-C reaches the whole process group, and each worker printed
-    its own traceback; the parent stops the pool and says so in one line (`attnlab.cli.main`)."""
+    its own traceback; the parent stops the pool and says so in one line (`attnlab.cli.main`). The
+    SIGTERM that stops the pool raises, so a batch being written removes its temporary file."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_quietly)
+
+
+def _exit_quietly(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _check_generator_file(directory: Path, record: dict) -> None:
