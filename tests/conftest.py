@@ -90,6 +90,13 @@ def uninterrupted(tmp_path_factory):
     return summary, root / "run"
 
 
+@pytest.fixture(scope="session")
+def corpus_data_dir(tmp_path_factory):
+    """One ``paths.data_dir`` for the runs on the embedded text corpus: each tokenizer (one per
+    vocabulary size) is trained, and its token streams written, once a session, not once a module."""
+    return tmp_path_factory.mktemp("corpus-data")
+
+
 @pytest.fixture
 def hf_cache(tmp_path, monkeypatch):
     """An empty `datasets` cache for this test alone (the env var for subprocesses, the config here)."""

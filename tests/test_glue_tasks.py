@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import random
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
@@ -126,10 +125,10 @@ def test_regression_head_gives_one_score_per_pair_and_learns_a_target():
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
+def pretrained(tmp_path_factory, corpus_data_dir):
     """A short task=mlm run on the embedded corpus; its best checkpoint."""
     root = tmp_path_factory.mktemp("glue-mlm")
-    summary = train(compose_train_config([*TINY_MLM, f"paths.data_dir={root / 'data'}"], root))
+    summary = train(compose_train_config([*TINY_MLM, f"paths.data_dir={corpus_data_dir}"], root))
     return summary["best_checkpoint"]
 
 
@@ -305,26 +304,20 @@ def test_grid_preset_sweeps_batch_size_and_learning_rate(tmp_path):
 
 def test_documented_grid_sweep_and_report_run_as_written(tmp_path, pretrained):
     """docs/mlm.md: ``python train.py -m experiment=glue/grid task.glue_task=... task.pretrained=<mlm ckpt>
-    attn=softmax`` then ``attnlab report outputs/multirun`` (only step counts added; SST-2 is the fixture)."""
-    import subprocess
-    import sys
-
-    from conftest import REPO_ROOT
+    attn=softmax`` then ``attnlab report outputs/multirun`` (only step counts added; SST-2 is the fixture),
+    each through its entry point's ``main(argv)`` in this process."""
+    from tiny_runs import attnlab_main, train_main
 
     _write_sst2(tmp_path / "data", n_train=200, n_dev=40)
     sizes = ["task.max_epochs=1", *QUIET]  # the budget in epochs, as the preset states it: one here
-    sweep = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), "-m", "experiment=glue/grid", "task.glue_task=sst2",
-         f"task.pretrained={pretrained}", "attn=softmax", *sizes],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    sweep = train_main(
+        "-m", "experiment=glue/grid", "task.glue_task=sst2", f"task.pretrained={pretrained}", "attn=softmax",
+        *sizes, cwd=tmp_path,
     )  # fmt: skip
     assert sweep.returncode == 0, sweep.stderr[-3000:]
     summaries = list((tmp_path / "outputs" / "multirun").rglob("summary.json"))
     assert len(summaries) == 6  # batch {16, 32} x lr {1e-5, 2e-5, 3e-5}
-    report = subprocess.run(
-        [str(Path(sys.executable).parent / "attnlab"), "report", "outputs/multirun"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    report = attnlab_main("report", "outputs/multirun", cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-3000:]
     assert "## GLUE dev" in report.stdout and "| softmax |" in report.stdout
 

@@ -1,16 +1,15 @@
 """The commands of docs/lm.md, run as written, in order, in a fresh folder: prepare the data, train a
 language model, generate from it, bench generation. Only data and model sizes are
-overridden, so the test takes seconds; the paper-scale preset is left to tests/test_docs_commands.py."""
+overridden, so the test takes seconds; the paper-scale preset is left to tests/test_docs_commands.py.
+Each command runs through its entry point's ``main(argv)`` in this process (the command line itself,
+its exit status and threads, is tested in tests/test_train.py and tests/test_threads.py)."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import subprocess
-import sys
 
-from tiny_runs import REPO_ROOT
+from tiny_runs import REPO_ROOT, attnlab_main, train_main
 
 # data-size overrides only
 TRAIN_SIZES = [
@@ -35,7 +34,6 @@ def test_the_documented_lm_commands_run_as_written(tmp_path):
     commands = documented_commands()
     assert any(c.startswith("attnlab generate") for c in commands)
     assert any(c.startswith("attnlab bench generate") for c in commands)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT / "src")}
     ran = 0
     for command in commands:
         words = shlex.split(command)
@@ -43,14 +41,13 @@ def test_the_documented_lm_commands_run_as_written(tmp_path):
         if words[:2] == ["python", "train.py"]:
             if words[2:] == ["task=lm", "attn=sliced_relu"]:
                 continue  # the same command with another backend: tests/test_lm_tasks.py trains each
-            argv = [sys.executable, str(REPO_ROOT / "train.py"), *words[2:], *TRAIN_SIZES, data]
+            done = train_main(*words[2:], *TRAIN_SIZES, data, cwd=tmp_path)
         else:
             assert words[0] == "attnlab", command
             extra = SIZES.get(tuple(words[1:3]), [])
             if words[1:3] == ["data", "prepare"]:
                 extra = [*extra, "--data-dir", str(tmp_path / "data")]
-            argv = [sys.executable, "-m", "attnlab.cli.main", *words[1:], *extra]
-        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+            done = attnlab_main(*words[1:], *extra, cwd=tmp_path)
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         if words[:2] == ["attnlab", "generate"]:
             assert done.stdout.startswith("The for statement") and "tokens/s" in done.stderr

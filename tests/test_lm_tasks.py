@@ -33,9 +33,9 @@ TINY_LM = [
 ]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("lm-data")
+@pytest.fixture
+def data_dir(corpus_data_dir):
+    return corpus_data_dir
 
 
 def run(tmp_path, data_dir, *overrides):

@@ -64,7 +64,7 @@ def _train_py(cwd: Path, *args: str, timeout: int = 600) -> subprocess.Completed
 
 def test_docs_single_run_command(tmp_path):
     """`python train.py task=mqar attn=softmax` (docs/mqar.md) writes test_acc and baseline_acc."""
-    done = _train_py(tmp_path, "task=mqar", "attn=softmax", *TINY)
+    done = train_main("task=mqar", "attn=softmax", *TINY, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (summary_path,) = (tmp_path / "outputs" / "mqar" / "softmax").glob("*/summary.json")
     summary = json.loads(summary_path.read_text())
@@ -74,7 +74,7 @@ def test_docs_single_run_command(tmp_path):
 
 def test_docs_default_command_trains_the_default_backend(tmp_path):
     """`python train.py task=mqar` alone: the default attention (sliced ReLU, in its causal form)."""
-    done = _train_py(tmp_path, "task=mqar", *TINY)
+    done = train_main("task=mqar", *TINY, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (summary_path,) = (tmp_path / "outputs" / "mqar").glob("*/*/summary.json")
     summary = json.loads(summary_path.read_text())
@@ -152,7 +152,7 @@ DOC_COMMANDS = {
 
 
 def test_docs_short_conv_command_builds_the_convolution(tmp_path):
-    done = _train_py(tmp_path, "task=mqar", "attn=sliced_relu_bump", "task.model.short_conv=3", *TINY)
+    done = train_main("task=mqar", "attn=sliced_relu_bump", "task.model.short_conv=3", *TINY, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (config,) = (tmp_path / "outputs" / "mqar" / "sliced_relu_bump").glob("*/config.yaml")
     assert "short_conv: 3" in config.read_text()

@@ -120,7 +120,8 @@ RESUMABLE["cifar10_vit as configured"] = [
 ]
 PREPARE = {"cifar10_vit as configured": lambda data_dir: write_cifar(data_dir, per_batch=40)}
 WORKERS = {"cifar10_vit as configured": 4}  # the preset's; 2 for the others
-SLOW = {"listops", "cifar10_vit as configured"}
+# make test-all: shapes runs no line that digits_vit and test_resume's kills leave out (coverage checked)
+SLOW = {"listops", "cifar10_vit as configured", "shapes"}
 
 
 @pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)

@@ -79,17 +79,28 @@ def train_main(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """``python train.py <args>`` in ``cwd`` through ``train.main(argv)`` in this process: the exit
     status and what it printed, as ``run_train_py`` returns them, without starting an interpreter.
 
-    For the command line's checks and error messages; a run whose output comes from Lightning's own
-    loggers, threads or signals needs ``run_train_py``. The logging set-up Hydra installs for the run
-    is taken down again."""
-    main = _train_script().main
+    For the command line's checks, messages and short runs; a test of exit by signal or of the thread
+    set-up at start needs ``run_train_py``."""
+    return _as_a_command(_train_script().main, ["train.py", *args], cwd)
+
+
+def attnlab_main(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``attnlab <args>`` in ``cwd`` through ``attnlab.cli.main.main(argv)`` in this process."""
+    from attnlab.cli.main import main
+
+    return _as_a_command(main, ["attnlab", *args], cwd)
+
+
+def _as_a_command(main, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``main(argv[1:])`` run in ``cwd`` with its output captured, as a command's; the logging set-up
+    it installs (Hydra's, for a run) is taken down again."""
     root = logging.getLogger()
     handlers, level, here = root.handlers[:], root.level, os.getcwd()
     out, err = io.StringIO(), io.StringIO()
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = main(list(args))
+            status = main(argv[1:])
     finally:
         os.chdir(here)
         for handler in root.handlers:
@@ -97,7 +108,7 @@ def train_main(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                 handler.close()
         root.handlers[:] = handlers
         root.setLevel(level)
-    return subprocess.CompletedProcess(["train.py", *args], status, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
 
 
 class PauseAt(L.Callback):

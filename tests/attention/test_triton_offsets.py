@@ -10,27 +10,18 @@ the per-row products listed in ``WITHIN_ONE_ROW`` (bounded by one row's 2T entri
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
 triton = pytest.importorskip("triton")
+from triton_builds import KERNELS, build  # noqa: E402
 
 # (factor, factor) of products bounded by one row: a chunk's first entry in its row's merged stream
 # (chunk < L / CHUNK), a segment's first position in causal linear attention (seg < T / SEG)
 WITHIN_ONE_ROW = {frozenset({"chunk", "CHUNK"}), frozenset({"seg", "SEG"})}
-_MATRIX = Path(__file__).with_name("test_triton_compile.py")
 _DEF = re.compile(r"^\s*(%[\w#]+)(?::\d+)? = ([\w.]+) (.*)$")
 _I32 = re.compile(r": (i32|tensor<[\dx]+xi32>)\s*(loc\(.*\))?$")
-
-
-def _compile_matrix():
-    spec = importlib.util.spec_from_file_location("triton_compile_matrix", _MATRIX)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def narrow_address_products(ttir: str) -> list[str]:
@@ -98,22 +89,6 @@ def test_the_checker_finds_a_row_product_in_int32():
     assert narrow_address_products(ttir) == ["%0 = arith.muli %N, %T : i32 loc(#loc2)"]
 
 
-@pytest.mark.parametrize("kernel", list(_compile_matrix().KERNELS))
-def test_no_kernel_offsets_rows_in_int32(kernel, monkeypatch):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from attnlab.attention.triton import runtime
-
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    matrix = _compile_matrix()
-    fn = getattr(runtime.kernels(), kernel.split("[")[0])
-    types, constants, options = matrix._launch(kernel, "sm_80", "fp32")
-    names = [n for n in fn.arg_names if n not in constants]
-    signature = {**dict(zip(names, types, strict=True)), **dict.fromkeys(constants, "constexpr")}
-    compiled = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=constants),
-        target=GPUTarget("cuda", 80, 32),
-        options=options,
-    )
-    assert narrow_address_products(compiled.asm["ttir"]) == []
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_no_kernel_offsets_rows_in_int32(kernel):
+    assert narrow_address_products(build(kernel, "sm_80", "fp32").asm["ttir"]) == []

@@ -27,9 +27,9 @@ TINY = [
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, corpus_data_dir):
     """Two tiny task=lm runs sharing their data: linear with RoPE, softmax with learned positions."""
-    data = tmp_path_factory.mktemp("data")
+    data = corpus_data_dir
     out = {}
     for name, extra in (("linear", []), ("softmax", ["task.model.positions=learned"])):
         tmp = tmp_path_factory.mktemp(name)

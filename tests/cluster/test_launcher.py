@@ -19,7 +19,7 @@ from attnlab.launcher import (
     SweepWaiter,
     parse_scontrol_jobs,
 )
-from tiny_runs import TINY_LISTOPS
+from tiny_runs import TINY_LISTOPS, train_main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,13 +74,7 @@ def test_documented_slurm_sweeps_reach_sbatch_without_a_sweep_dir(tmp_path, fake
 def test_documented_local_sweep_runs_without_a_sweep_dir(tmp_path):
     """README's Sweeps line (the basic launcher, runs one after the other) failed the same way."""
     command = ["task=listops", "attn=softmax,sliced_relu", "seed=0,1,2"]
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "train.py"), "-m", *command, *TINY_LISTOPS, "trainer.max_steps=2"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = train_main("-m", *command, *TINY_LISTOPS, "trainer.max_steps=2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     summaries = sorted(tmp_path.glob("outputs/multirun/*/listops/*/seed*/summary.json"))
     runs = {(p.parts[-3], json.loads(p.read_text())["seed"]) for p in summaries}
