@@ -37,13 +37,14 @@ def _run(cfg: DictConfig) -> float | None:
             cfg.paths.run_dir, cfg.paths.output_dir
         )  # a bad command leaves no empty dir
         sys.exit(f"error: {cause}")  # the user's to fix: the message says what, a traceback would bury it
-    except KeyboardInterrupt:  # Ctrl-C before training started (in training, the run saves and says so)
+    except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM while data is written) before training
         discard_unstarted_run_dir(cfg.paths.run_dir, cfg.paths.output_dir)
+        name = getattr(stop, "signal_name", "Ctrl-C")
         print(
-            "error: interrupted (Ctrl-C); nothing half-written was kept, the next run starts clean",
+            f"error: interrupted ({name}); nothing half-written was kept, the next run starts clean",
             file=sys.stderr,
         )
-        sys.exit(130)
+        sys.exit(143 if name == "SIGTERM" else 130)
     if summary.get("interrupted"):  # SIGTERM/SIGINT: last.ckpt saved, the closing lines say how to resume
         sys.exit(exit_status(summary))  # 143 or 130, as if the signal had ended the process
     return summary["val_acc"]  # the value a Hydra sweeper would optimise

@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 
 from attnlab.cli import bench_authors, bench_bytes, bench_generate, bench_threads, bench_training
-from attnlab.cli.bench_args import add_op_shape_arguments, positive_float, positive_int
+from attnlab.cli.bench_args import add_op_shape_arguments, out_dir, positive_float, positive_int
 from attnlab.cli.bench_ratios import ratio_lines
 
 DEFAULT_BACKENDS = [
@@ -541,7 +541,7 @@ def register(subparsers) -> None:
         help="CPU threads for torch (default: torch's choice); 1 gives steadier figures on a busy machine",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
+    parser.add_argument("--out-dir", type=out_dir, default=Path("bench_results"))
     parser.set_defaults(func=main_attention)
     bench_bytes.register(kinds)
     bench_threads.register(kinds)
