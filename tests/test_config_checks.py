@@ -39,6 +39,10 @@ from tiny_runs import TINY_LISTOPS, train_main
         ),
         # the attention layer refuses a dropout of 1.0: the check said <= 1.0
         (["task.model.attn_dropout=1.0"], "task.model.attn_dropout=1.0: expected a number >= 0.0 and < 1.0"),
+        (
+            ["task.model.positions=learned", "task.model.max_len=1000000000"],
+            "task.model.max_len=1000000000: its learned position table (1,000,000,000 × 64 floats)",
+        ),
     ],
 )
 def test_bad_values_are_named_before_any_work(train_config, overrides, expected):

@@ -110,11 +110,14 @@ def test_a_resume_may_raise_the_budget(train_config, finished_run):
 
 def test_the_command_line_refuses_a_second_fresh_run_in_one_line(tmp_path):
     args = [*SHORT, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
+    differs = [*args, "seed=3"]  # Hydra would record these overrides over the first run's
     first = run_train_py(*args, cwd=tmp_path, timeout=300, single_thread=True)
     assert first.returncode == 0, first.stderr[-3000:]
     summary = (tmp_path / "run" / "summary.json").read_bytes()
-    again = run_train_py(*args, cwd=tmp_path, timeout=300, single_thread=True)
+    hydra_record = (tmp_path / "run" / ".hydra" / "overrides.yaml").read_bytes()
+    again = run_train_py(*differs, cwd=tmp_path, timeout=300, single_thread=True)
     assert again.returncode == 1
     lines = [line for line in again.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "already holds a finished run" in lines[0]
     assert (tmp_path / "run" / "summary.json").read_bytes() == summary
+    assert (tmp_path / "run" / ".hydra" / "overrides.yaml").read_bytes() == hydra_record  # before Hydra

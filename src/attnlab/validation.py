@@ -156,6 +156,7 @@ def check_config(cfg: DictConfig) -> None:
             problems.append(f"{key}={value!r}: expected {expected}")
     problems += _missing_logger_packages(cfg)
     problems += _wandb_login_problems(cfg)
+    problems += _position_table_problems(cfg)
     problems += _unread_added_keys(cfg, _command_overrides())
     if not problems:
         problems += _attention_problems(cfg)
@@ -228,6 +229,29 @@ def _attention_problems(cfg: DictConfig) -> list[str]:
     except (ValueError, TypeError) as err:
         return [f"attention backend {attn.get('name')!r} with this config: {err}"]
     return []
+
+
+#: the largest position table (learned or sinusoidal: max_len × dim floats) built without a word
+POSITION_TABLE_LIMIT = 4 << 30
+
+
+def _position_table_problems(cfg: DictConfig) -> list[str]:
+    """A ``max_len`` whose position table would not fit: ``task.model.max_len=1000000000`` tried to
+    allocate 64 GB before failing (RoPE builds no table: any max_len is fine there)."""
+    model = OmegaConf.select(cfg, "task.model", default=None)
+    if not isinstance(model, DictConfig):
+        return []
+    max_len, dim = model.get("max_len"), model.get("dim")
+    if model.get("positions") not in ("learned", "sinusoidal") or not (_is_int(max_len) and _is_int(dim)):
+        return []
+    size = 4 * max_len * dim
+    if size <= POSITION_TABLE_LIMIT:
+        return []
+    return [
+        f"task.model.max_len={max_len}: its {model.positions} position table ({max_len:,} × {dim} floats) "
+        f"would take {size / 2**30:,.1f} GiB; give the longest sequence the data holds, or "
+        f"task.model.positions=rope (no table)"
+    ]
 
 
 def _wandb_login_problems(cfg: DictConfig) -> list[str]:
