@@ -124,6 +124,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     is marked ``interrupted`` and the closing lines say how to resume (``train.py`` exits 143 or 130).
     """
     clock = AttemptClock(started=time.time())
+    if rank_zero_only.rank != 0:  # a DDP run's other ranks: their info lines would repeat rank 0's
+        logging.getLogger().setLevel(logging.WARNING)
     check_config(cfg)  # wrong-typed overrides are named before any work
     check_slurm_layout(cfg)  # inside a SLURM job: does the allocation fit the trainer? fail before any work
     triton_cache = job_local_triton_cache()  # before any kernel compiles
@@ -131,8 +133,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.info("Triton kernel cache of this SLURM job: %s (TRITON_CACHE_DIR)", triton_cache)
     check_gpus(cfg.trainer)  # GPUs that this torch build and Triton can run on? fail before any work
     _route_lightning_logs_to_root()
-    if rank_zero_only.rank != 0:  # a DDP run's other ranks: their info lines would repeat rank 0's
-        logging.getLogger().setLevel(logging.WARNING)
     _log_cpu_threads(cfg)
     run_dir = Path(cfg.paths.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

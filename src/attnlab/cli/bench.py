@@ -422,11 +422,11 @@ def run_bench(
                     if mode == "fwdbwd":
                         for x in inputs:
                             x.requires_grad_(True)
-                    # on CUDA every length gets an untimed first call: a new length can need new
-                    # kernel specialisations (seconds to compile), which must not count as its time
+                    # on CUDA every length of a Triton backend gets an untimed first call: a new length
+                    # can need new kernel specialisations (seconds to compile), not part of its time
                     call = _make_call(op, inputs, mode)
-                    cuda = device.type == "cuda"
-                    measure_cell(cell, call, args.repeats, args.timeout_s, compile_first=cuda)
+                    first = device.type == "cuda" and not backend.endswith("_torch")
+                    measure_cell(cell, call, args.repeats, args.timeout_s, compile_first=first)
                 except Exception as err:  # noqa: BLE001 - any failure becomes a marked cell
                     if not _is_oom(err):
                         cell.status, cell.note = "error", f"{type(err).__name__}: {err}"[:200]

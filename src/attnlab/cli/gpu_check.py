@@ -122,11 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: gpu_check: no CUDA device here; run it on a GPU machine", file=sys.stderr)
         return 2
+    result = args.out / "check" / f"{args.backend}.json"
+    result.unlink(missing_ok=True)  # a check that dies leaves no earlier verdict behind
     rows = check_backend(args.backend, args.dtypes, device=args.device)
     for row in rows:
         print(_line(row), flush=True)
-    (args.out / "check").mkdir(parents=True, exist_ok=True)
-    (args.out / "check" / f"{args.backend}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.write_text(json.dumps(rows, indent=2) + "\n")
     failed = [r for r in rows if not r["ok"]]
     if failed:
         print(f"gpu_check: {args.backend} failed {len(failed)} of {len(rows)} cases: left out of the timings")

@@ -103,18 +103,26 @@ def trusted(op: str, device: torch.device, dtype: torch.dtype, case: Case) -> bo
     if key not in _VERDICTS:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return True
+        from triton.errors import TritonError
+
+        failed = False
         try:
-            triton_fn, torch_fn, inputs, keywords = case()
-            result = compare(triton_fn, torch_fn, inputs, **keywords)
+            # the first call can come under inference mode (Lightning's sanity check, trainer.test):
+            # the check needs autograd, which enable_grad alone does not give back there
+            with torch.inference_mode(False), torch.enable_grad():
+                triton_fn, torch_fn, inputs, keywords = case()
+                result = compare(triton_fn, torch_fn, inputs, **keywords)
             _VERDICTS[key] = None if result.ok else result.describe()
-        except TritonUnavailableError:  # a kernel that does not build: `runtime.launch` says so
+        except (TritonUnavailableError, TritonError):  # a kernel that does not build: `launch` says so
             raise
         except Exception as err:  # noqa: BLE001 - any failure means "do not trust the kernels here"
             first = (str(err).strip().splitlines() or [""])[0][:300]
             _VERDICTS[key] = f"{type(err).__name__}: {first}"
+            failed = True
         if _VERDICTS[key] is not None:
+            what = "failed" if failed else "disagree with the torch code"
             warnings.warn(
-                f"{op}: the Triton kernels disagree with the torch code on {device} ({dtype}) in the "
+                f"{op}: the Triton kernels {what} on {device} ({dtype}) in the "
                 f"first-use check: {_VERDICTS[key]}; running the torch code for the rest of this run",
                 RuntimeWarning,
                 stacklevel=4,
