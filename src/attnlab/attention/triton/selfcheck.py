@@ -88,6 +88,27 @@ def compare(triton_fn: Fn, torch_fn: Fn, inputs: Sequence[torch.Tensor], seed: i
     return max(failing or results, key=lambda r: r.triton_err)
 
 
+def random_case(kind: str, batch: int, heads: int, length: int, dim: int, dtype, device, padded=True, seed=0):
+    """Random inputs of an op and its key padding mask: ``kind`` "scores" gives ``s, t (B, H, T)`` and
+    ``v (B, H, T, D)``, "bump" those and a bandwidth per head in float32, "qkv" ``q, k, v``; with
+    ``padded`` the second row's last quarter is padding. For the first-use check and `make bench-gpu`'s
+    correctness pass."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "qkv":
+        tensors = [torch.randn(batch, heads, length, dim, generator=gen) for _ in range(3)]
+    else:
+        tensors = [torch.randn(batch, heads, length, generator=gen) for _ in range(2)]
+        tensors.append(torch.randn(batch, heads, length, dim, generator=gen))
+    inputs = [x.to(device, dtype) for x in tensors]
+    if kind == "bump":
+        inputs.append((torch.rand(heads, generator=gen) + 0.3).to(device))
+    mask = None
+    if padded:
+        lengths = torch.tensor([[length], [3 * length // 4]] + [[length]] * (batch - 2))
+        mask = (torch.arange(length)[None, :] < lengths[:batch]).to(device)
+    return inputs, mask
+
+
 #: (op, device, input dtype) -> None when the Triton op agreed, else why not
 _VERDICTS: dict[tuple[str, str, torch.dtype], str | None] = {}
 Case = Callable[[], tuple[Fn, Fn, list[torch.Tensor], dict]]
