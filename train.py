@@ -3,6 +3,7 @@
 See README.md for the config groups (task, attn, trainer, logger, experiment) and overrides.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -37,25 +38,39 @@ def _run(cfg: DictConfig) -> float | None:
             cfg.paths.run_dir, cfg.paths.output_dir
         )  # a bad command leaves no empty dir
         sys.exit(f"error: {cause}")  # the user's to fix: the message says what, a traceback would bury it
-    except KeyboardInterrupt:  # Ctrl-C before training started (in training, the run saves and says so)
+    except KeyboardInterrupt as stop:  # Ctrl-C (or SIGTERM while data is written) before training
         discard_unstarted_run_dir(cfg.paths.run_dir, cfg.paths.output_dir)
+        name = getattr(stop, "signal_name", "Ctrl-C")
         print(
-            "error: interrupted (Ctrl-C); nothing half-written was kept, the next run starts clean",
+            f"error: interrupted ({name}); nothing half-written was kept, the next run starts clean",
             file=sys.stderr,
         )
-        sys.exit(130)
+        sys.exit(143 if name == "SIGTERM" else 130)
     if summary.get("interrupted"):  # SIGTERM/SIGINT: last.ckpt saved, the closing lines say how to resume
         sys.exit(exit_status(summary))  # 143 or 130, as if the signal had ended the process
     return summary["val_acc"]  # the value a Hydra sweeper would optimise
 
 
 def _run_dir_problem(args: list[str]) -> str | None:
-    """A ``hydra.run.dir`` that names an existing file: Hydra would fail making it, in a traceback."""
-    for arg in args:
-        if arg.lstrip("+").startswith("hydra.run.dir="):
-            path = Path(arg.split("=", 1)[1])
-            if path.exists() and not path.is_dir():
-                return f"hydra.run.dir={path}: a file, not a directory; give a run directory"
+    """A ``hydra.run.dir`` that names an existing file (Hydra would fail making it, in a traceback),
+    or a fresh run's dir that holds an earlier run: refused before Hydra writes its ``.hydra/`` and
+    log there (the pipeline refuses it too, for dirs that the command line does not name)."""
+    from attnlab.rundir import RunDirError, claim_for_fresh_run
+
+    settings = dict(arg.lstrip("+").split("=", 1) for arg in args if "=" in arg)
+    if "hydra.run.dir" not in settings:
+        return None
+    path = Path(settings["hydra.run.dir"])
+    if path.exists() and not path.is_dir():
+        return f"hydra.run.dir={path}: a file, not a directory; give a run directory"
+    fresh = settings.get("ckpt_path", "null") in ("null", "", "None")
+    if os.environ.get("SLURM_JOB_ID") and any(path.glob("hpc_ckpt_*.ckpt")):
+        fresh = False  # a requeued job resumes its hpc checkpoint (attnlab.resume.resolve_ckpt_path)
+    if fresh and settings.get("overwrite", "false").lower() != "true":
+        try:
+            claim_for_fresh_run(path, False, f"ckpt_path=auto hydra.run.dir={path}")
+        except RunDirError as err:
+            return str(err)
     return None
 
 

@@ -32,6 +32,8 @@ fi
 if not torch.cuda.is_available():
     sys.exit("bench-gpu: no CUDA device here; run it on a GPU machine")' || exit 2
 mkdir -p "$OUT"  # only once a GPU is there: a machine without one is left no empty results folder
+# a new check replaces the last one's results in $OUT: nothing stale is summarised as measured now
+rm -rf "$OUT/check" "$OUT"/ops_* "$OUT/train" "$OUT/results.json" "$OUT/gpu.json"
 if [ -n "${SLURM_JOB_ID:-}" ] && [ -z "${TRITON_CACHE_DIR:-}" ]; then
   export TRITON_CACHE_DIR="${TMPDIR:-/tmp}/attnlab-triton-${SLURM_JOB_ID}"  # as train.py does in a job
 fi
@@ -39,14 +41,15 @@ SUMMARY_S=${SUMMARY_S:-30}  # kept for the last step
 MIN_STEP_S=${MIN_STEP_S:-20}  # a step with less left than this is skipped
 exec 3>&1  # run_step's notices reach the terminal even when a step's output goes to a log
 
-# run_step NAME CMD...: CMD under the time left (minus the summary's share), or skipped once it is spent
+# run_step NAME CMD...: CMD under the time left (minus the summary's share), or skipped once it is spent.
+# Returns CMD's status; 124 when the budget stopped it (what it measured is kept), 125 when skipped.
 run_step() {
   local name=$1 left
   shift
   left=$((BUDGET_S - SUMMARY_S - ($(date +%s) - START)))
   if [ "$left" -lt "$MIN_STEP_S" ]; then
     echo "bench-gpu: $name skipped (the ${BUDGET_S}s budget is spent)" >&3
-    return 0
+    return 125
   fi
   local began=$(date +%s)
   timeout -k 15 "$left" "$@"  # SIGTERM at the budget (what was measured is kept), SIGKILL 15 s later
@@ -54,7 +57,7 @@ run_step() {
   echo "bench-gpu: $name: $(($(date +%s) - began)) s (rc $rc, $((BUDGET_S - ($(date +%s) - START))) s of the budget left)" >&3
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     echo "bench-gpu: $name stopped at the budget (${left}s left for it); what it measured is kept" >&3
-    return 0
+    return 124
   fi
   return $rc
 }
@@ -75,13 +78,16 @@ for op in sliced_relu sliced_relu_bump linear_causal; do
 done
 
 ops() {  # ops DTYPE LENGTHS...: every backend of $OPS in its own process
-  local dtype=$1 backend
+  local dtype=$1 backend rc
   shift
   for backend in $OPS; do
     run_step "$backend in $dtype" "$PY" -m attnlab.cli.main bench attention --device cuda --dtype "$dtype" \
       -B 8 --heads 8 --dim 64 --seq-lens "$@" --backends "$backend" --mode fwdbwd --repeats 5 \
-      --timeout-s 20 --out-dir "$OUT/ops_$dtype/$backend" \
-      || echo "bench-gpu: $backend in $dtype reported errors (see its table)"
+      --timeout-s 20 --out-dir "$OUT/ops_$dtype/$backend"
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -lt 124 ]; then
+      echo "bench-gpu: $backend in $dtype reported errors (see its table)"
+    fi
   done
 }
 
@@ -99,7 +105,8 @@ for task in listops text; do
       trainer.precision=bf16-mixed logger=csv task.max_steps=50 task.val_check_interval=50 \
       callbacks.throughput.warmup_steps=10 trainer.log_every_n_steps=10 test=false \
       "hydra.run.dir=$OUT/train/$task/$attn" "${extra[@]}" > "$log" 2>&1
-    if [ $? -ne 0 ]; then  # (a step stopped at the budget returns 0: it said so itself)
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -lt 124 ]; then  # (stopped or skipped at the budget: it said so itself)
       echo "bench-gpu: training $task/$attn failed (data missing?); end of $log:"
       tail -n 3 "$log"
     fi

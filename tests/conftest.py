@@ -106,3 +106,22 @@ def hf_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
     return cache
+
+
+@pytest.fixture
+def loader_workers():
+    """For a test that starts DataLoader workers in this process: after it, pass or fail, their
+    iterators are shut down (`shut_down_loader_workers`)."""
+    yield
+    shut_down_loader_workers()
+
+
+def shut_down_loader_workers() -> None:
+    """Shut down every live multi-process DataLoader iterator: a failing test's traceback holds its
+    iterator, whose workers ignore SIGTERM and would otherwise live until the session ends."""
+    import gc
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    for iterator in [o for o in gc.get_objects() if isinstance(o, _MultiProcessingDataLoaderIter)]:
+        iterator._shutdown_workers()

@@ -3,6 +3,8 @@ nothing reads is refused with the closest key."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from attnlab.errors import ConfigError, user_error
@@ -37,6 +39,10 @@ from tiny_runs import TINY_LISTOPS, train_main
         ),
         # the attention layer refuses a dropout of 1.0: the check said <= 1.0
         (["task.model.attn_dropout=1.0"], "task.model.attn_dropout=1.0: expected a number >= 0.0 and < 1.0"),
+        (
+            ["task.model.positions=learned", "task.model.max_len=1000000000"],
+            "task.model.max_len=1000000000: its learned position table (1,000,000,000 × 64 floats)",
+        ),
     ],
 )
 def test_bad_values_are_named_before_any_work(train_config, overrides, expected):
@@ -104,3 +110,41 @@ def test_a_run_dir_that_is_a_file_is_named(tmp_path):
         done.stderr.strip()
         == f"error: hydra.run.dir={tmp_path / 'taken'}: a file, not a directory; give a run directory"
     )
+
+
+def test_a_data_file_that_is_a_folder_is_one_line(tmp_path):
+    """Reading a folder where a file belongs (or a file the user may not read) is the user's to fix."""
+    folder = tmp_path / "basic_train.tsv"
+    folder.mkdir()
+    with pytest.raises(OSError) as caught:
+        folder.read_text()
+    assert str(user_error(caught.value)) == f"{folder}: Is a directory"
+    assert user_error(OSError("no file name, no errno")) is None
+
+
+def test_a_max_len_shorter_than_the_data_is_named_before_training(train_config):
+    """The classifier refused the first batch that was too long, mid-epoch, in a traceback."""
+    from attnlab.pipeline import train
+
+    cfg = train_config(*TINY_LISTOPS, "task.model.max_len=20", "logger=none")
+    with pytest.raises(
+        ConfigError, match=r"task\.model\.max_len=20: the train split holds sequences of up to \d+"
+    ):
+        train(cfg)
+    assert not (Path(cfg.paths.run_dir) / "checkpoints").exists()
+
+
+def test_wandb_online_without_login_is_one_line_before_any_work(train_config, monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    with pytest.raises(ConfigError) as caught:
+        check_config(train_config("logger=wandb"))
+    message = str(caught.value)
+    assert "logger=wandb: wandb runs online (WANDB_MODE=online) but is not logged in here" in message
+    assert "`wandb login`" in message and "WANDB_MODE=offline" in message and "\n" not in message
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # logged in: no complaint
+    check_config(train_config("logger=wandb"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY")
+    check_config(train_config("logger=wandb"))

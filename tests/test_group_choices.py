@@ -27,6 +27,10 @@ def test_backends_presets_and_sweeps_are_checked_and_good_ones_pass(tmp_path):
     good = ["task=listops", "attn=softmax,sliced_relu", "experiment=lra/listops", "logger=none", "seed=3",
             "task.model.dim=32", "hydra/launcher=slurm", "+trainer.profiler=simple"]  # fmt: skip
     assert check_group_choices(good, CONF) is None
+    hydra_syntax = ["logger=[csv,tensorboard]", "attn=glob(*)", "attn=choice(softmax,linear)"]
+    hydra_syntax.append("attn='softmax'")
+    assert [check_group_choices([arg], CONF) for arg in hydra_syntax] == [None] * 4
+    assert "logger=tensorbord: no such logger" in check_group_choices(["logger=[csv,tensorbord]"], CONF)
 
 
 def test_a_search_path_adds_its_choices(tmp_path):

@@ -181,7 +181,7 @@ AUGMENTED = {
 
 
 @pytest.mark.parametrize("task", list(AUGMENTED))
-def test_augmentations_depend_on_seed_epoch_and_index_only(train_config, tmp_path, task):
+def test_augmentations_depend_on_seed_epoch_and_index_only(train_config, tmp_path, task, loader_workers):
     """The same training batches with 0 and 2 workers, and from a loader resumed mid-epoch; the training
     process's random streams (dropout's) do not move while the loader augments in it (0 workers)."""
     batches = {}

@@ -110,11 +110,55 @@ def test_a_resume_may_raise_the_budget(train_config, finished_run):
 
 def test_the_command_line_refuses_a_second_fresh_run_in_one_line(tmp_path):
     args = [*SHORT, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
+    differs = [*args, "seed=3"]  # Hydra would record these overrides over the first run's
     first = run_train_py(*args, cwd=tmp_path, timeout=300, single_thread=True)
     assert first.returncode == 0, first.stderr[-3000:]
     summary = (tmp_path / "run" / "summary.json").read_bytes()
-    again = run_train_py(*args, cwd=tmp_path, timeout=300, single_thread=True)
+    hydra_record = (tmp_path / "run" / ".hydra" / "overrides.yaml").read_bytes()
+    again = run_train_py(*differs, cwd=tmp_path, timeout=300, single_thread=True)
     assert again.returncode == 1
     lines = [line for line in again.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "already holds a finished run" in lines[0]
     assert (tmp_path / "run" / "summary.json").read_bytes() == summary
+    assert (tmp_path / "run" / ".hydra" / "overrides.yaml").read_bytes() == hydra_record  # before Hydra
+
+
+def test_a_second_run_started_while_the_first_writes_the_dir_is_refused(tmp_path):
+    """Two runs started together in one dir raced: one crashed in the CSV logger, or both exited 0
+    and one summary replaced the other. The second is refused; the first runs on, untouched."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tiny_runs import REPO_ROOT, TESTS_DIR, pause_at, wait_until_paused
+
+    run, marker = tmp_path / "run", tmp_path / "paused"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(
+        OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+    )
+    command = [sys.executable, str(REPO_ROOT / "train.py"), *SHORT, "logger=none", f"hydra.run.dir={run}"]
+    first = subprocess.Popen(
+        [*command, *pause_at(0, marker)], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_until_paused(first, marker)
+        config = (run / "config.yaml").read_bytes()
+        second = run_train_py(
+            *SHORT, "logger=none", "seed=5", f"hydra.run.dir={run}", cwd=tmp_path, timeout=300
+        )
+        assert second.returncode == 1
+        lines = [line for line in second.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: another run (process ")
+        assert f"is writing {run} right now" in lines[0]
+        assert first.poll() is None and (run / "config.yaml").read_bytes() == config  # untouched, kept
+        first.send_signal(signal.SIGTERM)  # the first run stops as it would: last.ckpt, summary
+        first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 143
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["seed"] == 0 and summary["interrupted"]

@@ -178,7 +178,7 @@ def test_attention_options_are_checked_for_every_backend_of_a_sweep():
     assert check_attention_options(["experiment=lra/listops", "attn.foo=1"], conf) is None  # a preset decides
 
 
-def test_a_loader_worker_data_error_reaches_the_user_as_its_own_message():
+def test_a_loader_worker_data_error_reaches_the_user_as_its_own_message(loader_workers):
     """torch re-raises an error it cannot rebuild as RuntimeError("Caught DataError in DataLoader
     worker process 0 ..."): the user must see the file and line, not that."""
     from torch.utils.data import DataLoader

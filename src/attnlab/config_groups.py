@@ -14,6 +14,20 @@ from pathlib import Path
 
 _CHOICE = re.compile(r"^[+~]?(?P<group>[a-z_]+(?:/[a-z_]+)*)=(?P<values>[^=]*)$")
 _SEARCHPATH = re.compile(r"^hydra\.searchpath=\[(?P<paths>.*)\]$")
+_NAMES = re.compile(r"^\[?(?P<names>[\w./-]+(?:,[\w./-]+)*)\]?$")  # a name, a sweep a,b or a list [a,b]
+
+
+def _named_choices(values: str) -> list[str]:
+    """The plain names of an override's value (``softmax``, ``softmax,linear``, ``[csv,tensorboard]``,
+    quoted or not); none for Hydra's sweep functions (``glob(*)``, ``choice(...)``, ``range``) and
+    interpolations, which Hydra itself expands and checks."""
+    values = values.strip()
+    if len(values) > 1 and values[0] == values[-1] and values[0] in "'\"":
+        values = values[1:-1]
+    match = _NAMES.match(values)
+    if not match or values.startswith("[") != values.endswith("]"):
+        return []
+    return match.group("names").split(",")
 
 
 def _config_dirs(args: list[str], conf_dir: Path) -> list[Path] | None:
@@ -48,9 +62,8 @@ def check_group_choices(args: list[str], conf_dir: Path) -> str | None:
             continue  # a plain key (seed=1), not a group
         files = [(g, p) for g in groups for p in g.rglob("*.yaml")]
         offered = sorted({p.relative_to(g).with_suffix("").as_posix() for g, p in files})
-        for value in match.group("values").split(","):  # a sweep: every value must exist
-            value = value.strip()
-            if value in ("", "null") or value in offered:
+        for value in _named_choices(match.group("values")):  # a sweep or a list: every name must exist
+            if value == "null" or value in offered:
                 continue
             close = difflib.get_close_matches(value, offered, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""

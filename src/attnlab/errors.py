@@ -3,6 +3,7 @@
 Each message names the bad key, value or file and says what is allowed.
 """
 
+import errno
 import re
 
 
@@ -35,6 +36,8 @@ def user_error(error: BaseException) -> UserError | None:
         refused = _refused_by_constructor(error)
         if refused is not None:
             return refused
+        if isinstance(error, OSError) and error.filename and error.errno in _ENVIRONMENT_ERRNOS:
+            return UserError(f"{error.filename}: {error.strerror}")
         seen.add(id(error))
         error = error.__cause__
     return None
@@ -53,6 +56,13 @@ def _refused_by_constructor(error: BaseException) -> UserError | None:
     where = key.group(1) if key else (target.group(1) if target else "config")
     return UserError(f"{where}: {cause}")
 
+
+#: what a file system answers that the user fixes (space, quota, permissions, a read-only mount, a
+#: folder where a file belongs or the reverse)
+_ENVIRONMENT_ERRNOS = {
+    *(errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO),
+    *(errno.EISDIR, errno.ENOTDIR),
+}
 
 _WORKER_ERROR = re.compile(r"^Caught (\w+) in DataLoader worker process \d+\.\nOriginal Traceback", re.S)
 

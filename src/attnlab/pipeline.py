@@ -36,7 +36,8 @@ from attnlab.callbacks.checkpoint import Interrupt, SlurmRequeue
 from attnlab.callbacks.divergence import TrainingDiverged
 from attnlab.callbacks.throughput import ThroughputMonitor
 from attnlab.cluster import check_slurm_layout, job_local_triton_cache
-from attnlab.data.common import file_lock
+from attnlab.data.common import file_lock, sigterm_raises
+from attnlab.errors import ConfigError
 from attnlab.history import AttemptClock, HistoryCSVLogger
 from attnlab.resume import (
     best_checkpoint_in_run,
@@ -123,6 +124,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     is marked ``interrupted`` and the closing lines say how to resume (``train.py`` exits 143 or 130).
     """
     clock = AttemptClock(started=time.time())
+    if rank_zero_only.rank != 0:  # a DDP run's other ranks: their info lines would repeat rank 0's
+        logging.getLogger().setLevel(logging.WARNING)
     check_config(cfg)  # wrong-typed overrides are named before any work
     check_slurm_layout(cfg)  # inside a SLURM job: does the allocation fit the trainer? fail before any work
     triton_cache = job_local_triton_cache()  # before any kernel compiles
@@ -130,8 +133,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.info("Triton kernel cache of this SLURM job: %s (TRITON_CACHE_DIR)", triton_cache)
     check_gpus(cfg.trainer)  # GPUs that this torch build and Triton can run on? fail before any work
     _route_lightning_logs_to_root()
-    if rank_zero_only.rank != 0:  # a DDP run's other ranks: their info lines would repeat rank 0's
-        logging.getLogger().setLevel(logging.WARNING)
     _log_cpu_threads(cfg)
     run_dir = Path(cfg.paths.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -162,11 +163,12 @@ def _train(cfg: DictConfig, clock: AttemptClock, run_dir: Path) -> dict[str, Any
     # Every process (all DDP ranks, started together by srun) needs the data before the model can be
     # built, and no process group exists yet: a file lock makes them take turns, so the data is
     # generated once and the others find it complete.
-    with file_lock(Path(cfg.paths.data_dir) / ".attnlab-prepare.lock"):
-        datamodule.prepare_data()
+    with file_lock(Path(cfg.paths.data_dir) / ".attnlab-prepare.lock"), sigterm_raises():
+        datamodule.prepare_data()  # a SIGTERM here leaves no half-written file (train.py says so)
     datamodule.setup()
     model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), **datamodule.model_kwargs())
     module = instantiate(cfg.task.module, model=model)
+    _check_lengths_fit(model, datamodule)  # before the fit, not at the first batch that is too long
     if ckpt_path is not None:  # another task's or size's checkpoint: one line, not a state_dict traceback
         check_checkpoint_fits(ckpt_path, module.state_dict(), run_description(cfg), saved)
         if rank_zero_only.rank == 0:
@@ -311,6 +313,23 @@ def discard_unstarted_run_dir(run_dir: str | Path, output_dir: str | Path | None
             parent.rmdir()
             parent = parent.parent
     return True
+
+
+def _check_lengths_fit(model, datamodule) -> None:
+    """A model whose ``max_len`` is shorter than the data's longest sequence, named before training."""
+    limit = getattr(model, "max_len", None)
+    if not isinstance(limit, int) or getattr(model, "dual", False):  # pairs: each side is checked alone
+        return
+    for split in ("train", "val", "test"):
+        try:
+            longest = datamodule.max_length(split)
+        except (KeyError, NotImplementedError, AttributeError, TypeError):
+            continue
+        if longest > limit:
+            raise ConfigError(
+                f"task.model.max_len={limit}: the {split} split holds sequences of up to {longest} tokens; "
+                f"set task.model.max_len to at least {longest}, or truncate the data"
+            )
 
 
 def _log_cpu_threads(cfg: DictConfig) -> None:

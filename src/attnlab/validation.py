@@ -155,6 +155,8 @@ def check_config(cfg: DictConfig) -> None:
         if not ok(value):
             problems.append(f"{key}={value!r}: expected {expected}")
     problems += _missing_logger_packages(cfg)
+    problems += _wandb_login_problems(cfg)
+    problems += _position_table_problems(cfg)
     problems += _unread_added_keys(cfg, _command_overrides())
     if not problems:
         problems += _attention_problems(cfg)
@@ -227,6 +229,61 @@ def _attention_problems(cfg: DictConfig) -> list[str]:
     except (ValueError, TypeError) as err:
         return [f"attention backend {attn.get('name')!r} with this config: {err}"]
     return []
+
+
+#: the largest position table (learned or sinusoidal: max_len × dim floats) built without a word
+POSITION_TABLE_LIMIT = 4 << 30
+
+
+def _position_table_problems(cfg: DictConfig) -> list[str]:
+    """A ``max_len`` whose position table would not fit: ``task.model.max_len=1000000000`` tried to
+    allocate 64 GB before failing (RoPE builds no table: any max_len is fine there)."""
+    model = OmegaConf.select(cfg, "task.model", default=None)
+    if not isinstance(model, DictConfig):
+        return []
+    max_len, dim = model.get("max_len"), model.get("dim")
+    if model.get("positions") not in ("learned", "sinusoidal") or not (_is_int(max_len) and _is_int(dim)):
+        return []
+    size = 4 * max_len * dim
+    if size <= POSITION_TABLE_LIMIT:
+        return []
+    return [
+        f"task.model.max_len={max_len}: its {model.positions} position table ({max_len:,} × {dim} floats) "
+        f"would take {size / 2**30:,.1f} GiB; give the longest sequence the data holds, or "
+        f"task.model.positions=rope (no table)"
+    ]
+
+
+def _wandb_login_problems(cfg: DictConfig) -> list[str]:
+    """An online wandb logger with no credentials: wandb.init would end the run in a 30-line traceback
+    after the run dir was made."""
+    problems = []
+    for name, node in (cfg.get("logger") or {}).items():
+        if not isinstance(node, DictConfig) or not str(node.get("_target_", "")).endswith("WandbLogger"):
+            continue
+        if str(node.get("mode", "offline")) == "online" and not _wandb_logged_in():
+            problems.append(
+                f"logger={name}: wandb runs online (WANDB_MODE=online) but is not logged in here; run "
+                f"`wandb login` (or set WANDB_API_KEY), or log offline with WANDB_MODE=offline and "
+                f"upload later with `wandb sync`"
+            )
+    return problems
+
+
+def _wandb_logged_in() -> bool:
+    """Whether wandb has an API key: ``WANDB_API_KEY``, or ``wandb login``'s entry in ~/.netrc."""
+    import netrc
+    import os
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def _command_overrides() -> list[str]:

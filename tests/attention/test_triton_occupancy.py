@@ -18,3 +18,30 @@ def test_the_backward_walk_fits_two_blocks_per_sm(target, dtype):
     registers = resource_usage(build("relu_backward_kernel", target, dtype))["REG"]
     threads = 32 * launch_options("relu_backward_kernel", target, dtype)[2]["num_warps"]
     assert REGISTERS_PER_SM // (registers * threads) >= 2, f"{registers} registers x {threads} threads"
+
+
+def test_the_op_launches_the_walk_with_that_cap(monkeypatch):
+    """The build above takes the cap from the launch options; the op itself must pass it too."""
+    import torch
+
+    from attnlab.attention import ops
+    from attnlab.attention.triton import runtime
+    from attnlab.attention.triton.sliced import TUNING
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernels = runtime.kernels()
+    real, seen = kernels.relu_backward_kernel, {}
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.update(kwargs)
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(kernels, "relu_backward_kernel", Spy())
+    s, t = (torch.randn(1, 2, 40, requires_grad=True) for _ in range(2))
+    v = torch.randn(1, 2, 40, 8, requires_grad=True)
+    ops.sliced_relu_attention(s, t, v, impl="triton", path="sorted").sum().backward()
+    assert seen["maxnreg"] == TUNING.backward_max_registers == 128

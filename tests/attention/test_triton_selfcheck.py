@@ -114,3 +114,20 @@ def test_an_error_in_the_check_is_a_failed_check(as_on_a_gpu, monkeypatch):
     with pytest.warns(RuntimeWarning, match="first-use check: RuntimeError: illegal memory access; running"):
         out = ops.sliced_relu_attention(s, t, v, path="sorted")
     torch.testing.assert_close(out, ops.sliced_relu_attention(s, t, v, impl="torch", path="sorted"))
+
+
+def test_a_first_call_under_inference_mode_is_checked_and_trusted(as_on_a_gpu, monkeypatch):
+    """Lightning's sanity check and `trainer.test` run under inference mode: the check still has
+    autograd there, passes, and the kernels serve the training steps after it."""
+    from attnlab.attention.triton import sliced
+
+    calls = []
+    real = sliced.sliced_relu
+    monkeypatch.setattr(sliced, "sliced_relu", lambda *args: calls.append(1) or real(*args))
+    s, t, v = _scores()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with torch.inference_mode():
+            ops.sliced_relu_attention(s, t, v, path="sorted")
+        ops.sliced_relu_attention(s, t, v, path="sorted")
+    assert len(calls) == 3  # the check, the call under inference mode, the call after it

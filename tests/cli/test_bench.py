@@ -225,3 +225,14 @@ def test_causal_parallel_rows(tmp_path):
         ("sliced_relu_bump_causal", "fwdbwd", "ok"),
     ]
     assert all(r["state_mb"] == "nan" for r in rows)
+
+
+@pytest.mark.parametrize("command", [["bench", "attention"], ["bench", "bytes"], ["bench", "generate"]])
+def test_an_out_dir_that_is_a_file_is_refused_by_name(tmp_path, capsys, command):
+    taken = tmp_path / "results"
+    taken.write_text("a file")
+    with pytest.raises(SystemExit) as stop:
+        main([*command, "--out-dir", str(taken)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --out-dir: {taken} is a file, not a folder" in err and "Traceback" not in err

@@ -166,13 +166,13 @@ if args[:2] == ["-m", "attnlab.cli.gpu_results"]:
     sys.exit(subprocess.call([{python!r}, *args]))  # collect: the real one, on what the steps left
 if args[:2] == ["-m", "attnlab.cli.gpu_check"]:
     backend = args[args.index("--backend") + 1]
-    time.sleep(float(os.environ["FAKE_STEP_S"]))
+    time.sleep(float(os.environ.get("FAKE_CHECK_S") or os.environ["FAKE_STEP_S"]))
     sys.exit(1 if backend == os.environ.get("FAKE_FAIL") else 0)
 time.sleep(float(os.environ["FAKE_STEP_S"]))  # a timing or training step
 """
 
 
-def _fake_bench(tmp_path, budget_s: int, step_s: float, fail: str = ""):
+def _fake_bench(tmp_path, budget_s: int, step_s: float, fail: str = "", check_s: float | None = None):
     import os
     import stat
     import sys
@@ -183,7 +183,7 @@ def _fake_bench(tmp_path, budget_s: int, step_s: float, fail: str = ""):
     log = tmp_path / "calls.log"
     env = {**os.environ, "PY": str(fake), "OUT": str(tmp_path / "gpu"), "BUDGET_S": str(budget_s),
            "SUMMARY_S": "2", "MIN_STEP_S": "1", "FAKE_LOG": str(log), "FAKE_STEP_S": str(step_s),
-           "FAKE_FAIL": fail}  # fmt: skip
+           "FAKE_FAIL": fail, "FAKE_CHECK_S": "" if check_s is None else str(check_s)}  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(["scripts/bench_gpu.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=budget_s + 60)  # fmt: skip
@@ -259,3 +259,31 @@ def test_the_correctness_pass_on_the_interpreter(tmp_path, monkeypatch, capsys):
     summary = capsys.readouterr().out
     assert "correctness: 2 of 4 cases agree (linear_causal, sliced_relu)" in summary
     assert "FAILED sliced_relu bfloat16 T=37 D=8: relative error" in summary
+
+
+def test_a_new_check_summarises_nothing_stale_from_the_last(tmp_path):
+    """The same OUT again: last time's checks, timings and training runs are gone before anything runs,
+    so an op that fails its check now has no timing in the results, and no finished run blocks training."""
+    out = tmp_path / "gpu"
+    stale = [
+        out / "check" / "sliced_relu_bump.json",
+        out / "ops_bfloat16" / "sliced_relu_bump" / "bench_attention.csv",
+        out / "train" / "listops" / "softmax" / "csv" / "metrics.csv",
+    ]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("from the last check\n")
+    done, _, _ = _fake_bench(tmp_path, budget_s=120, step_s=0.05, fail="sliced_relu_bump")
+    assert done.returncode == 0, done.stderr
+    assert not any(path.exists() for path in stale)
+    results = json.loads((out / "results.json").read_text())
+    assert results["ops"] == []  # the stand-in times nothing: the stale CSV is not read as a timing
+    assert results["training"] and all(r["status"] == "failed" for r in results["training"])
+
+
+def test_a_check_stopped_at_the_budget_is_not_taken_for_a_pass(tmp_path):
+    done, calls, _ = _fake_bench(tmp_path, budget_s=12, step_s=0.05, check_s=30)
+    assert done.returncode == 0, done.stderr
+    assert "the check of sliced_relu did not finish: not timed" in done.stdout
+    timed = [c for c in calls if " bench attention " in f" {c} "]
+    assert not any("--backends sliced_relu " in f"{c} " for c in timed)

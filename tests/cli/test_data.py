@@ -1,3 +1,5 @@
+import pytest
+
 from attnlab.cli.main import main
 
 TINY = [
@@ -62,3 +64,46 @@ def test_the_how_to_is_said_once(tmp_path, hf_cache, capsys):
         main(["data", "prepare", "lra", "--task", "text", "--check-only", "--data-dir", str(tmp_path)]) == 1
     )
     assert "how to obtain: Download aclImdb_v1.tar.gz" in capsys.readouterr().out  # the only place it is said
+
+
+@pytest.mark.parametrize(
+    ("signum", "name", "status"), [("SIGINT", "Ctrl-C", 130), ("SIGTERM", "SIGTERM", 143)]
+)
+def test_a_signal_while_pathfinder_generates_is_one_line_and_leaves_nothing_half_written(
+    tmp_path, signum, name, status
+):
+    """Ctrl-C reaches the whole process group: the pool's workers each printed a traceback (58 lines);
+    a SIGTERM (``kill <pid>``) left temporary files in the data dir."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "attnlab.cli.main", "data", "prepare", "lra", "--task", "pathfinder"]
+    process = subprocess.Popen(
+        [*command, "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not any(tmp_path.rglob("sample_*.png")):
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.2)
+        assert any(tmp_path.rglob("sample_*.png")), "generation never started"
+        if signum == "SIGINT":
+            os.killpg(process.pid, signal.SIGINT)  # as the terminal sends it
+        else:
+            process.send_signal(signal.SIGTERM)  # `kill <pid>`
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == status
+    assert "Traceback" not in err
+    lines = [line for line in err.replace("\r", "\n").splitlines() if "interrupted" in line]
+    assert lines == [
+        f"attnlab data: interrupted ({name}); what was complete is kept, run the command again to continue"
+    ]
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")], "half-written files left"

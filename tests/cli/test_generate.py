@@ -174,9 +174,9 @@ def test_a_rope_model_is_bounded_unless_asked_for_more(runs, capsys, monkeypatch
         "attnlab generate: error: --max-new-tokens 1000000000: more than 100,000 new tokens"
     )
     assert "--allow-long" in err and err.count("\n") == 1
-    import attnlab.cli.generate as cli
-
     from omegaconf import OmegaConf
+
+    import attnlab.cli.generate as cli
 
     # the limit, and the flag that lifts it, at a small scale: past the model's own max_len
     beyond = OmegaConf.load(runs["linear"] / "config.yaml").task.model.max_len + 2

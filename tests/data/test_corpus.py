@@ -341,3 +341,26 @@ def test_bad_corpus_files_are_named_in_one_line(tmp_path, name, content, expecte
     path.write_bytes(content)
     with pytest.raises(DataError, match=expected):
         TextCorpus(data_dir=tmp_path / "data", files=str(path)).prepare()
+
+
+def test_a_truncated_parquet_file_and_a_foreign_folder_are_named(tmp_path, hf_cache):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from attnlab.data.text_corpus import TextCorpus
+
+    whole = tmp_path / "whole.parquet"
+    pq.write_table(pa.table({"text": ["a line of text " * 20] * 100}), whole)
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(
+        DataError, match=rf"^{re.escape(str(cut))}: cannot be read as parquet \(.*magic bytes"
+    ):
+        TextCorpus(data_dir=str(tmp_path / "d"), files=str(cut))._dataset()
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("not a saved dataset")
+    with pytest.raises(
+        DataError, match=rf"^{re.escape(str(folder))}: not a folder written by `datasets`' save_to_disk"
+    ):
+        TextCorpus(data_dir=str(tmp_path / "d"), files=str(folder))._dataset()

@@ -116,3 +116,21 @@ def test_workers_still_ignore_sigterm_while_the_parent_lives():
     assert worker.is_alive()
     assert len(list(batches)) == 3  # the rest of the epoch still arrives
     batches._shutdown_workers()
+
+
+def test_shutting_down_ends_the_workers_of_an_iterator_still_held():
+    """What a failing test leaves: an iterator still referenced (by its traceback), its worker alive."""
+    from conftest import shut_down_loader_workers
+
+    loader = DataLoader(
+        TensorDataset(torch.arange(16.0)),
+        batch_size=4,
+        num_workers=1,
+        worker_init_fn=partial(_worker_init, rank=0),
+    )
+    held = iter(loader)
+    next(held)
+    (worker,) = held._workers
+    shut_down_loader_workers()
+    worker.join(timeout=10)
+    assert not worker.is_alive() and held is not None

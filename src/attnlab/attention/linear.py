@@ -94,10 +94,7 @@ def linear_attention(
 def _case(like: torch.Tensor):
     """The first-use check's case (``selfcheck.trusted``) of the causal Triton kernels: two rows of
     200 tokens, one padded to 150, in ``like``'s dtype, device and head dim."""
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 2, 200, like.shape[-1], generator=gen) for _ in range(3))
-    mask = (torch.arange(200)[None, :] < torch.tensor([[200], [150]])).to(like.device)
-    inputs = [x.to(like.device, like.dtype) for x in (q, k, v)]
+    inputs, mask = selfcheck.random_case("qkv", 2, 2, 200, like.shape[-1], like.dtype, like.device)
     keywords = {"key_padding_mask": mask, "causal": True}
     fast = functools.partial(linear_attention, impl="triton")
     return fast, functools.partial(linear_attention, impl="torch"), inputs, keywords

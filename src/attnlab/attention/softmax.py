@@ -53,11 +53,12 @@ def softmax_attention(
     LRA code's, the sum; see `attnlab.attention.padding` and `lra_padded_rows`). `dropout_p` is
     attention dropout (pass 0 at evaluation).
 
-    Non-finite inputs give the float64 reference's NaN pattern: a kept query's output is NaN where
-    its q, or the k of a real key it sees (j <= i when causal), holds a NaN, and in each value column
-    where such a key's v does; exact elsewhere (the fused kernels spread or drop NaN by their own
-    rules). A padded or future key has no influence whatever it holds (the reference's ``probs @ v``
-    multiplies a future key's NaN value by its zero weight, which spreads it). An inf is treated as
+    Non-finite inputs (on the CPU; CUDA keeps its fused kernels' own rules) give the float64
+    reference's NaN pattern: a kept query's output is NaN where its q, or the k of a real key it
+    sees (j <= i when causal), holds a NaN, and in each value column where such a key's v does;
+    exact elsewhere (the fused kernels spread or drop NaN by their own rules). A padded or future
+    key has no influence whatever it holds (the reference's ``probs @ v`` multiplies a future key's
+    NaN value by its zero weight, which spreads it). An inf is treated as
     a NaN (in the reference its sign decides).
 
     The scores q·k/√D are formed in the input dtype: in float32 they overflow once |q|·|k| nears
@@ -66,9 +67,11 @@ def softmax_attention(
     """
     check_qkv(q, k, v, key_padding_mask)
     check_padded_queries("softmax_attention", padded_queries, causal, allowed=PADDED_QUERIES)
+    if q.is_cuda:  # asking would stall the stream, in the baseline every speed-up is measured against
+        return _softmax_attention(q, k, v, key_padding_mask, causal, dropout_p, padded_queries)
     bad_q = ~torch.isfinite(q).all(dim=-1)  # (B, H, T)
     bad_k, bad_v = ~torch.isfinite(k).all(dim=-1), ~torch.isfinite(v)  # (B, H, T), (B, H, T, Dv)
-    if not q.is_cuda and not bool(bad_q.any() | bad_k.any() | bad_v.any()):  # on CUDA asking would stall
+    if not bool(bad_q.any() | bad_k.any() | bad_v.any()):
         return _softmax_attention(q, k, v, key_padding_mask, causal, dropout_p, padded_queries)
     if key_padding_mask is not None:
         bad_k = bad_k & key_padding_mask[:, None, :]

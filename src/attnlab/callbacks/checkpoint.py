@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import random
@@ -426,9 +427,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 os.fsync(handle.fileno())
             os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from collaborators
             os.replace(temporary, path)
-        except BaseException:
+        except BaseException as err:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(temporary)
+            written = isinstance(err, RuntimeError) and "writ" in str(err)  # torch's "file write failed"
+            if isinstance(err, OSError) or written:
+                # a full disk, a quota, a read-only folder: one line naming the file (train.py)
+                reason = (
+                    err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0]
+                )
+                code = err.errno if isinstance(err, OSError) and err.errno else errno.EIO
+                raise OSError(
+                    code, f"{reason}; {path.name} was not written, the previous one is intact", str(path)
+                ) from err
             raise
         directory = os.open(path.parent, os.O_RDONLY)
         try:  # make the rename itself durable

@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 
 from attnlab.cli import bench_authors, bench_bytes, bench_generate, bench_threads, bench_training
-from attnlab.cli.bench_args import add_op_shape_arguments, positive_float, positive_int
+from attnlab.cli.bench_args import add_op_shape_arguments, out_dir, positive_float, positive_int
 from attnlab.cli.bench_ratios import ratio_lines
 
 DEFAULT_BACKENDS = [
@@ -422,11 +422,11 @@ def run_bench(
                     if mode == "fwdbwd":
                         for x in inputs:
                             x.requires_grad_(True)
-                    # on CUDA every length gets an untimed first call: a new length can need new
-                    # kernel specialisations (seconds to compile), which must not count as its time
+                    # on CUDA every length of a Triton backend gets an untimed first call: a new length
+                    # can need new kernel specialisations (seconds to compile), not part of its time
                     call = _make_call(op, inputs, mode)
-                    cuda = device.type == "cuda"
-                    measure_cell(cell, call, args.repeats, args.timeout_s, compile_first=cuda)
+                    first = device.type == "cuda" and not backend.endswith("_torch")
+                    measure_cell(cell, call, args.repeats, args.timeout_s, compile_first=first)
                 except Exception as err:  # noqa: BLE001 - any failure becomes a marked cell
                     if not _is_oom(err):
                         cell.status, cell.note = "error", f"{type(err).__name__}: {err}"[:200]
@@ -541,7 +541,7 @@ def register(subparsers) -> None:
         help="CPU threads for torch (default: torch's choice); 1 gives steadier figures on a busy machine",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
+    parser.add_argument("--out-dir", type=out_dir, default=Path("bench_results"))
     parser.set_defaults(func=main_attention)
     bench_bytes.register(kinds)
     bench_threads.register(kinds)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 
 def positive_int(text: str) -> int:
@@ -11,6 +12,14 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def out_dir(text: str) -> Path:
+    """An output folder: refused when a file of that name is in the way (mkdir's traceback otherwise)."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder; give a folder for the results")
+    return path
 
 
 def positive_float(text: str) -> float:

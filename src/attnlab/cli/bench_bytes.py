@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.bench_args import add_op_shape_arguments
+from attnlab.cli.bench_args import add_op_shape_arguments, out_dir
 
 #: backend -> (name in ``attnlab bench attention``, keywords forcing the code measured)
 BYTE_BACKENDS: dict[str, tuple[str, dict]] = {
@@ -161,5 +161,5 @@ def register(kinds) -> None:
     parser.add_argument("--mode", choices=("fwd", "fwdbwd"), default="fwdbwd")
     parser.add_argument("--detail", action="store_true", help="every op and kernel, not the largest three")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
+    parser.add_argument("--out-dir", type=out_dir, default=Path("bench_results"))
     parser.set_defaults(func=lambda args: (run(args), 0)[1])

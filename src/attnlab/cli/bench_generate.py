@@ -21,7 +21,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from attnlab.cli.bench_args import load_average, positive_int
+from attnlab.cli.bench_args import load_average, out_dir, positive_int
 
 DEFAULT_CONTEXTS = [1024, 4096, 16384, 65536, 131072]
 CSV_NAME, PNG_NAME = "generate.csv", "generate.png"
@@ -233,5 +233,5 @@ def register(kinds) -> None:
     )
     parser.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out-dir", type=Path, default=Path("bench_results"))
+    parser.add_argument("--out-dir", type=out_dir, default=Path("bench_results"))
     parser.set_defaults(func=main)

@@ -60,7 +60,7 @@ def print_status(status: dict, said: str = "") -> bool:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from attnlab.data.common import MissingDataError
+    from attnlab.data.common import MissingDataError, sigterm_raises
 
     if args.suite == "mlm":
         if args.task not in (None, "mlm"):
@@ -83,7 +83,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         said = ""
         if not args.check_only:
             try:
-                source.prepare()
+                with sigterm_raises():  # a kill leaves nothing half-written (attnlab.cli.main says so)
+                    source.prepare()
             except MissingDataError as err:
                 said = f"{task}: {err}"
                 print(f"\n{said}")

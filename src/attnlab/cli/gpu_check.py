@@ -44,28 +44,10 @@ def _op(backend: str):
     return ops.sliced_relu_attention, reference.sliced_relu_attention, {"path": "sorted"}
 
 
-def _inputs(backend, length, dim, dtype, padded, seed, device):
-    gen = torch.Generator().manual_seed(seed)
-    batch, heads = 2, 4
-    if backend == "linear_causal":
-        tensors = [torch.randn(batch, heads, length, dim, generator=gen) for _ in range(3)]
-    else:
-        tensors = [torch.randn(batch, heads, length, generator=gen) for _ in range(2)]
-        tensors.append(torch.randn(batch, heads, length, dim, generator=gen))
-    inputs = [x.to(device, dtype) for x in tensors]
-    if backend == "sliced_relu_bump":
-        inputs.append((torch.rand(heads, generator=gen) + 0.3).to(device))
-    mask = None
-    if padded:
-        lengths = torch.tensor([[length], [3 * length // 4]])
-        mask = (torch.arange(length)[None, :] < lengths).to(device)
-    return inputs, mask
-
-
 def check_backend(backend: str, dtypes: list[str], seed: int = 0, device: str = "cuda") -> list[dict]:
     """One row per (dtype, case): the errors of both implementations and the verdict. A CUDA error
     ends the checks (it is sticky: every later call of the process would fail too)."""
-    from attnlab.attention.triton.selfcheck import compare
+    from attnlab.attention.triton.selfcheck import compare, random_case
 
     op, definition, keywords = _op(backend)
     rows = []
@@ -75,7 +57,8 @@ def check_backend(backend: str, dtypes: list[str], seed: int = 0, device: str = 
             rows.append(row)
             start = time.perf_counter()
             try:
-                inputs, mask = _inputs(backend, length, dim, DTYPES[dtype_name], padded, seed, device)
+                kind = {"linear_causal": "qkv", "sliced_relu_bump": "bump"}.get(backend, "scores")
+                inputs, mask = random_case(kind, 2, 4, length, dim, DTYPES[dtype_name], device, padded, seed)
                 kw = {"key_padding_mask": mask, **keywords}
                 fast, plain = (functools.partial(op, impl=impl) for impl in ("triton", "torch"))
                 result = compare(fast, plain, inputs, seed=seed, **kw)
@@ -122,11 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: gpu_check: no CUDA device here; run it on a GPU machine", file=sys.stderr)
         return 2
+    result = args.out / "check" / f"{args.backend}.json"
+    result.unlink(missing_ok=True)  # a check that dies leaves no earlier verdict behind
     rows = check_backend(args.backend, args.dtypes, device=args.device)
     for row in rows:
         print(_line(row), flush=True)
-    (args.out / "check").mkdir(parents=True, exist_ok=True)
-    (args.out / "check" / f"{args.backend}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.write_text(json.dumps(rows, indent=2) + "\n")
     failed = [r for r in rows if not r["ok"]]
     if failed:
         print(f"gpu_check: {args.backend} failed {len(failed)} of {len(rows)} cases: left out of the timings")

@@ -49,7 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt as stop:  # one line, not a traceback per process: what is complete is kept
+        name = getattr(stop, "signal_name", "Ctrl-C")  # SIGTERM where files were being written
+        print(
+            f"attnlab {args.command}: interrupted ({name}); what was complete is kept, run the command "
+            f"again to continue",
+            file=sys.stderr,
+        )
+        return 143 if name == "SIGTERM" else 130
 
 
 if __name__ == "__main__":

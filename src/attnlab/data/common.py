@@ -17,6 +17,8 @@ import os
 import random
 import re
 import shutil
+import signal
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -420,6 +422,31 @@ def file_lock(path: str | Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where files are being written (`sigterm_raises`) so that `removed_on_failure`
+    removes them; a KeyboardInterrupt, so the entry points end it as they end a Ctrl-C."""
+
+    signal_name = "SIGTERM"
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside the block SIGTERM raises `Terminated` instead of killing the process outright, which
+    left half-written files (``.tmp``) in the data dir. Main thread only (where handlers run)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager

@@ -36,10 +36,10 @@ from torch.utils.data import Dataset
 
 from attnlab.data.common import DataError, MissingDataError, check_choice, read_json, removed_on_failure
 from attnlab.data.corpus_blocks import CorpusBlocksDataModule
-from attnlab.data.corpus_errors import document_texts, explain_load_failure
+from attnlab.data.corpus_errors import FORMATS_HINT, document_texts, explain_load_failure
 from attnlab.data.loaders import SPLITS
 from attnlab.data.tokenizer import MERGES_FILE, VOCAB_FILE, BPETokenizer, load_bpe, train_bpe
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)
 FORMATS = ("auto", "text", "json", "parquet", "disk")
@@ -211,7 +211,14 @@ class TextCorpus:
         cache = str(self.root / "hf_cache")
         with hf_offline(datasets):
             if kind == "disk":
-                loaded = datasets.load_from_disk(str(paths[0]))
+                try:
+                    loaded = datasets.load_from_disk(str(paths[0]))
+                except FileNotFoundError as err:  # a folder, but not one that save_to_disk wrote
+                    raise DataError(
+                        paths[0],
+                        "not a folder written by `datasets`' save_to_disk (no dataset_info.json / "
+                        "state.json); give text, JSON lines or parquet files in task.data.source.files",
+                    ) from err
                 if isinstance(loaded, datasets.DatasetDict):
                     if self.hf_split not in loaded:
                         raise DataError(
@@ -229,6 +236,12 @@ class TextCorpus:
                     )  # fmt: skip
                 except datasets.exceptions.DatasetGenerationError as err:
                     raise explain_load_failure(err, paths, kind) or err from err
+                except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+                    if isinstance(err, UserError):
+                        raise
+                    raise DataError(
+                        paths[0], f"cannot be read as {kind} ({str(err).splitlines()[0]}); {FORMATS_HINT}"
+                    ) from err
         field = "text" if kind == "text" else self.text_field
         columns = dataset.column_names
         if columns is not None and field not in columns:

@@ -80,3 +80,14 @@ def test_a_file_that_is_not_hdf5_is_named(folder):
     (folder / "ply_data_test0.h5").write_bytes(b"not hdf5")
     with pytest.raises(DataError, match=r"ply_data_test0\.h5: not a readable HDF5 file"):
         h5.read_h5_split(folder, "test")
+
+
+def test_shape_names_that_are_not_utf8_are_named(tmp_path):
+    from attnlab.data.common import DataError
+    from attnlab.data.pointcloud.h5 import read_shape_names
+
+    (tmp_path / "shape_names.txt").write_bytes(b"airplane\nbath\xfftub\n")
+    with pytest.raises(
+        DataError, match=r"shape_names\.txt: not UTF-8 text \(invalid start byte at byte 13\)"
+    ):
+        read_shape_names(tmp_path)

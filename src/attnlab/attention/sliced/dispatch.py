@@ -60,14 +60,8 @@ def _triton(op: str, impl: str, s, t, v, acc: torch.dtype, call) -> torch.Tensor
 def _check_case(op: str, like: torch.Tensor):
     """The first-use check's case (``selfcheck.trusted``): two rows of 200 tokens, one padded to 150,
     in ``like``'s dtype, device and head dim, through the Triton kernels and the torch code."""
-    gen = torch.Generator().manual_seed(0)
-    length, heads = 200, 2
-    s, t = (torch.randn(2, heads, length, generator=gen) for _ in range(2))
-    v = torch.randn(2, heads, length, like.shape[-1], generator=gen)
-    inputs = [x.to(like.device, like.dtype) for x in (s, t, v)]
-    if op == "sliced_relu_bump_attention":
-        inputs.append(torch.full((heads,), 0.7, device=like.device))
-    mask = (torch.arange(length)[None, :] < torch.tensor([[length], [150]])).to(like.device)
+    kind = "bump" if op == "sliced_relu_bump_attention" else "scores"
+    inputs, mask = selfcheck.random_case(kind, 2, 2, 200, like.shape[-1], like.dtype, like.device)
     fn = sliced_relu_bump_attention if op == "sliced_relu_bump_attention" else sliced_relu_attention
     keywords = {"key_padding_mask": mask, "path": "sorted"}
     return functools.partial(fn, impl="triton"), functools.partial(fn, impl="torch"), inputs, keywords

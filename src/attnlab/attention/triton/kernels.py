@@ -268,7 +268,7 @@ def relu_backward_kernel(
     run_q, run_qs, err_q, err_qs = _carried(qcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, True)
     vbar = tl.load(vbar_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
     mean = tl.load(mean_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
-    plane = N.to(tl.int64) * T  # one (N, T) plane of ``dots``: past 2³¹ entries at B·H·T ≥ 2³¹
+    plane = N.to(tl.int64) * T  # one (N, T) plane of ``dots``: its third starts past 2³¹ at B·H·T ≥ 2³⁰
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):

@@ -88,6 +88,27 @@ def compare(triton_fn: Fn, torch_fn: Fn, inputs: Sequence[torch.Tensor], seed: i
     return max(failing or results, key=lambda r: r.triton_err)
 
 
+def random_case(kind: str, batch: int, heads: int, length: int, dim: int, dtype, device, padded=True, seed=0):
+    """Random inputs of an op and its key padding mask: ``kind`` "scores" gives ``s, t (B, H, T)`` and
+    ``v (B, H, T, D)``, "bump" those and a bandwidth per head in float32, "qkv" ``q, k, v``; with
+    ``padded`` the second row's last quarter is padding. For the first-use check and `make bench-gpu`'s
+    correctness pass."""
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "qkv":
+        tensors = [torch.randn(batch, heads, length, dim, generator=gen) for _ in range(3)]
+    else:
+        tensors = [torch.randn(batch, heads, length, generator=gen) for _ in range(2)]
+        tensors.append(torch.randn(batch, heads, length, dim, generator=gen))
+    inputs = [x.to(device, dtype) for x in tensors]
+    if kind == "bump":
+        inputs.append((torch.rand(heads, generator=gen) + 0.3).to(device))
+    mask = None
+    if padded:
+        lengths = torch.tensor([[length], [3 * length // 4]] + [[length]] * (batch - 2))
+        mask = (torch.arange(length)[None, :] < lengths[:batch]).to(device)
+    return inputs, mask
+
+
 #: (op, device, input dtype) -> None when the Triton op agreed, else why not
 _VERDICTS: dict[tuple[str, str, torch.dtype], str | None] = {}
 Case = Callable[[], tuple[Fn, Fn, list[torch.Tensor], dict]]
@@ -103,18 +124,26 @@ def trusted(op: str, device: torch.device, dtype: torch.dtype, case: Case) -> bo
     if key not in _VERDICTS:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return True
+        from triton.errors import TritonError
+
+        failed = False
         try:
-            triton_fn, torch_fn, inputs, keywords = case()
-            result = compare(triton_fn, torch_fn, inputs, **keywords)
+            # the first call can come under inference mode (Lightning's sanity check, trainer.test):
+            # the check needs autograd, which enable_grad alone does not give back there
+            with torch.inference_mode(False), torch.enable_grad():
+                triton_fn, torch_fn, inputs, keywords = case()
+                result = compare(triton_fn, torch_fn, inputs, **keywords)
             _VERDICTS[key] = None if result.ok else result.describe()
-        except TritonUnavailableError:  # a kernel that does not build: `runtime.launch` says so
+        except (TritonUnavailableError, TritonError):  # a kernel that does not build: `launch` says so
             raise
         except Exception as err:  # noqa: BLE001 - any failure means "do not trust the kernels here"
             first = (str(err).strip().splitlines() or [""])[0][:300]
             _VERDICTS[key] = f"{type(err).__name__}: {first}"
+            failed = True
         if _VERDICTS[key] is not None:
+            what = "failed" if failed else "disagree with the torch code"
             warnings.warn(
-                f"{op}: the Triton kernels disagree with the torch code on {device} ({dtype}) in the "
+                f"{op}: the Triton kernels {what} on {device} ({dtype}) in the "
                 f"first-use check: {_VERDICTS[key]}; running the torch code for the rest of this run",
                 RuntimeWarning,
                 stacklevel=4,

@@ -53,7 +53,8 @@ class StreamTuning:
     num_warps: int = 8
     # the backward walk's register cap: uncapped it takes 188-197 registers a thread at 8 warps (one
     # block of 256 threads per SM, 12.5 % occupancy); at 128 two blocks fit, for at most 8 bytes of
-    # spills (sm_80 bf16; `tests/attention/test_triton_compile.py` reads both)
+    # spills (sm_80 bf16): `test_triton_occupancy.py` reads the registers, `test_triton_compile.py` the
+    # spills
     backward_max_registers: int = 128
 
 

@@ -39,7 +39,13 @@ def split_files(folder: str | Path, split: str) -> list[Path]:
 
 def read_shape_names(folder: str | Path) -> list[str]:
     path = Path(folder) / "shape_names.txt"
-    names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            path, f"not UTF-8 text ({err.reason} at byte {err.start}): expected one name per line"
+        ) from err
+    names = [line.strip() for line in text.splitlines() if line.strip()]
     if not names:
         raise DataError(path, "no class names: expected one name per line")
     if len(set(names)) != len(names):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 from dataclasses import asdict
 from pathlib import Path
 
@@ -57,6 +58,18 @@ def _write_batch(job: tuple[str, PathfinderParams, int, int, int, int]) -> tuple
         temporary.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
         os.replace(temporary, metadata / f"{batch}.npy")
     return batch, count, positives
+
+
+def _leave_ctrl_c_to_parent() -> None:
+    """Pool workers ignore SIGINT: a Ctrl-C reaches the whole process group, and each worker printed
+    its own traceback; the parent stops the pool and says so in one line (`attnlab.cli.main`). The
+    SIGTERM that stops the pool raises, so a batch being written removes its temporary file."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_quietly)
+
+
+def _exit_quietly(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _check_generator_file(directory: Path, record: dict) -> None:
@@ -145,7 +158,9 @@ def generate_pathfinder(
             # fork where the platform has it: workers need only numpy and PIL, and unlike spawn it
             # works from scripts without an `if __name__ == "__main__"` guard; chunks of one batch
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-            with multiprocessing.get_context(method).Pool(workers) as pool:
+            with multiprocessing.get_context(method).Pool(
+                workers, initializer=_leave_ctrl_c_to_parent
+            ) as pool:
                 for _, count, _ in pool.imap_unordered(_write_batch, jobs):
                     if bar is not None:
                         bar.update(count)
