@@ -94,12 +94,12 @@ def test_tensorboard_event_files_carry_the_hyperparameters(train_config, tmp_pat
     assert hparams["seed"].number_value == 6
 
 
-def test_runs_of_a_project_share_one_mlflow_store(train_config):
+def test_runs_of_a_project_share_one_mlflow_store(train_config, tmp_path):
     quick = [*TINY_LISTOPS, "trainer.max_steps=2", "task.val_check_interval=2", "test=false", "logger=mlflow"]
     first = train_config(*quick, "attn=linear", "seed=1")
     train(first)
-    second = train_config(*quick, "attn=softmax", "seed=2")
-    train(second)
+    second = train_config(*quick, "attn=softmax", "seed=2", f"paths.run_dir={tmp_path / 'second'}")
+    train(second)  # a run dir of its own: the first run's holds a finished run
 
     assert first.logger.mlflow.tracking_uri == second.logger.mlflow.tracking_uri
     for cfg, name in ((first, "linear-seed1"), (second, "softmax-seed2")):
