@@ -66,11 +66,12 @@ def test_the_how_to_is_said_once(tmp_path, hf_cache, capsys):
     assert "how to obtain: Download aclImdb_v1.tar.gz" in capsys.readouterr().out  # the only place it is said
 
 
+@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 @pytest.mark.parametrize(
     ("signum", "name", "status"), [("SIGINT", "Ctrl-C", 130), ("SIGTERM", "SIGTERM", 143)]
 )
 def test_a_signal_while_pathfinder_generates_is_one_line_and_leaves_nothing_half_written(
-    tmp_path, signum, name, status
+    tmp_path, signum, name, status, terminal_signals
 ):
     """Ctrl-C reaches the whole process group: the pool's workers each printed a traceback (58 lines);
     a SIGTERM (``kill <pid>``) left temporary files in the data dir."""
