@@ -101,7 +101,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_workers_still_ignore_sigterm_while_the_parent_lives():
+def test_workers_still_ignore_sigterm_while_the_parent_lives(terminal_signals):
     loader = DataLoader(
         TensorDataset(torch.arange(16.0)),
         batch_size=4,
