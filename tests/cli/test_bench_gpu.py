@@ -206,12 +206,12 @@ def test_bench_gpu_checks_first_isolates_each_backend_and_drops_a_failed_one(tmp
 
 
 def test_bench_gpu_stays_inside_its_budget(tmp_path):
-    """Steps of 2 s each against a 12 s budget: later steps are skipped, saying so, and the whole
+    """Steps of 1 s each against a 7 s budget: later steps are skipped, saying so, and the whole
     check ends within the budget (plus the stand-in's start-up)."""
-    done, calls, took = _fake_bench(tmp_path, budget_s=12, step_s=2.0)
+    done, calls, took = _fake_bench(tmp_path, budget_s=7, step_s=1.0)
     assert done.returncode == 0, done.stderr
-    assert took < 12 + 8
-    assert "skipped (the 12s budget is spent)" in done.stderr + done.stdout
+    assert took < 7 + 8
+    assert "skipped (the 7s budget is spent)" in done.stderr + done.stdout
     assert any("gpu_results collect" in c for c in calls)  # the summary still comes
 
 
@@ -282,7 +282,7 @@ def test_a_new_check_summarises_nothing_stale_from_the_last(tmp_path):
 
 
 def test_a_check_stopped_at_the_budget_is_not_taken_for_a_pass(tmp_path):
-    done, calls, _ = _fake_bench(tmp_path, budget_s=12, step_s=0.05, check_s=30)
+    done, calls, _ = _fake_bench(tmp_path, budget_s=7, step_s=0.05, check_s=30)
     assert done.returncode == 0, done.stderr
     assert "the check of sliced_relu did not finish: not timed" in done.stdout
     timed = [c for c in calls if " bench attention " in f" {c} "]
