@@ -175,3 +175,18 @@ def resource_usage(compiled) -> dict[str, int]:
         handle.flush()
         done = subprocess.run([cuobjdump(), "-res-usage", handle.name], capture_output=True, text=True)
     return {key: int(done.stdout.split(f"{key}:")[1].split()[0]) for key in ("REG", "STACK", "SHARED")}
+
+
+class LaunchSpy:
+    """Stands in for a kernel of ``runtime.kernels()`` and records the keyword arguments of each
+    launch (``seen``) before launching the real kernel: what the op really passes, checked."""
+
+    def __init__(self, kernel):
+        self.kernel, self.seen = kernel, {}
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.seen.update(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch

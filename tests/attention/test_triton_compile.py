@@ -17,7 +17,7 @@ from attnlab.attention.triton import runtime
 
 triton = pytest.importorskip("triton")
 from attnlab.attention.triton.linear import launch_config  # noqa: E402
-from triton_builds import CASES, build, cuobjdump, resource_usage  # noqa: E402
+from triton_builds import CASES, LaunchSpy, build, cuobjdump, resource_usage  # noqa: E402
 
 SPILL_BOUND = 1024  # bytes of stack per thread
 
@@ -43,19 +43,10 @@ def test_the_launch_config_is_what_the_op_uses(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from attnlab.attention import ops
 
-    seen = {}
     kernels = runtime.kernels()
-    real = kernels.linear_causal_fwd_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.update(kwargs)
-                return real[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(kernels, "linear_causal_fwd_kernel", Spy())
+    spy = LaunchSpy(kernels.linear_causal_fwd_kernel)
+    seen = spy.seen
+    monkeypatch.setattr(kernels, "linear_causal_fwd_kernel", spy)
     for dtype, chunk in ((torch.float32, 16), (torch.bfloat16, 32)):
         q, k, v = (torch.randn(1, 1, 40, 16).to(dtype) for _ in range(3))
         seen.clear()

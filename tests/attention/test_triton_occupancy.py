@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 triton = pytest.importorskip("triton")
-from triton_builds import build, launch_options, resource_usage  # noqa: E402
+from triton_builds import LaunchSpy, build, launch_options, resource_usage  # noqa: E402
 
 REGISTERS_PER_SM = 65536  # sm_80 and sm_90
 
@@ -30,18 +30,9 @@ def test_the_op_launches_the_walk_with_that_cap(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     kernels = runtime.kernels()
-    real, seen = kernels.relu_backward_kernel, {}
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.update(kwargs)
-                return real[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(kernels, "relu_backward_kernel", Spy())
+    spy = LaunchSpy(kernels.relu_backward_kernel)
+    monkeypatch.setattr(kernels, "relu_backward_kernel", spy)
     s, t = (torch.randn(1, 2, 40, requires_grad=True) for _ in range(2))
     v = torch.randn(1, 2, 40, 8, requires_grad=True)
     ops.sliced_relu_attention(s, t, v, impl="triton", path="sorted").sum().backward()
-    assert seen["maxnreg"] == TUNING.backward_max_registers == 128
+    assert spy.seen["maxnreg"] == TUNING.backward_max_registers == 128
