@@ -101,14 +101,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_workers_still_ignore_sigterm_while_the_parent_lives(terminal_signals):
-    loader = DataLoader(
+def _one_worker_loader() -> DataLoader:
+    """Four batches from one worker set up as training's workers are (`_worker_init`)."""
+    return DataLoader(
         TensorDataset(torch.arange(16.0)),
         batch_size=4,
         num_workers=1,
         worker_init_fn=partial(_worker_init, rank=0),
     )
-    batches = iter(loader)
+
+
+def test_workers_still_ignore_sigterm_while_the_parent_lives(terminal_signals):
+    batches = iter(_one_worker_loader())
     next(batches)
     (worker,) = batches._workers
     os.kill(worker.pid, 15)
@@ -122,13 +126,7 @@ def test_shutting_down_ends_the_workers_of_an_iterator_still_held():
     """What a failing test leaves: an iterator still referenced (by its traceback), its worker alive."""
     from conftest import shut_down_loader_workers
 
-    loader = DataLoader(
-        TensorDataset(torch.arange(16.0)),
-        batch_size=4,
-        num_workers=1,
-        worker_init_fn=partial(_worker_init, rank=0),
-    )
-    held = iter(loader)
+    held = iter(_one_worker_loader())
     next(held)
     (worker,) = held._workers
     shut_down_loader_workers()
