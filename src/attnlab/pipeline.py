@@ -340,10 +340,16 @@ def _log_cpu_threads(cfg: DictConfig) -> None:
     governed = (
         (cfg.get("callbacks") or {}).get("cpu_threads") is not None
         and not cfg.trainer.get("deterministic")
-        and str(cfg.trainer.get("accelerator", "cpu")) == "cpu"
+        and _trains_on_cpu(str(cfg.trainer.get("accelerator", "cpu")))
     )
     chosen = settings.describe(governed) if settings else "CPU threads: as the calling program set them"
     log.info("%s; torch uses %d intra-op threads", chosen, torch.get_num_threads())
+
+
+def _trains_on_cpu(accelerator: str) -> bool:
+    """Whether Lightning's ``accelerator`` choice lands on the CPU (``auto`` does without a GPU), as
+    `CpuThreads` finds from the trainer's device once it exists."""
+    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
 
 
 def _resume_command(run_dir: Path) -> str:

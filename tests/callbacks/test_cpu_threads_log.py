@@ -33,12 +33,14 @@ def test_the_first_line_promises_the_governor_only_when_it_runs(monkeypatch, cap
         "null": _cfg(None),
         "deterministic": _cfg({"_target_": "x"}, deterministic=True),
         "gpu": _cfg({"_target_": "x"}, accelerator="gpu"),
+        "auto": _cfg({"_target_": "x"}, accelerator="auto"),  # no GPU in the tests: the CPU
     }.items():
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="attnlab.pipeline"):
             pipeline._log_cpu_threads(cfg)
         said[name] = caplog.text
     assert "following the CPUs other processes leave free" in said["on"]
+    assert ("following" in said["auto"]) == (not torch.cuda.is_available())
     for name in ("null", "deterministic", "gpu"):
         assert "CPU threads: 2 threads (attnlab)" in said[name] and "following" not in said[name], name
 
