@@ -25,6 +25,7 @@ FLOORS: list[set[str]] = [
     {"flops", "data"},
     {"models"},
     {"tasks", "callbacks", "reporting"},
+    {"bench"},
     {"pipeline", "loggers", "resolvers", "launcher", "overrides", "config_groups"},
     {"cli", "__init__"},
 ]
