@@ -106,7 +106,7 @@ class ListOpsSource:
                 "num_examples": count,
                 "expected_examples": self.generator_args["sizes"][split],
             }
-        return {"task": self.name, "splits": splits, "how_to_obtain": listops._HOW_TO_OBTAIN}
+        return {"task": self.name, "splits": splits, "how_to_obtain": listops.HOW_TO_OBTAIN}
 
     @property
     def description(self) -> str:
@@ -289,7 +289,7 @@ class PathfinderSource:
         the first complete one, else the first partial one."""
         found = []
         for root in release_roots(self.data_dir):
-            layout = pathfinder._inspect(pathfinder.dataset_dir(root, self.resolution, self.difficulty))
+            layout = pathfinder.inspect_layout(pathfinder.dataset_dir(root, self.resolution, self.difficulty))
             if layout.generator is None and layout.status != "missing":
                 found.append((root, layout.status))
         complete = [item for item in found if item[1] == "complete"]
@@ -307,7 +307,7 @@ class PathfinderSource:
             root, status = release
             directory = pathfinder.dataset_dir(root, self.resolution, self.difficulty)
             if status != "complete":  # a damaged release: never generate beside or into it
-                pathfinder._require_complete(pathfinder._inspect(directory))
+                pathfinder.require_complete(pathfinder.inspect_layout(directory))
             log.info(
                 "Pathfinder: reading the LRA release at %s (%s)", directory, layout_of(root, self.data_dir)
             )
