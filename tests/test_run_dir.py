@@ -11,7 +11,7 @@ import pytest
 from attnlab.errors import CheckpointError
 from attnlab.pipeline import discard_unstarted_run_dir, train
 from attnlab.rundir import RunDirError, run_dir_lock
-from tiny_runs import TINY_LISTOPS, run_train_py
+from tiny_runs import TINY_LISTOPS, run_train_py, train_main
 
 SHORT = [*TINY_LISTOPS, "trainer.max_steps=2", "test=false", "logger=csv"]
 
@@ -83,6 +83,23 @@ def test_a_refused_resume_leaves_the_runs_config_as_it_was(train_config, finishe
     with pytest.raises(CheckpointError, match=r"task\.model\.dim: 16 -> 32"):
         train(train_config(*SHORT, "task.model.dim=32", f"ckpt_path={last}"))
     assert (finished_run / "config.yaml").read_bytes() == config
+
+
+def test_a_refused_resume_on_the_command_line_leaves_hydras_record_and_log_as_they_were(tmp_path):
+    """Hydra writes ``.hydra/`` and appends to ``train.log`` before attnlab's code runs: the refusal
+    comes first (`attnlab.launcher.ResumeCheckBeforeRun`), so nothing of the run changes."""
+    run_dir = tmp_path / "run"
+    first = train_main(*SHORT, "logger=none", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    last = run_dir / "checkpoints" / "last.ckpt"
+    again = train_main(*SHORT, "logger=none", "task.model.dim=32", f"ckpt_path={last}", cwd=tmp_path)
+    assert again.returncode == 1
+    lines = [line for line in again.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ckpt_path ")
+    assert "task.model.dim: 16 -> 32" in lines[0]
+    after = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before
 
 
 def test_resuming_with_another_backend_is_refused_naming_the_keys(train_config, tmp_path):
