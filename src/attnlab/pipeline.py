@@ -35,11 +35,13 @@ from attnlab.attention.gpu_check import check_gpus
 from attnlab.callbacks.checkpoint import Interrupt, SlurmRequeue
 from attnlab.callbacks.divergence import TrainingDiverged
 from attnlab.callbacks.throughput import ThroughputMonitor
-from attnlab.cluster import check_slurm_layout, job_local_triton_cache
-from attnlab.data.common import file_lock, sigterm_raises
+from attnlab.config.validation import check_config
 from attnlab.errors import ConfigError
-from attnlab.history import AttemptClock, HistoryCSVLogger
-from attnlab.resume import (
+from attnlab.files import file_lock, sigterm_raises
+from attnlab.run.attempt_clock import AttemptClock
+from attnlab.run.claim import LOCK_NAME, claim_for_fresh_run, locked_by_another, run_dir_lock
+from attnlab.run.csv_history import HistoryCSVLogger
+from attnlab.run.resume import (
     best_checkpoint_in_run,
     check_checkpoint_fits,
     check_resume_config,
@@ -50,10 +52,9 @@ from attnlab.resume import (
     run_description,
     saved_run,
 )
-from attnlab.rundir import LOCK_NAME, claim_for_fresh_run, locked_by_another, run_dir_lock
-from attnlab.summary import git_commit, interrupted_fields, write_summary
+from attnlab.run.slurm_layout import check_slurm_layout, job_local_triton_cache
+from attnlab.run.summary import git_commit, interrupted_fields, write_summary
 from attnlab.threads import applied as thread_settings
-from attnlab.validation import check_config
 
 log = logging.getLogger(__name__)
 

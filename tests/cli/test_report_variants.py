@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from attnlab.reporting import make_report
-from attnlab.summary import SUMMARY_FIELDS
+from attnlab.run.summary import SUMMARY_FIELDS
 
 
 def _run(root: Path, name: str, *, attn="softmax", seed=0, acc=0.5, **config) -> None:

@@ -55,7 +55,7 @@ def load_run(path: Path, device: str = "cpu"):
     from omegaconf import DictConfig, OmegaConf
 
     from attnlab.data.tokenizer import from_strings
-    from attnlab.resume import checkpoint_weights, read_checkpoint
+    from attnlab.run.resume import checkpoint_weights, read_checkpoint
     from attnlab.tasks.lm import CHECKPOINT_KEY
 
     config_path, checkpoint_path = find_run(path)

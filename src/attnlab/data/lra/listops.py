@@ -31,14 +31,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from attnlab.data.common import (
-    PAD_ID,
-    BadRows,
-    DataError,
-    MissingDataError,
-    TokenSequenceDataset,
-    require_examples,
-)
+from attnlab.data.errors import BadRows, DataError, MissingDataError, require_examples
+from attnlab.data.examples import PAD_ID, TokenSequenceDataset
 
 log = logging.getLogger(__name__)
 

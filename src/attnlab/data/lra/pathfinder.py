@@ -30,15 +30,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from attnlab.data.common import (
-    BadRows,
-    DataError,
-    MissingDataError,
-    TokenSequenceDataset,
-    pixel_offset,
-    read_json,
-    require_examples,
-)
+from attnlab.data.errors import BadRows, DataError, MissingDataError, read_json, require_examples
+from attnlab.data.examples import TokenSequenceDataset, pixel_offset
 from attnlab.data.lra.pathfinder_generator import (
     GENERATOR_FILE,
     batch_is_complete,

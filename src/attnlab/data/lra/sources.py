@@ -16,7 +16,8 @@ import json
 import logging
 from pathlib import Path
 
-from attnlab.data.common import MissingDataError, TokenSequenceDataset, describe_zero_pixels, read_json
+from attnlab.data.errors import MissingDataError, read_json
+from attnlab.data.examples import TokenSequenceDataset, describe_zero_pixels
 from attnlab.data.lra import image, listops, pathfinder, retrieval, text
 from attnlab.data.lra.release import layout_of, pick_release_dir, release_parts, release_roots
 
