@@ -246,7 +246,8 @@ def test_report_files_and_tables(sweep: Path, tmp_path: Path):
 
     runs = _read_csv(out / "runs.csv")
     assert len(runs) == len(FAKE_RUNS)
-    assert list(runs[0])[:3] == ["task", "attn", "seed"] and list(runs[0])[-2:] == ["notes", "path"]
+    assert list(runs[0])[:4] == ["task", "configuration", "attn", "seed"]
+    assert list(runs[0])[-2:] == ["notes", "path"]
     assert [(r["task"], r["attn"], r["seed"]) for r in runs[:3]] == [
         ("listops", "softmax", str(s)) for s in range(3)
     ]

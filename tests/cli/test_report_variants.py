@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from attnlab.reporting import make_report
@@ -79,3 +80,41 @@ def test_runs_of_one_configuration_stay_one_column(tmp_path):
     report = make_report([tmp_path], out_dir=tmp_path / "report")
     header = next(line for line in report.accuracy_md.splitlines() if line.startswith("| backend"))
     assert "| listops |" in header  # the seed (and task.data.seed, its copy) makes no configuration
+
+
+def test_runs_csv_names_each_runs_configuration(tmp_path):
+    import csv
+
+    _run(tmp_path, "long", seed=0, acc=0.36)
+    _run(tmp_path, "short", seed=0, acc=0.10, task__max_steps=5)
+    make_report([tmp_path], out_dir=tmp_path / "report")
+    with (tmp_path / "report" / "runs.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    by_path = {Path(row["path"]).parent.name: row for row in rows}
+    assert by_path["long"]["configuration"] == "listops [task.max_steps=1500]"
+    assert by_path["short"]["configuration"] == "listops [task.max_steps=5]"
+    assert by_path["short"]["task"] == "listops"  # the raw field stays
+
+
+def test_plots_hold_one_configuration_per_panel_and_count_a_seed_once(tmp_path, monkeypatch):
+    from attnlab.reporting import plots
+
+    figures = []
+    grid = plots.panel_grid
+
+    def keep(n, title):
+        fig, axes = grid(n, title)
+        figures.append((title, axes))
+        return fig, axes
+
+    monkeypatch.setattr(plots, "panel_grid", keep)
+    _run(tmp_path, "a", seed=0, acc=0.30)
+    _run(tmp_path, "a_again", seed=0, acc=0.40)  # seed 0 twice: one value, 0.35
+    _run(tmp_path, "b", seed=1, acc=0.50)
+    _run(tmp_path, "short", seed=0, acc=0.10, task__max_steps=5)
+    make_report([tmp_path], out_dir=tmp_path / "report")
+    _, axes = next((title, axes) for title, axes in figures if "vs train throughput" in title)
+    panels = {ax.get_title(): ax for ax in axes if ax.get_visible()}
+    assert set(panels) == {"listops [task.max_steps=1500]", "listops [task.max_steps=5]"}
+    (point,) = [line.get_ydata()[0] for line in panels["listops [task.max_steps=1500]"].lines[:1]]
+    assert point == pytest.approx(100 * (0.35 + 0.50) / 2)  # over distinct seeds, not (0.3+0.4+0.5)/3

@@ -20,10 +20,13 @@ def compose_task_source(task: str, overrides: list[str], data_dir: str | None, c
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         cfg = compose("train", overrides=[f"task={task}", *overrides], return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.cwd = os.getcwd()
-        cfg.hydra.runtime.output_dir = tempfile.mkdtemp(prefix="attnlab-data-")
-        if data_dir:
-            cfg.paths.data_dir = str(Path(data_dir).resolve())
-    HydraConfig.instance().set_config(cfg)
-    return instantiate(cfg.task.data.source)
+    # a run dir only so that the config resolves: preparing data writes nothing there, and it is
+    # removed with its parent, so no empty dir is left in the temp folder per call
+    with tempfile.TemporaryDirectory(prefix="attnlab-data-") as scratch:
+        with open_dict(cfg):
+            cfg.hydra.runtime.cwd = os.getcwd()
+            cfg.hydra.runtime.output_dir = scratch
+            if data_dir:
+                cfg.paths.data_dir = str(Path(data_dir).resolve())
+        HydraConfig.instance().set_config(cfg)
+        return instantiate(cfg.task.data.source)
