@@ -19,7 +19,7 @@ MAX_LINES = 600
 #: lowest first; a module may import only from its own group or a lower floor. A group is a
 #: subpackage of attnlab (``attnlab.data``) or a top-level module (``attnlab.resume``).
 FLOORS: list[set[str]] = [
-    {"errors", "threads"},
+    {"errors", "threads", "allocator"},
     {"resume", "rundir", "batching", "validation", "summary", "history", "cluster"},
     {"attention"},
     {"flops", "data"},
