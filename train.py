@@ -7,10 +7,12 @@ import os
 import sys
 from pathlib import Path
 
+import attnlab.allocator
 import attnlab.threads
 
 if __name__ == "__main__":  # first, before anything loads torch: OpenMP reads its wait policy once
     attnlab.threads.configure()  # (not on import: a program that imports `main` keeps its threads)
+    attnlab.allocator.configure()  # freed buffers kept for the next step (attnlab.allocator)
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402

@@ -18,9 +18,9 @@ PACKAGE = SRC / "attnlab"
 MAX_LINES = 600
 
 #: lowest first; a module may import only from its own group or a lower floor. A group is a
-#: subpackage of attnlab (``attnlab.data``) or a top-level module (``attnlab.run.resume``).
+#: subpackage of attnlab (``attnlab.data``) or a top-level module (``attnlab.pipeline``).
 FLOORS: list[set[str]] = [
-    {"errors", "threads", "files"},  # stdlib-only ground: user errors, CPU threads, safe file writes
+    {"errors", "threads", "allocator", "files"},  # the ground: user errors, CPU threads, malloc, file writes
     {"run"},  # a run's dir, checkpoints, clock, summary, SLURM: knows no model or data
     {"attention"},
     {"flops", "data", "config"},
