@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from attnlab.config.validation import check_config
 from attnlab.errors import ConfigError, user_error
-from attnlab.validation import check_config
 from tiny_runs import TINY_LISTOPS, train_main
 
 
@@ -75,7 +75,7 @@ def test_a_value_a_constructor_refuses_is_one_line_naming_the_node():
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.create(
-        {"task": {"data": {"_target_": "attnlab.validation.integer", "minimum": "x", "y": 1}}}
+        {"task": {"data": {"_target_": "attnlab.config.validation.integer", "minimum": "x", "y": 1}}}
     )
     with pytest.raises(Exception) as caught:
         instantiate(cfg.task.data)

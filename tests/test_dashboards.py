@@ -200,7 +200,7 @@ def test_attnlab_dashboard_reads_what_a_real_run_writes(train_config, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
-    from attnlab.cli.dashboard import METRIC_PREFIX, load_runs, write_logdir
+    from attnlab.reporting.dashboard import METRIC_PREFIX, load_runs, write_logdir
 
     quick = [*TINY_LISTOPS, "trainer.max_steps=4", "task.val_check_interval=2", "logger=tensorboard"]
     train(train_config(*quick, "attn=linear", "seed=7"))

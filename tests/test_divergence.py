@@ -13,7 +13,7 @@ from attnlab.callbacks.divergence import TrainingDiverged
 from attnlab.errors import CheckpointError, user_error
 from attnlab.pipeline import train
 from attnlab.reporting.runs import ReportError, parse_summary
-from attnlab.resume import resolve_ckpt_path
+from attnlab.run.resume import resolve_ckpt_path
 from tiny_runs import TINY_LISTOPS
 
 DIVERGING = [*TINY_LISTOPS, "trainer.max_steps=30", "task.module.optimizer.lr=1e10", "logger=csv"]

@@ -16,9 +16,9 @@ import shlex
 import pytest
 
 from attnlab.cli.main import build_parser
+from attnlab.config.overrides import check_attention_options
+from attnlab.config.validation import check_config
 from attnlab.errors import ConfigError
-from attnlab.overrides import check_attention_options
-from attnlab.validation import check_config
 from conftest import compose_train_config
 from tiny_runs import REPO_ROOT
 

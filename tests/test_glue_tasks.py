@@ -14,7 +14,7 @@ from torch import nn
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.models.mlm import SentenceClassifier
 from attnlab.pipeline import train
-from attnlab.resume import read_checkpoint
+from attnlab.run.resume import read_checkpoint
 from attnlab.tasks.glue import GlueTask
 from conftest import CONF_DIR, compose_train_config
 

@@ -3,7 +3,7 @@ and what the group offers, instead of Hydra's twenty-line report."""
 
 from __future__ import annotations
 
-from attnlab.config_groups import check_group_choices
+from attnlab.config.group_choices import check_group_choices
 from tiny_runs import REPO_ROOT, train_main
 
 CONF = REPO_ROOT / "conf"

@@ -18,7 +18,7 @@ import torch
 
 from attnlab.pipeline import train
 from attnlab.reporting.runs import load_runs
-from attnlab.summary import exit_status
+from attnlab.run.summary import exit_status
 from test_resume import (
     KILL_AFTER,
     REPO_ROOT,

@@ -13,7 +13,7 @@ from attnlab.data.lm import IGNORE_INDEX, LMDataModule, token_bytes
 from attnlab.data.text_corpus import TextCorpus
 from attnlab.models.causal_lm import causal_backends
 from attnlab.pipeline import train
-from attnlab.resume import read_checkpoint
+from attnlab.run.resume import read_checkpoint
 from attnlab.tasks.lm import CHECKPOINT_KEY
 from conftest import compose_train_config
 

@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from attnlab.data.common import MissingDataError
+from attnlab.data.errors import MissingDataError
 from attnlab.pipeline import train
 
 QUICK = [
@@ -120,7 +120,7 @@ def test_pathfinder_reads_only_the_images_its_config_asks_for(tmp_path):
 def test_on_bad_rows_from_the_config_stops_or_skips(train_config, tmp_path):
     from hydra.utils import instantiate
 
-    from attnlab.data.common import DataError
+    from attnlab.data.errors import DataError
 
     write_aan(tmp_path)
     bad = tmp_path / "lra_release" / "tsv_data" / "new_aan_pairs.train.tsv"
@@ -141,7 +141,7 @@ def test_an_all_black_image_under_zero_pixels_padding_stays_finite(attn):
     there and pools over nothing): the logits and every gradient must stay finite."""
     import torch
 
-    from attnlab.data.common import pad_collate
+    from attnlab.data.examples import pad_collate
     from attnlab.data.lra.pathfinder import PathfinderDataset
     from attnlab.models.classifier import SequenceClassifier
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from attnlab.loggers import MlflowStoreError, mlflow_logger, sqlite_store_path
+from attnlab.run.mlflow_logger import MlflowStoreError, mlflow_logger, sqlite_store_path
 
 WORKERS = 4
 STEPS = 5
@@ -31,7 +31,7 @@ while not os.path.exists(go):
 # what MLFlowLogger does (get or create the experiment, create a run, log), after attnlab's preparation
 CLIENT_WORKER = (
     """
-from attnlab.loggers import prepare_mlflow_store
+from attnlab.run.mlflow_logger import prepare_mlflow_store
 from mlflow.tracking import MlflowClient
 from mlflow.entities import Metric, Param
 """
@@ -137,7 +137,7 @@ def test_training_loggers_starting_together_on_a_fresh_store_all_log(train_confi
 
 def test_logger_config_builds_the_store_and_experiment_before_logging(train_config):
     node = _mlflow_node(train_config)
-    assert node["_target_"] == "attnlab.loggers.mlflow_logger"
+    assert node["_target_"] == "attnlab.run.mlflow_logger.mlflow_logger"
     from hydra.utils import instantiate
     from mlflow.tracking import MlflowClient
 
@@ -188,7 +188,7 @@ def test_creating_the_store_says_nothing_at_info_level(tmp_path):
     """alembic logs a line per migration plugin and MLflow one per table step: not for the user's log."""
     script = (
         "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
-        "from attnlab.loggers import prepare_mlflow_store; "
+        "from attnlab.run.mlflow_logger import prepare_mlflow_store; "
         f"prepare_mlflow_store('sqlite:///{tmp_path}/mlruns/mlflow.db', 'listops')"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -12,7 +12,7 @@ import torch
 
 from attnlab.data.text_corpus import MLMDataModule
 from attnlab.pipeline import train
-from attnlab.resume import read_checkpoint
+from attnlab.run.resume import read_checkpoint
 from attnlab.tasks.mlm import CHECKPOINT_KEY
 from conftest import compose_train_config
 from tiny_runs import REPO_ROOT, run_train_py

@@ -15,8 +15,8 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from attnlab.attention import available_backends
+from attnlab.config.validation import check_config
 from attnlab.models.causal_lm import NoCausalAttentionError, causal_backends
-from attnlab.validation import check_config
 from tiny_runs import REPO_ROOT, run_train_py, train_main
 
 CONFIGS = ["task=mqar", "experiment=mqar/sweep_width", "experiment=mqar/sweep_seqlen"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.data.common import DataError, MissingDataError
+from attnlab.data.errors import DataError, MissingDataError
 from attnlab.pipeline import train
 from pointcloud_fixtures import write_modelnet_h5, write_modelnet_off
 from tiny_runs import REPO_ROOT, run_train_py

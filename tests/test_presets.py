@@ -473,8 +473,8 @@ def test_cls_takes_the_first_pixels_mask_under_lras_rule():
 
 
 def test_an_unknown_lra_code_is_named(train_config):
+    from attnlab.config.validation import check_config
     from attnlab.errors import ConfigError
-    from attnlab.validation import check_config
 
     with pytest.raises(ConfigError, match=r"lra_code=2020: expected one of leaderboard, head"):
         check_config(train_config("experiment=lra/pathfinder", "attn=softmax", "lra_code=2020"))

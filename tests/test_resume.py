@@ -24,7 +24,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO, SlurmRequeue, requeue_slurm_job
 from attnlab.pipeline import resolve_ckpt_path, train
-from attnlab.rundir import RunDirError
+from attnlab.run.claim import RunDirError
 from tiny_runs import KILL_AFTER, STEPS, TESTS_DIR, pause_at, train_main, wait_until_paused
 from tiny_runs import TINY_RESUMABLE as TINY
 

@@ -10,7 +10,7 @@ import pytest
 
 from attnlab.errors import CheckpointError
 from attnlab.pipeline import discard_unstarted_run_dir, train
-from attnlab.rundir import RunDirError, run_dir_lock
+from attnlab.run.claim import RunDirError, run_dir_lock
 from tiny_runs import TINY_LISTOPS, run_train_py, train_main
 
 SHORT = [*TINY_LISTOPS, "trainer.max_steps=2", "test=false", "logger=csv"]
@@ -87,7 +87,7 @@ def test_a_refused_resume_leaves_the_runs_config_as_it_was(train_config, finishe
 
 def test_a_refused_resume_on_the_command_line_leaves_hydras_record_and_log_as_they_were(tmp_path):
     """Hydra writes ``.hydra/`` and appends to ``train.log`` before attnlab's code runs: the refusal
-    comes first (`attnlab.launcher.ResumeCheckBeforeRun`), so nothing of the run changes."""
+    comes first (`attnlab.run.hydra_callbacks.ResumeCheckBeforeRun`), so nothing of the run changes."""
     run_dir = tmp_path / "run"
     first = train_main(*SHORT, "logger=none", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]

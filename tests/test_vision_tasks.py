@@ -11,7 +11,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from attnlab.data.common import MissingDataError
+from attnlab.data.errors import MissingDataError
 from attnlab.pipeline import train
 from attnlab.reporting import make_report
 from attnlab.tasks.vision import ImageClassificationTask

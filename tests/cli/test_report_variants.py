@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from attnlab.reporting import make_report
-from attnlab.summary import SUMMARY_FIELDS
+from attnlab.run.summary import SUMMARY_FIELDS
 
 
 def _run(root: Path, name: str, *, attn="softmax", seed=0, acc=0.5, **config) -> None:

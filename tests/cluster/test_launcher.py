@@ -1,6 +1,6 @@
-"""attnlab.launcher without a cluster: the documented sweep commands get as far as ``sbatch`` (or run, for a
-local sweep) with no ``hydra.*`` override, and the wait for requeued runs decides each run from the queue
-and its ``summary.json``, against a scripted queue."""
+"""attnlab.run.slurm_sweep without a cluster: the documented sweep commands get as far as ``sbatch`` (or
+run, for a local sweep) with no ``hydra.*`` override, and the wait for requeued runs decides each run from
+the queue and its ``summary.json``, against a scripted queue."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
 
-from attnlab.launcher import (
+from attnlab.run.slurm_sweep import (
     Run,
     SlurmJobState,
     SweepWaiter,
@@ -161,7 +161,7 @@ def test_a_requeued_run_is_waited_for_until_its_summary_exists(tmp_path, caplog)
         ]
     )
     waiter = _waiter(tmp_path, queue, [requeued, plain])
-    with caplog.at_level("INFO", logger="attnlab.launcher"):
+    with caplog.at_level("INFO", logger="attnlab.run.slurm_sweep"):
         waiter.wait()
     assert queue.calls == 5  # it returned at the first look that found 7_0 finished, not before
     assert (requeued.outcome, requeued.requeues, plain.outcome, plain.requeues) == (

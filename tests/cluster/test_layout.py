@@ -1,5 +1,5 @@
-"""The SLURM layout check (attnlab.cluster): composed launcher configs, allocations, and the Hydra callback
-refusing a mismatched sweep before anything reaches ``sbatch``. No cluster is needed."""
+"""The SLURM layout check (attnlab.run.slurm_layout): composed launcher configs, allocations, and the Hydra
+callback refusing a mismatched sweep before anything reaches ``sbatch``. No cluster is needed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from attnlab.cluster import (
+from attnlab.run.slurm_layout import (
     SlurmLayout,
     SlurmLayoutCheck,
     SlurmLayoutError,
@@ -48,10 +48,13 @@ def compose_with_hydra(*overrides: str):
 @pytest.mark.parametrize("launcher", ["slurm", "slurm_local"])
 def test_launcher_configs_are_submitit_slurm_and_register_the_check(launcher):
     cfg = compose_with_hydra(f"hydra/launcher={launcher}")
-    # submitit's SLURM launcher, subclassed to wait for requeued runs (attnlab.launcher)
+    # submitit's SLURM launcher, subclassed to wait for requeued runs (attnlab.run.slurm_sweep)
     assert cfg.hydra.launcher._target_ == "hydra_plugins.attnlab_slurm.RequeueAwareSlurmLauncher"
-    assert cfg.hydra.callbacks.slurm_layout._target_ == "attnlab.cluster.SlurmLayoutCheck"
-    assert cfg.hydra.callbacks.multirun_hydra_config._target_ == "attnlab.launcher.MultirunHydraConfig"
+    assert cfg.hydra.callbacks.slurm_layout._target_ == "attnlab.run.slurm_layout.SlurmLayoutCheck"
+    assert (
+        cfg.hydra.callbacks.multirun_hydra_config._target_
+        == "attnlab.run.hydra_callbacks.MultirunHydraConfig"
+    )
     assert cfg.hydra.launcher.additional_parameters.signal == f"USR1@{cfg.hydra.launcher.signal_delay_s}"
 
 
@@ -90,7 +93,7 @@ def test_cpu_ddp_with_one_task_per_process_passes():
 
 def test_gpu_launcher_with_a_cpu_trainer_warns_about_idle_gpus(caplog):
     cfg = compose_with_hydra("hydra/launcher=slurm")  # train.yaml's default trainer is cpu
-    with caplog.at_level(logging.WARNING, logger="attnlab.cluster"):
+    with caplog.at_level(logging.WARNING, logger="attnlab.run.slurm_layout"):
         assert check_slurm_layout(cfg).gpus_per_node == 1
     assert "will not use the GPUs they reserve" in caplog.text
 

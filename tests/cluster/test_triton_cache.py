@@ -1,11 +1,11 @@
-"""Inside a SLURM job the Triton kernel cache is the job's own folder on local disk (attnlab.cluster).
-No cluster is needed."""
+"""Inside a SLURM job the Triton kernel cache is the job's own folder on local disk
+(attnlab.run.slurm_layout). No cluster is needed."""
 
 from __future__ import annotations
 
 import pytest
 
-from attnlab.cluster import job_local_triton_cache
+from attnlab.run.slurm_layout import job_local_triton_cache
 
 
 def test_a_job_gets_its_own_cache_on_local_disk():

@@ -6,13 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.data.common import (
-    LengthBucketSampler,
-    ResumableDataLoader,
-    TokenSequenceDataset,
-    file_lock,
-    pad_collate,
-)
+from attnlab.data.examples import TokenSequenceDataset, pad_collate
+from attnlab.data.resumable_loader import ResumableDataLoader
+from attnlab.data.samplers import LengthBucketSampler
+from attnlab.files import file_lock
 
 
 def test_pad_collate_masks_real_tokens_and_pairs():

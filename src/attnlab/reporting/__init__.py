@@ -1,6 +1,6 @@
 """Turn run directories into comparison tables and plots (the paper's Tables 1-2, for any sweep).
 
-The only input is the `summary.json` each run writes (fields: `attnlab.summary.SUMMARY_FIELDS`), so a
+The only input is the `summary.json` each run writes (fields: `attnlab.run.summary.SUMMARY_FIELDS`), so a
 report can be rebuilt at any time from copied run directories, without checkpoints or loggers.
 
 Outputs, all written by `make_report` (one module per kind of output):

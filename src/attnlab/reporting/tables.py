@@ -22,7 +22,7 @@ from attnlab.reporting.runs import (
 )
 from attnlab.reporting.stats import Stat
 from attnlab.reporting.variants import per_seed
-from attnlab.summary import SUMMARY_FIELDS  # every field a run summary carries, in runs.csv order
+from attnlab.run.summary import SUMMARY_FIELDS  # every field a run summary carries, in runs.csv order
 
 
 def _pct_cell(stat: Stat | None) -> str:

@@ -1,9 +1,9 @@
 """The config resolvers attnlab's YAML files use, registered when ``attnlab`` is imported.
 
 - ``${attnlab_resume_dir:<ckpt_path>,<default>}``: a resumed run continues in its checkpoint's run dir
-  (`attnlab.resume.resume_run_dir`);
+  (`attnlab.run.resume.resume_run_dir`);
 - ``${attnlab_accumulate:<global batch>,<micro-batch>,<devices>,<nodes>}``: gradient accumulation that
-  keeps a stated global batch over any number of devices (`attnlab.batching.accumulation`);
+  keeps a stated global batch over any number of devices (`attnlab.config.grad_accumulation.accumulation`);
 - ``${attnlab_lra_padded_queries:${attn.name},${lra_code}}``: LRA's black-pixel rule for the chosen
   backend and the LRA code to follow (`lra_padded_queries`);
 - ``${attnlab_scaled:<value>,<length>,<reference length>}``: a count that grows (or, with the two
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from attnlab.batching import accumulation
+from attnlab.config.grad_accumulation import accumulation
 from attnlab.errors import ConfigError
-from attnlab.resume import resume_run_dir
+from attnlab.run.resume import resume_run_dir
 
 #: ``lra_code`` of the LRA presets -> softmax's padded-query rule (`attnlab.attention.padding`)
 LRA_CODES = {"leaderboard": "lra2020", "head": "lra"}

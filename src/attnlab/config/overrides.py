@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.validation import MODEL_SUPPLIED
+from attnlab.config.validation import MODEL_SUPPLIED
 
 _ATTN_OPTION = re.compile(r"^[+~]{0,2}attn\.([A-Za-z_][\w]*)(?:[.=]|$)")
 #: keys an attn config has that are not layer options

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.cli import bench, bench_ratios
+from attnlab.bench import attention as bench
+from attnlab.bench import ratios as bench_ratios
 from attnlab.cli.main import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -120,7 +121,7 @@ def test_extrapolation_uses_observed_growth():
 
 
 def test_out_of_memory_is_marked_not_raised(tmp_path, monkeypatch):
-    real_op = bench._op
+    real_op = bench.op
 
     def fake_op(name):
         if name != "sliced_relu_attention":
@@ -131,7 +132,7 @@ def test_out_of_memory_is_marked_not_raised(tmp_path, monkeypatch):
 
         return exhausted
 
-    monkeypatch.setattr(bench, "_op", fake_op)
+    monkeypatch.setattr(bench, "op", fake_op)
     code = run(tmp_path, "--backends", "sliced_relu", "linear", "--seq-lens", "8", "16", "--mode", "fwd")
     assert code == 0
     status = {(r["backend"], r["seq_len"]): r["status"] for r in read_rows(tmp_path)}
@@ -150,7 +151,7 @@ def test_other_errors_are_recorded_and_fail_the_exit_code(tmp_path, monkeypatch)
 
         return op
 
-    monkeypatch.setattr(bench, "_op", broken)
+    monkeypatch.setattr(bench, "op", broken)
     code = run(tmp_path, "--backends", "sliced_relu", "--seq-lens", "8", "--mode", "fwd")
     assert code == 1
     (row,) = read_rows(tmp_path)

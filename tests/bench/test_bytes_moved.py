@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.cli.byte_count import count_bytes, tensor_bytes
+from attnlab.bench.byte_count import count_bytes, tensor_bytes
 
 
 def _only(rows):
@@ -97,7 +97,7 @@ def _ratio(backend: str, length: int) -> float:
     """fwd+bwd bytes over the floor, as `attnlab bench bytes` measures them (B=1 H=2 D=64 bf16)."""
     import argparse
 
-    from attnlab.cli.bench_bytes import measure
+    from attnlab.bench.bytes_moved import measure
 
     args = argparse.Namespace(batch=1, heads=2, dim=64, dtype="bfloat16", seed=0, mode="fwdbwd")
     return measure(backend, args, length)["ratio"]

@@ -21,7 +21,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from attnlab.cli.bench_args import load_average, out_dir, positive_int
+from attnlab.bench.machine import load_average
 
 DEFAULT_CONTEXTS = [1024, 4096, 16384, 65536, 131072]
 CSV_NAME, PNG_NAME = "generate.csv", "generate.png"
@@ -211,27 +211,3 @@ def main(args: argparse.Namespace) -> int:
     csv_path, png_path = write_outputs(rows, args.out_dir, title)
     print(f"load {load_average()} at the end; wrote {csv_path} and {png_path}")
     return 0
-
-
-def register(kinds) -> None:
-    from attnlab.models.causal_lm import causal_backends
-
-    parser = kinds.add_parser(
-        "generate", help="time per new token and decoding-state memory against context length",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    parser.add_argument("--backends", nargs="+", default=causal_backends(), metavar="NAME")
-    parser.add_argument("--contexts", nargs="+", type=positive_int, default=DEFAULT_CONTEXTS, metavar="N")
-    parser.add_argument("--dim", type=positive_int, default=512, help="model width (default: %(default)s)")
-    parser.add_argument("--depth", type=positive_int, default=2, help="layers (default: %(default)s)")
-    parser.add_argument("--heads", type=positive_int, default=8, help="heads (default: %(default)s)")
-    parser.add_argument("--mlp-ratio", type=float, default=4.0, help="MLP width / dim (default: %(default)s)")
-    parser.add_argument("--vocab", type=positive_int, default=2048, help="vocabulary (default: %(default)s)")
-    parser.add_argument("--repeats", type=positive_int, default=20, help="timed steps per cell (median)")
-    parser.add_argument(
-        "--timeout-s", type=float, default=120.0, help="skip larger contexts after a slower cell"
-    )
-    parser.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out-dir", type=out_dir, default=Path("bench_results"))
-    parser.set_defaults(func=main)

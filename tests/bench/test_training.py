@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.cli import bench, bench_training
+from attnlab.bench import attention as bench
+from attnlab.bench import training as bench_training
 from attnlab.cli.main import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -87,11 +88,9 @@ def test_training_bench_rows_take_their_tasks_positions_or_the_one_asked(monkeyp
 
 
 def bench_training_args(argv, positions):
-    import argparse
+    from attnlab.cli.main import build_parser
 
-    parser = argparse.ArgumentParser()
-    bench_training.register(parser.add_subparsers())
-    return parser.parse_args(["training", *argv, "--positions", positions])
+    return build_parser().parse_args(["bench", "training", *argv, "--positions", positions])
 
 
 def test_training_bench_path_reaches_the_sliced_layers():

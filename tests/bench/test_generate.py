@@ -33,7 +33,7 @@ def test_a_backend_without_a_causal_form_is_named(tmp_path, capsys):
 def test_a_failing_cell_is_marked_and_the_rest_still_written(tmp_path, capsys, monkeypatch):
     """Out of memory at one context: that row says so, the longer ones are skipped, the other
     backends run, and the CSV is written (nothing measured is lost)."""
-    from attnlab.cli import bench_generate
+    from attnlab.bench import generate as bench_generate
 
     real = bench_generate.run_cell
 

@@ -33,9 +33,8 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
-from attnlab.cli.bench_args import add_names_argument, load_average, positive_int
+from attnlab.bench.machine import load_average
 from attnlab.reporting.formats import markdown_table
 
 #: task -> (sequence length, batch size, positions): the real lengths, about 8K tokens a step, and each
@@ -239,36 +238,3 @@ def flop_table(rows: list[dict], backends) -> str:
 def _rate(value: float) -> str:
     """Samples/s with three significant digits or more (0.141, 3.64, 36.4, 1098)."""
     return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
-
-
-def register(kinds) -> None:
-    parser = kinds.add_parser(
-        "training",
-        help="training samples/s per attention backend at each task's real sequence length",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_names_argument(parser, "--tasks", TASKS, "tasks (lengths) to run")
-    add_names_argument(parser, "--backends", KNOWN_BACKENDS, "attention backends", default=BACKENDS)
-    parser.add_argument(
-        "--path", choices=("auto", "dense", "sorted"), default="auto", help="sliced backends' path"
-    )
-    parser.add_argument(
-        "--positions", choices=("task", *POSITIONS), default="task",
-        help="positions of every row (default: each task's own, as in TASKS)",
-    )  # fmt: skip
-    parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per run")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved runs per backend")
-    parser.add_argument(
-        "--stat", choices=("best", "median"), default="best", help="which run of each backend"
-    )
-    parser.add_argument(
-        "--max-seconds", type=float, default=20.0, help="a run stops timing after this long (slow backends)"
-    )
-    parser.add_argument(
-        "--threads", type=positive_int, default=None,
-        help="CPU threads for torch (default: attnlab's cap); 1 gives steadier figures on a busy machine",
-    )  # fmt: skip
-    parser.add_argument("--out", type=Path, default=Path("bench_results/training.json"))
-    parser.set_defaults(func=lambda args: (run(args), 0)[1])

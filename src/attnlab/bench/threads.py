@@ -23,9 +23,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from attnlab.cli.bench_args import add_names_argument, load_average, positive_int
+from attnlab.bench.machine import load_average
 
 #: name -> environment changes for the measured process
 SETTINGS: dict[str, dict[str, str]] = {
@@ -89,7 +88,7 @@ def training_steps(steps: int, warmup: int, max_seconds: float, seed: int = 0) -
 
 _WORKER = (
     "import json, sys, attnlab.threads as t; t.configure(); "
-    "from attnlab.cli.bench_threads import training_steps; "
+    "from attnlab.bench.threads import training_steps; "
     "a = sys.argv; print(json.dumps(training_steps(int(a[1]), int(a[2]), float(a[3]))))"
 )
 
@@ -172,24 +171,3 @@ def run(args: argparse.Namespace, log=print) -> dict[tuple[str, str], float]:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
         log(f"wrote {args.out}")
     return medians
-
-
-def register(kinds) -> None:
-    parser = kinds.add_parser(
-        "threads",
-        help="training steps quiet and beside busy processes, per CPU thread setting",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_names_argument(parser, "--settings", SETTINGS, "thread settings to compare")
-    parser.add_argument(
-        "--busy", type=int, default=2, help="busy processes for the loaded runs (0: quiet only)"
-    )
-    parser.add_argument("--steps", type=positive_int, default=15, help="timed steps per run")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved runs per setting")
-    parser.add_argument(
-        "--max-seconds", type=float, default=40.0, help="a run stops timing after this long (slow settings)"
-    )
-    parser.add_argument("--out", type=Path, default=Path("bench_results/threads.json"))
-    parser.set_defaults(func=lambda args: (run(args), 0)[1])

@@ -7,7 +7,7 @@ in one dir wrote over each other. `run_dir_lock` lets one process at a time writ
 run aside into ``<run_dir>.replaced-<time>`` first.
 
 A run resumed from a checkpoint in its own dir (``ckpt_path=auto``) continues the run it finds; what
-it may change is `attnlab.resume.check_resume_config`'s.
+it may change is `attnlab.run.resume.check_resume_config`'s.
 """
 
 from __future__ import annotations

@@ -1,26 +1,19 @@
-"""A run's history across attempts: the metric rows and the wall time of every attempt.
+"""A run's metric rows across attempts: `HistoryCSVLogger`, the logger ``logger=csv`` builds.
 
-A run interrupted and resumed (``ckpt_path=...``, ``auto``, a SLURM requeue) is one run. Lightning's
-``CSVLogger`` deletes ``metrics.csv`` when its folder exists, and a fresh process knows only its own
-clock; so:
-
-- `HistoryCSVLogger` writes its rows to disk as they come (Lightning's buffers 100 steps, lost in a
-  kill), keeps the earlier attempts' rows up to the step the run resumes from (rows logged after
-  that checkpoint are logged again by the resumed attempt) and appends the new ones;
-- `AttemptClock` carries the wall time of the earlier attempts and their count in every
-  checkpoint, so ``summary.json`` reports the run's whole ``wall_time_s`` and its ``attempts``.
-  Time an attempt spent after its last checkpoint is lost work and is not counted.
+A run interrupted and resumed (``ckpt_path=...``, ``auto``, a SLURM requeue) is one run, but
+Lightning's ``CSVLogger`` deletes ``metrics.csv`` when its folder exists. `HistoryCSVLogger` writes its
+rows to disk as they come (Lightning's buffers 100 steps, lost in a kill), keeps the earlier attempts'
+rows up to the step the run resumes from (rows logged after that checkpoint are logged again by the
+resumed attempt) and appends the new ones (the wall time of every attempt: `attnlab.run.attempt_clock`).
 """
 
 from __future__ import annotations
 
 import csv
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 from lightning.pytorch.loggers import CSVLogger
 
 log = logging.getLogger(__name__)
@@ -77,25 +70,3 @@ def _row_step(row: dict[str, str]) -> int:
         return int(float(row.get("step") or 0))
     except ValueError:
         return 0
-
-
-class AttemptClock(L.Callback):
-    """Wall time and number of attempts of a run, carried in each checkpoint."""
-
-    def __init__(self, started: float | None = None) -> None:
-        self.started = time.time() if started is None else started  # when this attempt's process began
-        self.earlier_wall_time_s = 0.0  # of the attempts before this one, up to their last checkpoint
-        self.attempt = 1
-
-    def wall_time_s(self) -> float:
-        return self.earlier_wall_time_s + (time.time() - self.started)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"wall_time_s": self.wall_time_s(), "attempt": self.attempt}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.earlier_wall_time_s = float(state_dict["wall_time_s"])
-        self.attempt = int(state_dict["attempt"]) + 1
-        log.info(
-            "attempt %d of this run (%.0f s of wall time before it)", self.attempt, self.earlier_wall_time_s
-        )

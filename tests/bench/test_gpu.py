@@ -43,7 +43,7 @@ def test_torch_variants_and_causal_linear_are_bench_backends(tmp_path):
 
 def test_the_first_cuda_call_compiles_outside_the_time_limit(monkeypatch):
     """A T=1K cell whose first call spends seconds compiling is timed, not marked `timeout`."""
-    from attnlab.cli import bench
+    from attnlab.bench import attention as bench
 
     calls = []
 
@@ -68,8 +68,8 @@ def _timed(call) -> float:
 def test_results_file_has_every_figure_against_the_byte_floor(tmp_path, capsys):
     """`gpu_results collect` on what the steps write: ops rows get the floor (as `bench bytes`
     counts it) and the bandwidth it implies; training rows their throughput."""
-    from attnlab.cli import gpu_results
-    from attnlab.cli.bench_bytes import floor_bytes, op_and_inputs
+    from attnlab.bench import gpu_results
+    from attnlab.bench.bytes_moved import floor_bytes, op_and_inputs
 
     out = tmp_path / "gpu"
     backends = ["softmax", "sliced_relu_torch", "linear_causal_torch"]
@@ -102,17 +102,19 @@ def test_results_file_has_every_figure_against_the_byte_floor(tmp_path, capsys):
     failed = {"task": "text", "attn": "sliced_relu", "status": "failed", "note": "error: Text needs its data"}
     assert results["training"] == [{"task": "listops", "attn": "softmax", "status": "ok", **logged}, failed]
     capsys.readouterr()
-    assert gpu_results.main(["collect", str(out)]) == 0
+    from attnlab.cli import gpu_results as gpu_results_cli
+
+    assert gpu_results_cli.main(["collect", str(out)]) == 0
     summary = capsys.readouterr().out
     assert "Test GPU: device copy 100.0 GB/s" in summary and "123.5" in summary
     assert all(any(line.startswith(b) for line in summary.splitlines()) for b in backends)
-    assert gpu_results.main(["collect", str(tmp_path / "missing")]) == 2
+    assert gpu_results_cli.main(["collect", str(tmp_path / "missing")]) == 2
 
 
 @pytest.mark.parametrize("backend", ["softmax", "sliced_relu", "sliced_relu_bump", "linear", "linear_causal"])
 def test_the_floor_at_gpu_lengths_is_the_floor_bench_bytes_counts(backend):
-    from attnlab.cli import gpu_results
-    from attnlab.cli.bench_bytes import floor_bytes, op_and_inputs
+    from attnlab.bench import gpu_results
+    from attnlab.bench.bytes_moved import floor_bytes, op_and_inputs
 
     args = argparse.Namespace(batch=2, heads=3, dim=8, dtype="bfloat16", seed=0)
     _, inputs = op_and_inputs(backend, args, 1000)
@@ -229,13 +231,14 @@ def test_the_correctness_pass_on_the_interpreter(tmp_path, monkeypatch, capsys):
     """`gpu_check` end to end on CPU tensors under TRITON_INTERPRET=1: every case agrees and is
     written; a kernel made to disagree fails its backend (exit 1) with the error it measured."""
     from attnlab.attention.triton import sliced
-    from attnlab.cli import gpu_check, gpu_results
+    from attnlab.bench import gpu_check, gpu_results
+    from attnlab.cli import gpu_check as gpu_check_cli
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(gpu_check, "CASES", {b: [(37, 8, True), (70, 10, False)] for b in gpu_check.BACKENDS})
     out = tmp_path / "gpu"
     assert (
-        gpu_check.main([str(out), "--backend", "linear_causal", "--dtypes", "float32", "--device", "cpu"])
+        gpu_check_cli.main([str(out), "--backend", "linear_causal", "--dtypes", "float32", "--device", "cpu"])
         == 0
     )
     rows = json.loads((out / "check" / "linear_causal.json").read_text())
@@ -244,9 +247,8 @@ def test_the_correctness_pass_on_the_interpreter(tmp_path, monkeypatch, capsys):
 
     real = sliced.sliced_relu
     monkeypatch.setattr(sliced, "sliced_relu", lambda *args: real(*args) * 1.03)
-    assert (
-        gpu_check.main([str(out), "--backend", "sliced_relu", "--dtypes", "bfloat16", "--device", "cpu"]) == 1
-    )
+    argv = [str(out), "--backend", "sliced_relu", "--dtypes", "bfloat16", "--device", "cpu"]
+    assert gpu_check_cli.main(argv) == 1
     rows = json.loads((out / "check" / "sliced_relu.json").read_text())
     assert not any(r["ok"] for r in rows) and all(r["triton_err"] > 4 * r["torch_err"] for r in rows)
     assert "sliced_relu failed 2 of 2 cases: left out of the timings" in capsys.readouterr().out

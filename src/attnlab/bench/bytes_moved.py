@@ -4,7 +4,7 @@ A GPU kernel at long lengths is bound by memory traffic, so the figure that pred
 bytes moved, and that can be measured without a GPU. Each backend runs forward + backward (or
 forward only) once on CPU tensors of shape (B, H, T, D); the Triton backends run their kernels
 under Triton's interpreter (set here, ``TRITON_INTERPRET=1``), and every torch op and every kernel
-launch is charged what it reads and writes (``attnlab.cli.byte_count`` says exactly how).
+launch is charged what it reads and writes (``attnlab.bench.byte_count`` says exactly how).
 
 The **floor** is what any implementation must move: forward reads each input once and writes the
 output once; backward reads each input and the output gradient once and writes each input's
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from attnlab.cli.bench_args import add_op_shape_arguments, out_dir
+from attnlab.bench.backends import BACKENDS, op
+from attnlab.bench.byte_count import count_bytes, tensor_bytes
 
 #: backend -> (name in ``attnlab bench attention``, keywords forcing the code measured)
 BYTE_BACKENDS: dict[str, tuple[str, dict]] = {
@@ -46,8 +47,6 @@ CSV_NAME = "bench_bytes.csv"
 
 def op_and_inputs(backend: str, args: argparse.Namespace, length: int):
     """The op (with its forced keywords) and fresh inputs, every float input requiring grad."""
-    from attnlab.cli.bench import BACKENDS, _op
-
     name, keywords = BYTE_BACKENDS[backend]
     op_name, make_inputs = BACKENDS[name]
     generator = torch.Generator().manual_seed(args.seed)
@@ -56,14 +55,12 @@ def op_and_inputs(backend: str, args: argparse.Namespace, length: int):
     for x in inputs:
         if x.is_floating_point() and x.dtype == dtype:
             x.requires_grad_(True)
-    return functools.partial(_op(op_name), **keywords), inputs
+    return functools.partial(op(op_name), **keywords), inputs
 
 
 def floor_bytes(inputs: list[torch.Tensor], out: torch.Tensor, backward: bool) -> int:
     """Each input and the output once forward; backward each input, the output gradient and each
     input's gradient once (see the module docstring)."""
-    from attnlab.cli.byte_count import tensor_bytes
-
     forward = sum(map(tensor_bytes, inputs)) + tensor_bytes(out)
     if not backward:
         return forward
@@ -73,20 +70,18 @@ def floor_bytes(inputs: list[torch.Tensor], out: torch.Tensor, backward: bool) -
 
 def measure(backend: str, args: argparse.Namespace, length: int) -> dict:
     """One backend at one length: its traffic rows and the floor."""
-    from attnlab.cli.byte_count import count_bytes
-
-    op, inputs = op_and_inputs(backend, args, length)
+    measured_op, inputs = op_and_inputs(backend, args, length)
     grad_out = torch.randn(inputs[2].shape, generator=torch.Generator().manual_seed(1)).to(inputs[2].dtype)
     backward = args.mode == "fwdbwd"
     outputs = []
 
     def run() -> None:
         if backward:
-            out = op(*inputs)
+            out = measured_op(*inputs)
             out.backward(grad_out)
         else:
             with torch.no_grad():
-                out = op(*inputs)
+                out = measured_op(*inputs)
         outputs.append(out)
 
     rows = count_bytes(run)
@@ -144,22 +139,3 @@ def write_csv(results: list[dict], path: Path) -> None:
                              "", result["bytes"], result["floor"]])  # fmt: skip
             for r in result["rows"]:
                 writer.writerow([*common, r.kind, r.name, r.calls, r.read, r.written, ""])
-
-
-def register(kinds) -> None:
-    parser = kinds.add_parser(
-        "bytes",
-        help="bytes each attention op reads and writes (torch ops and Triton kernels) against the floor",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--backends", nargs="+", default=DEFAULT_BACKENDS, choices=list(BYTE_BACKENDS), metavar="NAME",
-        help=f"backends to count (known: {', '.join(BYTE_BACKENDS)}; default: %(default)s)",
-    )  # fmt: skip
-    add_op_shape_arguments(parser, [1024], heads=2, dtypes=DTYPES, dtype="bfloat16")
-    parser.add_argument("--mode", choices=("fwd", "fwdbwd"), default="fwdbwd")
-    parser.add_argument("--detail", action="store_true", help="every op and kernel, not the largest three")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out-dir", type=out_dir, default=Path("bench_results"))
-    parser.set_defaults(func=lambda args: (run(args), 0)[1])

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnlab.data.common import file_lock
 from attnlab.errors import UserError
+from attnlab.files import file_lock
 
 if TYPE_CHECKING:
     from lightning.pytorch.loggers import MLFlowLogger

@@ -24,13 +24,10 @@ shape) at T = 128, so the run takes seconds on a CPU.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from attnlab.attention import build_attention
 from attnlab.attention.authors_reference import AuthorsSlicedReLU, AuthorsSlicedReLUBump, copy_into
-from attnlab.cli.bench_args import positive_float, positive_int
 from attnlab.reporting.formats import markdown_table
 
 
@@ -129,22 +126,3 @@ def run(args) -> None:
         f"padding {args.real_tokens} real tokens, seed {args.seed} (float64)\n"
     )
     print(markdown_table(["figure", "sliced ReLU", "ReLU-bump"], figures(args)))
-
-
-def register(kinds) -> None:
-    parser = kinds.add_parser(
-        "authors",
-        help="attnlab's sliced layers against a transcription of the authors' published layers",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--dim", type=positive_int, default=1024)
-    parser.add_argument("--heads", type=positive_int, default=64)
-    parser.add_argument("--seq-len", type=positive_int, default=128)
-    parser.add_argument(
-        "--real-tokens", type=positive_int, default=16, help="real tokens of the padded sequence"
-    )
-    parser.add_argument("--padding", type=positive_int, default=8, help="padded tokens, then 4 more")
-    parser.add_argument("--dropout", type=positive_float, default=0.1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.set_defaults(func=lambda args: (run(args), 0)[1])
