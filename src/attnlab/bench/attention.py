@@ -54,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab import allocator
+from attnlab.allocator import applied as malloc_settings
 from attnlab.bench.backends import BACKENDS, INFERENCE_ONLY, op, state_bytes
 from attnlab.bench.ratios import ratio_lines
 
@@ -388,7 +388,7 @@ def main(args: argparse.Namespace) -> int:
         title += f" ({torch.cuda.get_device_name()})"
     if args.device == "cpu":
         tuning = "".join(f", {k}={os.environ[k]}" for k in ALLOCATOR_SETTINGS if k in os.environ)
-        malloc = allocator.applied()
+        malloc = malloc_settings()
         tuning += f", {malloc.describe().split(' (')[0]}" if malloc else ""
         title += f" ({torch.get_num_threads()} threads{tuning})"
     print(title)
