@@ -19,7 +19,7 @@ import torch
 from attnlab.pipeline import train
 from attnlab.reporting.runs import load_runs
 from attnlab.run.summary import exit_status
-from test_resume import (
+from run.test_resume import (
     KILL_AFTER,
     REPO_ROOT,
     STEPS,

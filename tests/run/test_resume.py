@@ -28,7 +28,7 @@ from attnlab.run.claim import RunDirError
 from tiny_runs import KILL_AFTER, STEPS, TESTS_DIR, pause_at, train_main, wait_until_paused
 from tiny_runs import TINY_RESUMABLE as TINY
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _step(path: Path) -> int:
