@@ -226,7 +226,7 @@ def test_requeue_signal_on_and_off_a_validation_step_resumes_exactly(
     handler = signal.getsignal(signal.SIGUSR1)
     run = tmp_path / "run"
     signal_at = [
-        "+callbacks.signal_at._target_=test_resume.SignalAt",
+        "+callbacks.signal_at._target_=run.test_resume.SignalAt",
         "+callbacks.signal_at.steps=[15,20]",
         "callbacks.last_checkpoint.every_n_train_steps=0",
     ]
