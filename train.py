@@ -10,9 +10,23 @@ from pathlib import Path
 import attnlab.allocator
 import attnlab.threads
 
+
+def _quiet_other_ranks() -> None:
+    """Lightning's launcher re-runs this script for ranks 1.. of a one-node DDP run (``LOCAL_RANK``
+    set): their standard output (progress bars, Gloo's connection lines, Lightning's tables) repeats
+    rank 0's, interleaved into garble, so it goes to /dev/null unless ``ATTNLAB_ALL_RANKS=1``.
+    Standard error (warnings, errors) stays; srun's processes (no ``LOCAL_RANK``) are left alone."""
+    if os.environ.get("LOCAL_RANK", "0") == "0" or os.environ.get("ATTNLAB_ALL_RANKS") == "1":
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the fd itself: C++ (Gloo) writes there too
+    os.close(devnull)
+
+
 if __name__ == "__main__":  # first, before anything loads torch: OpenMP reads its wait policy once
     attnlab.threads.configure()  # (not on import: a program that imports `main` keeps its threads)
     attnlab.allocator.configure()  # freed buffers kept for the next step (attnlab.allocator)
+    _quiet_other_ranks()
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402

@@ -31,6 +31,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.allocator import applied as malloc_settings
 from attnlab.attention.gpu_check import check_gpus
 from attnlab.callbacks.checkpoint import Interrupt, SlurmRequeue
 from attnlab.callbacks.divergence import TrainingDiverged
@@ -336,6 +337,8 @@ def _log_cpu_threads(cfg: DictConfig) -> None:
     )
     chosen = settings.describe(governed) if settings else "CPU threads: as the calling program set them"
     log.info("%s; torch uses %d intra-op threads", chosen, torch.get_num_threads())
+    malloc = malloc_settings()  # `attnlab.allocator`, set by train.py before torch loaded
+    log.info("%s", malloc.describe() if malloc else "memory: malloc as the calling program set it")
 
 
 def _trains_on_cpu(accelerator: str) -> bool:

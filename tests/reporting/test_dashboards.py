@@ -168,7 +168,7 @@ def test_wandb_offline_run_gets_history_and_config(train_config, tmp_path, monke
         wandb.finish()  # Lightning leaves the run open; finishing flushes it to disk
         wandb.teardown()  # and stops wandb's background service
     said = capfd.readouterr()
-    for line in ("Run summary", "Tracking run with wandb", "You can sync this run"):
+    for line in ("Run summary", "Tracking run with wandb", "You can sync this run", "anonymous setting"):
         assert line not in said.out + said.err  # wandb's own banner and summary: silent
 
     run_files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))

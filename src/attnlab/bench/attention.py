@@ -28,10 +28,10 @@ between calls; a running call is never interrupted.
 On CPU, page faults of freshly allocated large tensors can cost as much as the arithmetic
 (virtual machines especially): glibc hands allocations over 32 MiB back to the kernel when they
 are freed, so every call faults its buffers in again, and whether a buffer sits just under or over
-that line depends on T and on what ran before. Two environment settings, read at start-up, remove
-this noise for every backend alike: `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736` (glibc
-keeps freed memory for reuse; `make bench` sets them) or `THP_MEM_ALLOC_ENABLE=1` (PyTorch backs
-large tensors with transparent huge pages). The title line says which were set.
+that line depends on T and on what ran before. The `attnlab` command tells glibc to keep freed
+memory for reuse as it starts (`attnlab.allocator`; the user's `MALLOC_*` settings win), which
+removes this noise for every backend alike; `THP_MEM_ALLOC_ENABLE=1` (PyTorch backs large tensors
+with transparent huge pages) is another way. The title line says which applies.
 
 Results are printed as a table and written to `<out-dir>/bench_attention.csv` and a log-log plot
 `<out-dir>/bench_attention.png`. Timings are never asserted: on a shared machine they are noisy,
@@ -54,6 +54,7 @@ from pathlib import Path
 
 import torch
 
+from attnlab.allocator import applied as malloc_settings
 from attnlab.bench.backends import BACKENDS, INFERENCE_ONLY, op, state_bytes
 from attnlab.bench.ratios import ratio_lines
 
@@ -80,7 +81,7 @@ DTYPES = {
 CSV_NAME = "bench_attention.csv"
 PNG_NAME = "bench_attention.png"
 # environment settings that change CPU timings (see the module docstring); shown in the title line
-ALLOCATOR_SETTINGS = ("THP_MEM_ALLOC_ENABLE", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
+ALLOCATOR_SETTINGS = ("THP_MEM_ALLOC_ENABLE",)
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,7 +387,9 @@ def main(args: argparse.Namespace) -> int:
     if args.device == "cuda":
         title += f" ({torch.cuda.get_device_name()})"
     if args.device == "cpu":
-        tuning = "".join(f" {k}={os.environ[k]}" for k in ALLOCATOR_SETTINGS if k in os.environ)
+        tuning = "".join(f", {k}={os.environ[k]}" for k in ALLOCATOR_SETTINGS if k in os.environ)
+        malloc = malloc_settings()
+        tuning += f", {malloc.describe().split(' (')[0]}" if malloc else ""
         title += f" ({torch.get_num_threads()} threads{tuning})"
     print(title)
     print(_HEADER)
