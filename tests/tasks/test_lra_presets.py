@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from attnlab.pipeline import train
 from tiny_runs import QUIET, TINY_LISTOPS_DATA
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PRESETS = REPO_ROOT / "conf" / "experiment"
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
 LRA_REPO = "google-research/long-range-arena"

@@ -18,7 +18,7 @@ from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from attnlab.pipeline import hyperparameters, train
 from tiny_runs import TINY_LISTOPS as TINY
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_LISTOPS = [
     *TINY,
     "trainer.log_every_n_steps=2",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 150
 
 #: what a user reads: the docs, the build files, and the code's comments and docstrings

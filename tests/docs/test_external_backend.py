@@ -29,7 +29,7 @@ from attnlab.attention import (
 )
 from tiny_runs import TINY_LISTOPS
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DOC = REPO_ROOT / "docs" / "extending.md"
 
 

@@ -1,6 +1,6 @@
 """The commands of docs/lm.md, run as written, in order, in a fresh folder: prepare the data, train a
 language model, generate from it, bench generation. Only data and model sizes are
-overridden, so the test takes seconds; the paper-scale preset is left to tests/test_docs_commands.py.
+overridden, so the test takes seconds; the paper-scale preset is left to tests/docs/test_docs_commands.py.
 Each command runs through its entry point's ``main(argv)`` in this process (the command line itself,
 its exit status and threads, is tested in tests/test_train.py and tests/test_threads.py)."""
 
@@ -40,7 +40,7 @@ def test_the_documented_lm_commands_run_as_written(tmp_path):
         data = f"paths.data_dir={tmp_path / 'data'}"
         if words[:2] == ["python", "train.py"]:
             if words[2:] == ["task=lm", "attn=sliced_relu"]:
-                continue  # the same command with another backend: tests/test_lm_tasks.py trains each
+                continue  # the same command with another backend: tests/tasks/test_lm_tasks.py trains each
             done = train_main(*words[2:], *TRAIN_SIZES, data, cwd=tmp_path)
         else:
             assert words[0] == "attnlab", command

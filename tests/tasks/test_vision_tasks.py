@@ -18,7 +18,7 @@ from attnlab.tasks.vision import ImageClassificationTask
 from data.test_vision import write_cifar, write_tiny_imagenet
 from tiny_runs import QUIET
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_VIT = [
     "task.model.stem_channels=[8,16]",
     "task.model.dim=16",

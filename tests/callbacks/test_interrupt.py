@@ -19,7 +19,7 @@ import torch
 from attnlab.pipeline import train
 from attnlab.reporting.runs import load_runs
 from attnlab.run.summary import exit_status
-from test_resume import (
+from run.test_resume import (
     KILL_AFTER,
     REPO_ROOT,
     STEPS,
@@ -46,7 +46,7 @@ class SignalAt(L.Callback):
 
 def _signal_at(steps: str, signum: str) -> list[str]:
     return [
-        "+callbacks.signal_at._target_=test_interrupt.SignalAt",
+        "+callbacks.signal_at._target_=callbacks.test_interrupt.SignalAt",
         f"+callbacks.signal_at.steps={steps}",
         f"+callbacks.signal_at.signum={signum}",
     ]
@@ -187,7 +187,7 @@ def test_sigterm_in_the_test_stage_marks_the_run_interrupted(train_config, tmp_p
     """Training is over and saved; a SIGTERM while testing (Lightning's own handler there: it ended the
     run with status 0 and no summary) leaves the summary marked interrupted; resuming only tests."""
     run = [*TINY, "trainer.max_steps=4", "task.data.eval_batch_size=16"]
-    summary = train(train_config(*run, "+callbacks.sigterm._target_=test_interrupt.SigtermInTest"))
+    summary = train(train_config(*run, "+callbacks.sigterm._target_=callbacks.test_interrupt.SigtermInTest"))
     assert summary["interrupted"] and summary["signal"] == "SIGTERM" and summary["steps"] == 4
     assert summary["test_acc"] is None and exit_status(summary) == 143
     resumed = train(train_config(*run, "ckpt_path=auto"))
@@ -204,7 +204,8 @@ def test_sigterm_before_the_first_step_marks_the_run_interrupted(train_config, t
     """In the sanity check, before `Interrupt` takes over: nothing trained, nothing to save; the run still
     exits 143 with its summary marked interrupted (Lightning ended it with status 0 and no summary)."""
     run = [*TINY, "trainer.max_steps=4", "trainer.num_sanity_val_steps=2", "task.data.eval_batch_size=16"]
-    summary = train(train_config(*run, "+callbacks.sigterm._target_=test_interrupt.SigtermInSanityCheck"))
+    sigterm = "+callbacks.sigterm._target_=callbacks.test_interrupt.SigtermInSanityCheck"
+    summary = train(train_config(*run, sigterm))
     assert summary["interrupted"] and summary["steps"] == 0 and exit_status(summary) == 143
     assert summary["test_acc"] is None
 

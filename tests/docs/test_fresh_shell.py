@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from test_docs_commands import COMMANDS, PLACEHOLDER
+from docs.test_docs_commands import COMMANDS, PLACEHOLDER
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ACTIVATE = REPO_ROOT / ".venv" / "bin" / "activate"
 needs_venv = pytest.mark.skipif(not ACTIVATE.exists(), reason="needs the .venv that make builds")
 

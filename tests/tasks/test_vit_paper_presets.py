@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 
 from attnlab.attention import build_attention
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ("softmax", "sliced_relu", "sliced_relu_bump")
 SIZES = {"cifar10": (32, 10), "tinyimagenet": (64, 200)}
 
@@ -171,7 +171,7 @@ def test_the_paper_preset_reports_the_test_curve(train_config, tmp_path):
     from attnlab.data.vision import VAL_IS_TEST
     from attnlab.pipeline import train
     from data.test_vision import write_cifar
-    from test_vision_tasks import QUICK
+    from tasks.test_vision_tasks import QUICK
 
     write_cifar(tmp_path / "data")
     cfg = train_config(
@@ -222,7 +222,7 @@ def test_the_grid_end_to_end_selects_then_reports_the_median_of_four_seeds(tmp_p
 
     from attnlab.cli.main import main
     from data.test_vision import write_cifar, write_tiny_imagenet
-    from test_vision_tasks import TINY_VIT
+    from tasks.test_vision_tasks import TINY_VIT
 
     data = tmp_path / "data"
     (write_cifar if preset == "cifar10" else write_tiny_imagenet)(data)

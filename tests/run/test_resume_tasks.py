@@ -16,7 +16,7 @@ import torch
 from attnlab.data.loaders import SampleDraw, sample_seed
 from attnlab.pipeline import train
 from data.test_vision import write_cifar
-from test_resume import TINY, _kill, _start, _step, _wait_until_paused
+from run.test_resume import TINY, _kill, _start, _step, _wait_until_paused
 from tiny_runs import QUIET
 
 TINY_DIGITS = [

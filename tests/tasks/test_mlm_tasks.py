@@ -1,5 +1,5 @@
 """`task=mlm` trains by name on the embedded corpus, resumes with the same masks (the GLUE
-fine-tune from its checkpoint is in tests/test_glue_tasks.py)."""
+fine-tune from its checkpoint is in tests/tasks/test_glue_tasks.py)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from attnlab.run.claim import RunDirError
 from tiny_runs import KILL_AFTER, STEPS, TESTS_DIR, pause_at, train_main, wait_until_paused
 from tiny_runs import TINY_RESUMABLE as TINY
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _step(path: Path) -> int:
@@ -226,7 +226,7 @@ def test_requeue_signal_on_and_off_a_validation_step_resumes_exactly(
     handler = signal.getsignal(signal.SIGUSR1)
     run = tmp_path / "run"
     signal_at = [
-        "+callbacks.signal_at._target_=test_resume.SignalAt",
+        "+callbacks.signal_at._target_=run.test_resume.SignalAt",
         "+callbacks.signal_at.steps=[15,20]",
         "callbacks.last_checkpoint.every_n_train_steps=0",
     ]
