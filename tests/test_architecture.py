@@ -1,5 +1,6 @@
 """The structure drawn from the imports: no import circle between modules, every import
-going down the floors below, and no source file over 600 lines.
+going down the floors below, no module importing another's ``_private`` name, the float64
+references apart from the ops, and no source file over 600 lines.
 
 Read from the source with ``ast`` (imports inside functions count too: a lazy import still ties two
 modules together), so the test needs no import of the package and names the offending file.
@@ -121,6 +122,66 @@ def test_imports_go_down_the_floors():
             if _floor(_group(target)) > here:
                 upward.append(f"{module} imports {target}")
     assert not upward, "imports up a floor:\n" + "\n".join(sorted(upward))
+
+
+#: where no module may import a ``_private`` name of another module; the whole house is ``"attnlab"``
+PRIVATE_CHECKED = ("attnlab.attention",)
+
+
+def _private_imports(path: Path) -> list[str]:
+    """``from attnlab.x import _y`` in ``path``: the attnlab module and the private names it takes."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("attnlab"):
+            names = [alias.name for alias in node.names if alias.name.startswith("_")]
+            if names:
+                found.append(f"{node.module}: {', '.join(names)}")
+    return found
+
+
+def _checked(module: str) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in PRIVATE_CHECKED)
+
+
+def test_no_module_imports_another_modules_private_name():
+    """A name with a leading underscore is its module's own: one another module needs is public
+    (renamed) or moved to where both can reach it."""
+    found = [
+        f"{module} imports {what}"
+        for module, path in _sources().items()
+        if _checked(module)
+        for what in _private_imports(path)
+    ]
+    assert not found, "private names imported across modules:\n" + "\n".join(sorted(found))
+
+
+def test_the_checker_finds_a_private_import(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("from attnlab.attention.x import _y, z\nfrom attnlab.attention import _w\n")
+    assert _private_imports(planted) == ["attnlab.attention.x: _y", "attnlab.attention: _w"]
+
+
+REFERENCES = sorted(PACKAGE.glob("attention/*/reference.py"))
+
+
+@pytest.mark.parametrize("path", REFERENCES, ids=lambda p: p.parent.name)
+def test_references_import_nothing_from_the_ops(path):
+    """A family's float64 reference shares no code with its ops (it would share their bugs): it may
+    import only the masks the references share."""
+    masks = PACKAGE / "attention" / "common" / "reference_masks.py"
+    assert not _imports(masks), f"{masks.relative_to(SRC)} imports {sorted(_imports(masks))}"
+    allowed = {"attnlab.attention.common.reference_masks"}
+    assert _imports(path) <= allowed, f"{path.relative_to(SRC)} imports {sorted(_imports(path) - allowed)}"
+
+
+def test_every_family_has_a_reference():
+    assert {p.parent.name for p in REFERENCES} >= {
+        "softmax",
+        "linear",
+        "performer",
+        "sliced_relu",
+        "sliced_relu_bump",
+    }
 
 
 ROOT = SRC.parent
