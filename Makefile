@@ -32,14 +32,14 @@ lint: $(STAMP)
 	$(PY) -m ruff check src tests train.py
 	$(PY) -m ruff format --check src tests train.py
 
-# glibc keeps freed memory for reuse instead of faulting it in again on every call (see
-# `attnlab bench attention --help`): the timings then measure the ops, not the page faults
+# the attnlab command keeps freed buffers for reuse itself (attnlab.allocator): the timings measure
+# the ops, not page faults
 bench: $(STAMP)
-	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 $(VENV)/bin/attnlab bench attention $(ARGS)
+	$(VENV)/bin/attnlab bench attention $(ARGS)
 
 # training samples/s per backend at each task's real length (docs/benchmarks.md, "CPU: training samples/s per task")
 bench-training: $(STAMP)
-	MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 $(VENV)/bin/attnlab bench training --threads 1 --repeats 5 $(ARGS)
+	$(VENV)/bin/attnlab bench training --threads 1 --repeats 5 $(ARGS)
 
 # the GPU check (scripts/bench_gpu.sh): each Triton op checked against torch on the device first, then
 # ops fwd+bwd over T = 1K..64K in bf16/fp16/fp32 and training throughput with MFU, inside BUDGET_S

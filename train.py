@@ -7,10 +7,26 @@ import os
 import sys
 from pathlib import Path
 
+import attnlab.allocator
 import attnlab.threads
+
+
+def _quiet_other_ranks() -> None:
+    """Lightning's launcher re-runs this script for ranks 1.. of a one-node DDP run (``LOCAL_RANK``
+    set): their standard output (progress bars, Gloo's connection lines, Lightning's tables) repeats
+    rank 0's, interleaved into garble, so it goes to /dev/null unless ``ATTNLAB_ALL_RANKS=1``.
+    Standard error (warnings, errors) stays; srun's processes (no ``LOCAL_RANK``) are left alone."""
+    if os.environ.get("LOCAL_RANK", "0") == "0" or os.environ.get("ATTNLAB_ALL_RANKS") == "1":
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the fd itself: C++ (Gloo) writes there too
+    os.close(devnull)
+
 
 if __name__ == "__main__":  # first, before anything loads torch: OpenMP reads its wait policy once
     attnlab.threads.configure()  # (not on import: a program that imports `main` keeps its threads)
+    attnlab.allocator.configure()  # freed buffers kept for the next step (attnlab.allocator)
+    _quiet_other_ranks()
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
@@ -26,7 +42,7 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 def _run(cfg: DictConfig) -> float | None:
     # imported late so `--help` and config errors stay fast
     from attnlab.pipeline import discard_unstarted_run_dir, train
-    from attnlab.summary import exit_status
+    from attnlab.run.summary import exit_status
 
     try:
         summary = train(cfg)
@@ -55,7 +71,7 @@ def _run_dir_problem(args: list[str]) -> str | None:
     """A ``hydra.run.dir`` that names an existing file (Hydra would fail making it, in a traceback),
     or a fresh run's dir that holds an earlier run: refused before Hydra writes its ``.hydra/`` and
     log there (the pipeline refuses it too, for dirs that the command line does not name)."""
-    from attnlab.rundir import RunDirError, claim_for_fresh_run
+    from attnlab.run.claim import RunDirError, claim_for_fresh_run
 
     settings = dict(arg.lstrip("+").split("=", 1) for arg in args if "=" in arg)
     if "hydra.run.dir" not in settings:
@@ -65,7 +81,7 @@ def _run_dir_problem(args: list[str]) -> str | None:
         return f"hydra.run.dir={path}: a file, not a directory; give a run directory"
     fresh = settings.get("ckpt_path", "null") in ("null", "", "None")
     if os.environ.get("SLURM_JOB_ID") and any(path.glob("hpc_ckpt_*.ckpt")):
-        fresh = False  # a requeued job resumes its hpc checkpoint (attnlab.resume.resolve_ckpt_path)
+        fresh = False  # a requeued job resumes its hpc checkpoint (attnlab.run.resume.resolve_ckpt_path)
     if fresh and settings.get("overwrite", "false").lower() != "true":
         try:
             claim_for_fresh_run(path, False, f"ckpt_path=auto hydra.run.dir={path}")
@@ -80,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     The command line's checks and errors can then be exercised without starting an interpreter.
     ``argv`` defaults to the process's own arguments.
     """
-    from attnlab.config_groups import check_group_choices
-    from attnlab.overrides import check_attention_options
+    from attnlab.config.group_choices import check_group_choices
+    from attnlab.config.overrides import check_attention_options
 
     args = sys.argv[1:] if argv is None else list(argv)
     problem = check_group_choices(args, CONF_DIR) or check_attention_options(args, CONF_DIR)

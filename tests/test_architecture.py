@@ -1,5 +1,5 @@
 """The structure drawn from the imports: no import circle between modules, every import
-going down the floors below, no module importing another's ``_private`` name, the float64
+going down the floors below, no module reaching for another's ``_private`` name, the float64
 references apart from the ops, and no source file over 600 lines.
 
 Read from the source with ``ast`` (imports inside functions count too: a lazy import still ties two
@@ -18,15 +18,16 @@ PACKAGE = SRC / "attnlab"
 MAX_LINES = 600
 
 #: lowest first; a module may import only from its own group or a lower floor. A group is a
-#: subpackage of attnlab (``attnlab.data``) or a top-level module (``attnlab.resume``).
+#: subpackage of attnlab (``attnlab.data``) or a top-level module (``attnlab.pipeline``).
 FLOORS: list[set[str]] = [
-    {"errors", "threads"},
-    {"resume", "rundir", "batching", "validation", "summary", "history", "cluster"},
+    {"errors", "threads", "allocator", "files"},  # the ground: user errors, CPU threads, malloc, file writes
+    {"run"},  # a run's dir, checkpoints, clock, summary, SLURM: knows no model or data
     {"attention"},
-    {"flops", "data"},
+    {"flops", "data", "config"},
     {"models"},
     {"tasks", "callbacks", "reporting"},
-    {"pipeline", "loggers", "resolvers", "launcher", "overrides", "config_groups"},
+    {"bench"},  # the benchmark library: measures models and tasks, prints tables
+    {"pipeline"},
     {"cli", "__init__"},
 ]
 
@@ -124,41 +125,43 @@ def test_imports_go_down_the_floors():
     assert not upward, "imports up a floor:\n" + "\n".join(sorted(upward))
 
 
-#: where no module may import a ``_private`` name of another module; the whole house is ``"attnlab"``
-PRIVATE_CHECKED = ("attnlab.attention",)
-
-
-def _private_imports(path: Path) -> list[str]:
-    """``from attnlab.x import _y`` in ``path``: the attnlab module and the private names it takes."""
+def _private_uses(path: Path, module: str, sources: dict[str, Path]) -> list[str]:
+    """``from attnlab.x import _name`` and ``x._name`` (``x`` an attnlab module imported here) where
+    ``attnlab.x`` is another module: what ``path`` takes of another module's private names."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    modules: dict[str, str] = {}  # local name -> the attnlab module it stands for
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("attnlab"):
-            names = [alias.name for alias in node.names if alias.name.startswith("_")]
-            if names:
-                found.append(f"{node.module}: {', '.join(names)}")
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in sources:
+                    modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                elif alias.name.startswith("_") and node.module != module:
+                    found.append(f"{module}:{node.lineno} imports {node.module}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("attnlab") and alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and modules[node.value.id] != module
+        ):
+            found.append(f"{module}:{node.lineno} uses {modules[node.value.id]}.{node.attr}")
     return found
 
 
-def _checked(module: str) -> bool:
-    return any(module == prefix or module.startswith(prefix + ".") for prefix in PRIVATE_CHECKED)
-
-
-def test_no_module_imports_another_modules_private_name():
-    """A name with a leading underscore is its module's own: one another module needs is public
-    (renamed) or moved to where both can reach it."""
-    found = [
-        f"{module} imports {what}"
-        for module, path in _sources().items()
-        if _checked(module)
-        for what in _private_imports(path)
-    ]
-    assert not found, "private names imported across modules:\n" + "\n".join(sorted(found))
-
-
-def test_the_checker_finds_a_private_import(tmp_path):
-    planted = tmp_path / "planted.py"
-    planted.write_text("from attnlab.attention.x import _y, z\nfrom attnlab.attention import _w\n")
-    assert _private_imports(planted) == ["attnlab.attention.x: _y", "attnlab.attention: _w"]
+def test_no_module_takes_another_modules_private_name():
+    """A ``_name`` is its module's own: one that another module needs is public (or lives there)."""
+    sources = _sources()
+    found = []
+    for module, path in sources.items():
+        found += _private_uses(path, module, sources)
+    assert not found, "private names taken from another module:\n" + "\n".join(sorted(found))
 
 
 REFERENCES = sorted(PACKAGE.glob("attention/*/reference.py"))
@@ -167,7 +170,7 @@ REFERENCES = sorted(PACKAGE.glob("attention/*/reference.py"))
 @pytest.mark.parametrize("path", REFERENCES, ids=lambda p: p.parent.name)
 def test_references_import_nothing_from_the_ops(path):
     """A family's float64 reference shares no code with its ops (it would share their bugs): it may
-    import only the masks the references share."""
+    import only the masks the references share, which import nothing of attnlab."""
     masks = PACKAGE / "attention" / "common" / "reference_masks.py"
     assert not _imports(masks), f"{masks.relative_to(SRC)} imports {sorted(_imports(masks))}"
     allowed = {"attnlab.attention.common.reference_masks"}
@@ -193,6 +196,17 @@ def test_source_file_is_short(path):
     """The package, its tests and scripts: no file a newcomer has to scroll through 600 lines of."""
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (at most {MAX_LINES}): split it"
+
+
+def test_the_checker_finds_a_private_import(tmp_path):
+    """The private-name search itself, on a planted module."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("from attnlab.errors import _hidden\nfrom attnlab import errors\nerrors._other\n")
+    sources = {"attnlab.errors": SRC / "attnlab" / "errors.py", "attnlab.planted": planted}
+    assert _private_uses(planted, "attnlab.planted", sources) == [
+        "attnlab.planted:1 imports attnlab.errors._hidden",
+        "attnlab.planted:3 uses attnlab.errors._other",
+    ]
 
 
 def test_the_checker_finds_a_circle():

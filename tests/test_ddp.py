@@ -79,6 +79,7 @@ def test_two_process_run_shards_data_and_reduces_metrics_across_ranks(train_conf
     assert "over 2 devices" in done.stdout
     said = done.stdout + done.stderr
     assert said.count("CPU threads: ") == 1 and said.count("summary: ") == 1, said[-4000:]  # rank 0 alone
+    assert "[Gloo] Rank 1" not in said  # rank 1's standard output, Gloo's lines included, is rank 0's again
 
     last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     loader_state = last["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]

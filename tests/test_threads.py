@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -158,6 +159,8 @@ def test_train_py_sets_threads_before_torch_loads_and_the_users_win(tmp_path, us
         expected = usable_cpus()
         assert f"{expected} threads (attnlab" in line and f"GOMP_SPINCOUNT={threads.SPIN_COUNT}" in line
         assert f"torch uses {expected} intra-op threads" in line
+    if platform.libc_ver()[0] == "glibc":  # and malloc keeps freed buffers (attnlab.allocator)
+        assert "memory: glibc keeps freed buffers for reuse" in log
 
 
 @pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)

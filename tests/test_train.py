@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 from attnlab.errors import CheckpointError
 from attnlab.pipeline import train
-from attnlab.resume import read_checkpoint
-from attnlab.summary import SUMMARY_FIELDS
+from attnlab.run.resume import read_checkpoint
+from attnlab.run.summary import SUMMARY_FIELDS
 from tiny_runs import REPO_ROOT, run_train_py
 from tiny_runs import TINY_LISTOPS as TINY
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab.config.validation import check_config
 from attnlab.errors import ConfigError
 from attnlab.pipeline import train
-from attnlab.validation import check_config
 from tiny_runs import REPO_ROOT, TINY_LISTOPS, run_train_py, train_main
 
 
@@ -142,7 +142,7 @@ def test_an_unreachable_mlflow_server_fails_in_seconds_naming_the_uri():
     import socket
     import time
 
-    from attnlab.loggers import MlflowStoreError, mlflow_logger
+    from attnlab.run.mlflow_logger import MlflowStoreError, mlflow_logger
 
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
@@ -165,7 +165,7 @@ def test_a_misspelt_backend_option_gets_one_line_with_the_accepted_ones(tmp_path
 
 
 def test_attention_options_are_checked_for_every_backend_of_a_sweep():
-    from attnlab.overrides import check_attention_options
+    from attnlab.config.overrides import check_attention_options
 
     conf = REPO_ROOT / "conf"
     assert check_attention_options(["attn=softmax,sliced_relu", "attn.projection=linear"], conf) == (
@@ -196,13 +196,13 @@ class _BadRowDataset(torch.utils.data.Dataset):
         return 4
 
     def __getitem__(self, index):
-        from attnlab.data.common import DataError
+        from attnlab.data.errors import DataError
 
         raise DataError("/data/train.tsv", "a bad row", line=3)
 
 
 def test_a_missing_dataset_is_one_line_and_the_run_dir_keeps_its_config(train_config, tmp_path):
-    from attnlab.data.common import MissingDataError
+    from attnlab.data.errors import MissingDataError
     from attnlab.errors import UserError
 
     cfg = train_config("task=text")
@@ -226,7 +226,7 @@ def test_a_default_run_prints_each_line_once_without_adverts(tmp_path):
 
 def test_auto_refuses_a_last_ckpt_that_links_out_of_the_run_dir(tmp_path):
     from attnlab.errors import CheckpointError
-    from attnlab.resume import resolve_ckpt_path
+    from attnlab.run.resume import resolve_ckpt_path
 
     elsewhere = tmp_path / "another_run" / "checkpoints" / "last.ckpt"
     elsewhere.parent.mkdir(parents=True)

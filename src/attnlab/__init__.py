@@ -1,6 +1,6 @@
 """attnlab: train and benchmark attention mechanisms with PyTorch Lightning + Hydra."""
 
-from attnlab.resolvers import register_resolvers
+from attnlab.config.resolvers import register_resolvers
 
 __version__ = "0.1.0"
 

@@ -72,7 +72,7 @@ def _from_loader_worker(error: BaseException) -> UserError | None:
     match = _WORKER_ERROR.match(str(error))
     if match is None or match.group(1) not in _user_error_names():
         return None
-    last = str(error).rstrip().splitlines()[-1]  # "attnlab.data.common.DataError: <file>:<line>: <why>"
+    last = str(error).rstrip().splitlines()[-1]  # "attnlab.data.errors.DataError: <file>:<line>: <why>"
     message = last.split(f"{match.group(1)}: ", 1)[-1]
     return UserError(message)
 

@@ -31,15 +31,18 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.allocator import applied as malloc_settings
 from attnlab.attention.common.gpu_check import check_gpus
 from attnlab.callbacks.checkpoint import Interrupt, SlurmRequeue
 from attnlab.callbacks.divergence import TrainingDiverged
 from attnlab.callbacks.throughput import ThroughputMonitor
-from attnlab.cluster import check_slurm_layout, job_local_triton_cache
-from attnlab.data.common import file_lock, sigterm_raises
+from attnlab.config.validation import check_config
 from attnlab.errors import ConfigError
-from attnlab.history import AttemptClock, HistoryCSVLogger
-from attnlab.resume import (
+from attnlab.files import file_lock, sigterm_raises
+from attnlab.run.attempt_clock import AttemptClock
+from attnlab.run.claim import LOCK_NAME, claim_for_fresh_run, locked_by_another, run_dir_lock
+from attnlab.run.csv_history import HistoryCSVLogger
+from attnlab.run.resume import (
     best_checkpoint_in_run,
     check_checkpoint_fits,
     check_resume_config,
@@ -50,10 +53,9 @@ from attnlab.resume import (
     run_description,
     saved_run,
 )
-from attnlab.rundir import LOCK_NAME, claim_for_fresh_run, locked_by_another, run_dir_lock
-from attnlab.summary import git_commit, interrupted_fields, write_summary
+from attnlab.run.slurm_layout import check_slurm_layout, job_local_triton_cache
+from attnlab.run.summary import closing_lines, fields_from_test, run_summary, write_summary
 from attnlab.threads import applied as thread_settings
-from attnlab.validation import check_config
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +145,68 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _train(cfg: DictConfig, clock: AttemptClock, run_dir: Path) -> dict[str, Any]:
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)  # a bad checkpoint fails before any work
-    if ckpt_path is None and rank_zero_only.rank == 0:  # a fresh run never replaces an earlier one's results
+    # a bad checkpoint, or a fresh run in an earlier run's dir, fails before any work
+    ckpt_path, saved = _claim_run_dir(cfg, run_dir)
+    # before the data: a logger that cannot start (no tracking server) fails before any work
+    loggers = [instantiate(lg) for lg in cfg.get("logger", {}).values() if lg is not None]
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule, model, module = _build(cfg, ckpt_path, saved, run_dir)
+    trainer = _trainer(cfg, loggers, clock, ckpt_path)
+    params, seq_len = sum(p.numel() for p in model.parameters()), datamodule.max_length("train")
+    for logger in trainer.loggers:
+        logger.log_hyperparams(hyperparameters(cfg, params, seq_len))
+    log.info(
+        "model: %s attention, %s parameters; longest training sequence %d",
+        cfg.attn.name,
+        f"{params:,}",
+        seq_len,
+    )
+
+    signum, diverged = _fit(trainer, module, datamodule, ckpt_path)
+    requeue = _find(trainer.callbacks, SlurmRequeue)
+    if requeue is not None and requeue.preempted:
+        log.info(
+            "pre-empted at step %d: no test and no summary until the requeued job ends", trainer.global_step
+        )
+        _finish_wandb(trainer)
+        return {"preempted": True, "steps": trainer.global_step, "checkpoint": requeue.checkpoint_path,
+                "val_acc": None, "test_acc": None}  # fmt: skip
+    interrupt = _find(trainer.callbacks, Interrupt)
+    signum = interrupt.received if interrupt is not None and interrupt.received else signum
+    # the run's own figures, before the test stage adds its batches to the evaluation counters
+    throughput = _find(trainer.callbacks, ThroughputMonitor)
+    perf = throughput.results(module.device) if throughput else {}
+    checkpoint = _find(trainer.callbacks, ModelCheckpoint)
+    best_path = best_checkpoint_in_run(checkpoint.best_model_path if checkpoint else "", run_dir)
+    best_val = checkpoint.best_model_score if checkpoint else None
+    test_metrics: dict[str, float] = {}  # test/acc -> test_acc, test/top5 -> test_top5, ...
+    if cfg.get("test", True) and signum is None and diverged is None:
+        test_metrics, signum = _test(trainer, module, datamodule, best_path)
+
+    summary = run_summary(
+        cfg, trainer, datamodule, perf=perf, best_val=best_val,
+        best_path=best_path, test_metrics=test_metrics, params=params, seq_len=seq_len,
+        wall_time_s=clock.wall_time_s(), attempts=clock.attempt, signum=signum,
+        diverged_at=diverged.step if diverged is not None else None,
+    )  # fmt: skip
+    if trainer.is_global_zero:
+        path = write_summary(run_dir, summary)
+        if diverged is None:
+            print(closing_lines(summary, path))
+            if signum is not None:
+                resume = _resume_command(run_dir)
+                print(f"{summary['signal']} at step {summary['steps']}: resume with {resume}")
+    _finish_wandb(trainer)
+    if diverged is not None:
+        raise diverged  # not tested: the summary says so, the report skips it, train.py prints it
+    return summary
+
+
+def _claim_run_dir(cfg: DictConfig, run_dir: Path) -> tuple[str | None, dict[str, Any]]:
+    """The checkpoint the run continues from (None: a fresh run, which may not replace an earlier one's
+    results) and what that checkpoint saved of its run; the run's ``config.yaml`` written from the start."""
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    if ckpt_path is None and rank_zero_only.rank == 0:
         aside = claim_for_fresh_run(run_dir, bool(cfg.get("overwrite", False)), _resume_command(run_dir))
         if aside is not None:
             log.info("overwrite=true: the earlier run in %s was moved to %s", run_dir, aside)
@@ -155,10 +217,12 @@ def _train(cfg: DictConfig, clock: AttemptClock, run_dir: Path) -> dict[str, Any
         # from the start: an interrupted or failed run dir still says what it ran (a resumed run's
         # config.yaml is replaced only once its checkpoint has been found to fit)
         OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    # before the data: a logger that cannot start (no tracking server) fails before any work
-    loggers = [instantiate(lg) for lg in cfg.get("logger", {}).values() if lg is not None]
-    L.seed_everything(cfg.seed, workers=True)
+    return ckpt_path, saved
 
+
+def _build(cfg: DictConfig, ckpt_path: str | None, saved: dict[str, Any], run_dir: Path):
+    """(datamodule, model, LightningModule), the data prepared and set up, the model checked against the
+    data's lengths and against the checkpoint it resumes from."""
     datamodule = instantiate(cfg.task.data)
     # Every process (all DDP ranks, started together by srun) needs the data before the model can be
     # built, and no process group exists yet: a file lock makes them take turns, so the data is
@@ -173,6 +237,11 @@ def _train(cfg: DictConfig, clock: AttemptClock, run_dir: Path) -> dict[str, Any
         check_checkpoint_fits(ckpt_path, module.state_dict(), run_description(cfg), saved)
         if rank_zero_only.rank == 0:
             OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    return datamodule, model, module
+
+
+def _trainer(cfg: DictConfig, loggers: list, clock: AttemptClock, ckpt_path: str | None) -> L.Trainer:
+    """The trainer with the configured callbacks and the run's clock; a resumed run's CSV keeps its rows."""
     callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None] + [clock]
     if ckpt_path is not None:  # one run across attempts: keep the metric rows up to the checkpoint
         for logger in loggers:
@@ -180,105 +249,29 @@ def _train(cfg: DictConfig, clock: AttemptClock, run_dir: Path) -> dict[str, Any
                 logger.resume_from_step(checkpoint_step(ckpt_path))
     if not loggers:  # `logger=none`: Lightning refuses a LearningRateMonitor without a logger
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
-    params = sum(p.numel() for p in model.parameters())
-    seq_len = datamodule.max_length("train")
-    for logger in trainer.loggers:
-        logger.log_hyperparams(hyperparameters(cfg, params, seq_len))
-    log.info(
-        "model: %s attention, %s parameters; longest training sequence %d",
-        cfg.attn.name,
-        f"{params:,}",
-        seq_len,
-    )
 
-    sigterm = None  # a SIGTERM that Lightning's handler took, before `Interrupt` takes over at the first step
-    diverged: TrainingDiverged | None = None
+def _fit(trainer: L.Trainer, module, datamodule, ckpt_path: str | None):
+    """Fit; (a SIGTERM Lightning's handler took before `Interrupt` took over, the divergence that
+    stopped training), each None when it did not happen."""
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:  # in the sanity check: nothing trained since the checkpoint it resumed from
-        sigterm = signal.SIGTERM
+        return signal.SIGTERM, None
     except TrainingDiverged as err:  # no test of NaN weights: the summary says so and the report skips it
-        diverged = err
-    requeue = _find(trainer.callbacks, SlurmRequeue)
-    if requeue is not None and requeue.preempted:
-        log.info(
-            "pre-empted at step %d: no test and no summary until the requeued job ends", trainer.global_step
-        )
-        _finish_wandb(trainer)
-        return {
-            "preempted": True,
-            "steps": trainer.global_step,
-            "checkpoint": requeue.checkpoint_path,
-            "val_acc": None,
-            "test_acc": None,
-        }
+        return None, err
+    return None, None
 
-    interrupt = _find(trainer.callbacks, Interrupt)
-    signum = interrupt.received if interrupt is not None and interrupt.received else sigterm
-    # the run's own figures, before the test stage adds its batches to the evaluation counters
-    throughput = _find(trainer.callbacks, ThroughputMonitor)
-    perf = throughput.results(module.device) if throughput else {}
-    checkpoint = _find(trainer.callbacks, ModelCheckpoint)
-    best_path = best_checkpoint_in_run(checkpoint.best_model_path if checkpoint else "", run_dir)
-    best_val = checkpoint.best_model_score if checkpoint else None
-    test_metrics: dict[str, float] = {}  # test/acc -> test_acc, test/top5 -> test_top5, ...
-    if cfg.get("test", True) and signum is None and diverged is None:
-        if best_path:  # the weights only: restoring the whole checkpoint would rewind the callbacks too
-            module.load_state_dict(checkpoint_weights(best_path, "best checkpoint"))
-        try:
-            results = trainer.test(module, datamodule=datamodule)
-        except SIGTERMException:  # training is over and saved
-            signum, results = signal.SIGTERM, []
-        test_metrics = {
-            "test_" + key.removeprefix("test/").replace("/", "_"): float(value)
-            for key, value in (results[0] if results else {}).items()
-            if key.startswith("test/")
-        }
 
-    summary = {
-        "task": cfg.task.name,
-        "attn": cfg.attn.name,
-        "seed": cfg.seed,
-        "val_acc": float(best_val) if best_val is not None else None,
-        "test_acc": test_metrics.pop("test_acc", None),
-        **_baselines(datamodule),
-        "train_samples_per_sec": perf.get("train_samples_per_sec"),
-        "train_tokens_per_sec": perf.get("train_tokens_per_sec"),
-        "train_samples_per_sec_total": perf.get("train_samples_per_sec_total"),
-        "eval_samples_per_sec": perf.get("eval_samples_per_sec"),
-        "peak_mem_mb": perf.get("peak_mem_mb"),
-        "train_tflops_per_sec": perf.get("train_tflops_per_sec"),  # model FLOPs (attnlab.flops)
-        "mfu": perf.get("mfu"),  # null unless the device's peak is known (callbacks.throughput.peak_flops)
-        "params": params,
-        "wall_time_s": clock.wall_time_s(),  # all attempts of the run, this one to its end
-        "attempts": clock.attempt,
-        "steps": trainer.global_step,
-        "seq_len": seq_len,
-        "world_size": trainer.world_size,
-        "git_commit": git_commit(Path(__file__).parent),
-        "data_source": datamodule.source.description,
-        "best_checkpoint": best_path or None,
-        "dim": cfg.task.model.get("dim"),  # model width: the state size of recall comparisons
-        **test_metrics,
-        **(interrupted_fields(signum) if signum is not None else {}),
-        **({"diverged": True, "diverged_at_step": diverged.step} if diverged is not None else {}),
-        # Lightning's smoke test (a batch or a few of each stage): a check that the run works, not a result
-        **({"smoke_test": True} if trainer.fast_dev_run else {}),
-    }
-    if diverged is not None:
-        if trainer.is_global_zero:
-            write_summary(run_dir, summary)
-        _finish_wandb(trainer)
-        raise diverged  # train.py prints its one line
-    if trainer.is_global_zero:
-        path = write_summary(run_dir, summary)
-        _print_closing_lines(summary, path)
-        if signum is not None:
-            print(f"{summary['signal']} at step {summary['steps']}: resume with {_resume_command(run_dir)}")
-    _finish_wandb(trainer)
-    return summary
+def _test(trainer: L.Trainer, module, datamodule, best_path: str) -> tuple[dict[str, float], int | None]:
+    """The test metrics of the best checkpoint (``test/acc`` -> ``test_acc``), and SIGTERM if one came."""
+    if best_path:  # the weights only: restoring the whole checkpoint would rewind the callbacks too
+        module.load_state_dict(checkpoint_weights(best_path, "best checkpoint"))
+    try:
+        return fields_from_test(trainer.test(module, datamodule=datamodule)), None
+    except SIGTERMException:  # training is over and saved
+        return {}, signal.SIGTERM
 
 
 #: what a run dir holds before any training: Hydra's log and config copies, attnlab's config, loggers' dirs
@@ -344,6 +337,8 @@ def _log_cpu_threads(cfg: DictConfig) -> None:
     )
     chosen = settings.describe(governed) if settings else "CPU threads: as the calling program set them"
     log.info("%s; torch uses %d intra-op threads", chosen, torch.get_num_threads())
+    malloc = malloc_settings()  # `attnlab.allocator`, set by train.py before torch loaded
+    log.info("%s", malloc.describe() if malloc else "memory: malloc as the calling program set it")
 
 
 def _trains_on_cpu(accelerator: str) -> bool:
@@ -359,39 +354,8 @@ def _resume_command(run_dir: Path) -> str:
     return resume_command(run_dir, overrides)
 
 
-def _baselines(datamodule) -> dict[str, float]:
-    """What a trivial predictor scores on the test split: ``baseline_acc`` (majority class) unless the
-    datamodule names its own (``baselines(split)``, e.g. a unigram model's loss for masked-LM)."""
-    if hasattr(datamodule, "baselines"):
-        return datamodule.baselines("test")
-    return {"baseline_acc": datamodule.majority_baseline("test")}
-
-
 def _finish_wandb(trainer: L.Trainer) -> None:
     """Lightning leaves a wandb run open: the next job of a ``-m`` sweep would reuse it."""
     for logger in trainer.loggers:
         if isinstance(logger, WandbLogger):
             logger.experiment.finish()
-
-
-def _print_closing_lines(summary: dict[str, Any], path: Path) -> None:
-    pct = lambda x: "n/a" if x is None else f"{100 * x:.2f}%"  # noqa: E731
-    rate = lambda x: "n/a" if x is None else f"{x:,.1f}"  # noqa: E731
-    total = (
-        f" ({rate(summary['train_samples_per_sec_total'])} over {summary['world_size']} devices)"
-        if summary["world_size"] > 1
-        else ""
-    )
-    loss = (  # tasks scored by a loss too (masked-LM) compare it with their trivial model's
-        f"test loss {summary['test_loss']:.3f} (baseline {summary['baseline_loss']:.3f}); "
-        if summary.get("test_loss") is not None and summary.get("baseline_loss") is not None
-        else ""
-    )
-    print(
-        f"\n{summary['task']} / {summary['attn']}: {loss}test accuracy {pct(summary['test_acc'])} "
-        f"(majority baseline {pct(summary.get('baseline_acc'))}, best val {pct(summary['val_acc'])})\n"
-        f"throughput: {rate(summary['train_samples_per_sec'])} train samples/s per device{total}, "
-        f"{rate(summary['eval_samples_per_sec'])} eval samples/s, peak memory "
-        f"{rate(summary['peak_mem_mb'])} MB, {summary['steps']} steps in {summary['wall_time_s']:.0f} s\n"
-        f"summary: {path}"
-    )

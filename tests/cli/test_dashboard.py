@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.cli.dashboard import METRIC_PREFIX, session_names
 from attnlab.reporting import parse_summary
+from attnlab.reporting.dashboard import METRIC_PREFIX, session_names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOC = REPO_ROOT / "docs" / "dashboards.md"

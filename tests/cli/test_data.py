@@ -11,7 +11,10 @@ TINY = [
 ]
 
 
-def test_check_only_names_every_missing_path_and_fails(tmp_path, capsys):
+def test_check_only_names_every_missing_path_and_fails(tmp_path, capsys, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))  # where a per-call dir would be left
     code = main(["data", "prepare", "lra", "--task", "all", "--check-only", "--data-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1
@@ -19,6 +22,7 @@ def test_check_only_names_every_missing_path_and_fails(tmp_path, capsys):
     assert f"{tmp_path}/aclImdb/train" in out and "aclImdb_v1.tar.gz" in out
     assert f"{tmp_path}/lra_release/pathfinder128/curv_contour_length_14" in out
     assert not (tmp_path / "lra_release" / "listops-short").exists()  # --check-only generates nothing
+    assert not any(scratch.iterdir())  # nor leaves a temporary dir per task
 
 
 def test_prepare_generates_listops_then_reports_it_complete(tmp_path, capsys):

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from attnlab.attention import build_attention
-from attnlab.cli.generate import encode_prompt
 from attnlab.cli.main import main
 from attnlab.errors import UserError
 from attnlab.models.causal_lm import CausalLM, causal_backends
 from attnlab.pipeline import train
+from attnlab.tasks.lm_runs import encode_prompt
 from attnlab.tasks.sampling import generate, next_token
 from conftest import compose_train_config
 
@@ -176,11 +176,11 @@ def test_a_rope_model_is_bounded_unless_asked_for_more(runs, capsys, monkeypatch
     assert "--allow-long" in err and err.count("\n") == 1
     from omegaconf import OmegaConf
 
-    import attnlab.cli.generate as cli
+    from attnlab.tasks import lm_runs
 
     # the limit, and the flag that lifts it, at a small scale: past the model's own max_len
     beyond = OmegaConf.load(runs["linear"] / "config.yaml").task.model.max_len + 2
-    monkeypatch.setattr(cli, "LONG_GENERATION", beyond - 1)
+    monkeypatch.setattr(lm_runs, "LONG_GENERATION", beyond - 1)
     assert generate_cli(capsys, runs["linear"], "--max-new-tokens", beyond)[0] == 2
     code, text, _ = generate_cli(capsys, runs["linear"], "--max-new-tokens", beyond, "--allow-long")
     assert code == 0 and text

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.data.common import DataError, MissingDataError
+from attnlab.data.errors import DataError, MissingDataError
 from attnlab.data.lm import LMDataModule
 from attnlab.data.text_corpus import (
     MLMDataModule,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnlab.data.common import DataError, TokenSequenceDataset
 from attnlab.data.datamodule import SequenceDataModule
+from attnlab.data.errors import DataError
+from attnlab.data.examples import TokenSequenceDataset
 
 
 class ListSource:

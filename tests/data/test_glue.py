@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from attnlab.data.common import BadRows, DataError, MissingDataError
+from attnlab.data.errors import BadRows, DataError, MissingDataError
 from attnlab.data.glue import HF_NAME, TASKS, GlueSource, encode_pairs, read_glue_tsv
 from hf_hub_cache import write_hub_cache
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from attnlab.data.common import remove_orphans, removed_on_failure
 from attnlab.data.pointcloud import shapes
+from attnlab.files import remove_orphans, removed_on_failure
 from tiny_runs import REPO_ROOT
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.data.common import DataError, read_json
+from attnlab.data.errors import DataError, read_json
 from attnlab.data.lra.sources import ListOpsSource
 from attnlab.errors import user_error
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from attnlab.data.common import DataError, MissingDataError
+from attnlab.data.errors import DataError, MissingDataError
 from attnlab.data.lra.sources import ImageSource
 from attnlab.data.vision import (
     Cifar10Source,

@@ -1,514 +1,24 @@
-"""`attnlab bench attention`: time and peak memory of the attention ops against sequence length.
+"""``attnlab bench {attention,bytes,threads,training,generate,authors}``: the arguments of each benchmark.
 
-For every backend and sequence length T the op runs on random inputs of shape (B, H, T, D)
-(scores (B, H, T) for the sliced backends) in two modes: `fwd`, an inference forward under
-`torch.no_grad()`, and `fwdbwd`, a forward plus a backward pass to every input. The
-`linear_decode` row is one recurrent decoding step (`linear_attention_step`) at position T, after
-a prefix of T tokens prefilled untimed: its time and memory stay flat in T. `sliced_relu_decode`
-is one step of causal sliced ReLU (`sliced_relu_attention_step`: sorted runs, O(D log² T)) and
-`softmax_decode` one step of softmax attention over a preallocated KV cache of T tokens; the
-`state_mb` column is the decoding state each keeps of the past ((D + 4) numbers per token and head in
-float32, and 2·D; constant for linear). The sliced step at T = 2^k merges no run (the amortised cost
-includes merges, up to O(T·D) for the step that completes a run). `sliced_relu_causal` and
-`sliced_relu_bump_causal` run the causal parallel ops. Under the table come the ratios of
-`attnlab.cli.bench_ratios` (official/sliced ReLU peak memory, causal/bidirectional time). Time is the
-median of `--repeats` calls after one warm-up call (CUDA is synchronised around each call).
-Peak memory is the largest amount of tensor memory allocated *on top of* what was live before
-the call (so the inputs themselves are excluded), measured during the warm-up call: on CUDA with
-`torch.cuda.max_memory_allocated`, on CPU by replaying the allocation and free events that the
-torch profiler records for every tensor (`profile_memory=True`). It is tensor memory, not the
-process RSS.
-
-A call that runs out of memory marks its cell `oom`; a cell whose warm-up call takes longer than
-`--timeout-s` is marked `timeout`, and so are the longer sequence lengths of that backend and mode
-(also skipped when the times at shorter lengths, extrapolated with their observed growth
-exponent, or linearly from a single point, would already exceed the limit). The limit is checked
-between calls; a running call is never interrupted.
-
-On CPU, page faults of freshly allocated large tensors can cost as much as the arithmetic
-(virtual machines especially): glibc hands allocations over 32 MiB back to the kernel when they
-are freed, so every call faults its buffers in again, and whether a buffer sits just under or over
-that line depends on T and on what ran before. Two environment settings, read at start-up, remove
-this noise for every backend alike: `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736` (glibc
-keeps freed memory for reuse; `make bench` sets them) or `THP_MEM_ALLOC_ENABLE=1` (PyTorch backs
-large tensors with transparent huge pages). The title line says which were set.
-
-Results are printed as a table and written to `<out-dir>/bench_attention.csv` and a log-log plot
-`<out-dir>/bench_attention.png`. Timings are never asserted: on a shared machine they are noisy,
-so read them as orders of magnitude unless the machine is quiet.
+What each one measures, and how, is in its module of `attnlab.bench` (shown by ``--help``); this
+module only builds the parsers and hands the parsed arguments to it.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import csv
-import math
-import os
-import signal
-import statistics
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
-from attnlab.cli import bench_authors, bench_bytes, bench_generate, bench_threads, bench_training
-from attnlab.cli.bench_args import add_op_shape_arguments, out_dir, positive_float, positive_int
-from attnlab.cli.bench_ratios import ratio_lines
-
-DEFAULT_BACKENDS = [
-    "softmax",
-    "sliced_relu",
-    "sliced_relu_bump",
-    "linear",
-    "sliced_relu_concat",
-    "sliced_relu_causal",
-    "sliced_relu_bump_causal",
-    "linear_decode",
-    "sliced_relu_decode",
-    "softmax_decode",
-]
-DEFAULT_SEQ_LENS = [1024, 4096, 16384, 65536]
-MODES = ("fwd", "fwdbwd")
-DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
-CSV_NAME = "bench_attention.csv"
-PNG_NAME = "bench_attention.png"
-# environment settings that change CPU timings (see the module docstring); shown in the title line
-ALLOCATOR_SETTINGS = ("THP_MEM_ALLOC_ENABLE", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
-
-
-# --------------------------------------------------------------------------------------------
-# Backends: how to build inputs and call each op
-# --------------------------------------------------------------------------------------------
-
-
-def _qkv_inputs(batch, heads, length, dim, dtype, device, generator):
-    shape = (batch, heads, length, dim)
-    return [torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype) for _ in range(3)]
-
-
-def _score_inputs(batch, heads, length, dim, dtype, device, generator):
-    scores = [torch.randn(batch, heads, length, generator=generator).to(device, dtype) for _ in range(2)]
-    values = torch.randn(batch, heads, length, dim, generator=generator).to(device, dtype)
-    return [*scores, values]
-
-
-def _bump_inputs(batch, heads, length, dim, dtype, device, generator):
-    return [
-        *_score_inputs(batch, heads, length, dim, dtype, device, generator),
-        torch.ones(heads, device=device),
-    ]
-
-
-def _decode_inputs(batch, heads, length, dim, dtype, device, generator):
-    """One new token and the decoding state left by a prefix of ``length`` tokens (prefilled, untimed)."""
-    from attnlab.attention.ops import linear_attention_state
-
-    k, v = _qkv_inputs(batch, heads, length, dim, dtype, device, generator)[:2]
-    state = linear_attention_state(k, v)
-    token = [torch.randn(batch, heads, dim, generator=generator).to(device, dtype) for _ in range(3)]
-    return [*token, state]
-
-
-def _sliced_decode_inputs(batch, heads, length, dim, dtype, device, generator):
-    """One new token and the sorted-runs state of a causal sliced ReLU prefix of ``length`` tokens."""
-    from attnlab.attention.ops import sliced_relu_attention_state
-
-    t, _, v = _score_inputs(batch, heads, length, dim, dtype, device, generator)
-    state = sliced_relu_attention_state(t, v)
-    token = [torch.randn(batch, heads, generator=generator).to(device, dtype) for _ in range(2)]
-    return [*token, torch.randn(batch, heads, dim, generator=generator).to(device, dtype), state]
-
-
-def _kv_cache_inputs(batch, heads, length, dim, dtype, device, generator):
-    """One new token and a KV cache holding ``length`` tokens, with room for one more."""
-    k, v = _qkv_inputs(batch, heads, length, dim, dtype, device, generator)[:2]
-    cache = [torch.cat([x, torch.zeros_like(x[:, :, :1])], dim=2) for x in (k, v)]
-    token = [torch.randn(batch, heads, dim, generator=generator).to(device, dtype) for _ in range(3)]
-    return [*token, tuple(cache)]
-
-
-def softmax_kv_cache_step(q_t, k_t, v_t, cache):
-    """One softmax decoding step: write the token into the last cache slot, attend over the cache."""
-    k_cache, v_cache = cache
-    k_cache[:, :, -1] = k_t
-    v_cache[:, :, -1] = v_t
-    return torch.nn.functional.scaled_dot_product_attention(q_t[:, :, None], k_cache, v_cache)[:, :, 0]
-
-
-def state_bytes(obj) -> int:
-    """Bytes of the tensors in a (nested) decoding state."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if callable(getattr(obj, "nbytes", None)):  # a state that counts its own (the sliced sorted runs)
-        return obj.nbytes()
-    if isinstance(obj, tuple | list):
-        return sum(state_bytes(item) for item in obj)
-    return 0
-
-
-# op names of forced variants: the torch code where "auto" would take Triton on CUDA, causal linear
-VARIANTS: dict[str, tuple[str, dict]] = {
-    "sliced_relu_attention_torch": ("sliced_relu_attention", {"impl": "torch"}),
-    "sliced_relu_bump_attention_torch": ("sliced_relu_bump_attention", {"impl": "torch"}),
-    # the two evaluations of the sliced kernels (attnlab.attention.sliced_common.path): the plain names
-    # take path="auto" (dense up to the crossover); these force one, to measure the crossover
-    "sliced_relu_attention_dense": ("sliced_relu_attention", {"path": "dense"}),
-    "sliced_relu_attention_sorted": ("sliced_relu_attention", {"path": "sorted"}),
-    "sliced_relu_bump_attention_dense": ("sliced_relu_bump_attention", {"path": "dense"}),
-    "sliced_relu_bump_attention_sorted": ("sliced_relu_bump_attention", {"path": "sorted"}),
-    "sliced_relu_attention_causal_dense": ("sliced_relu_attention", {"causal": True, "path": "dense"}),
-    "sliced_relu_attention_causal_sorted": ("sliced_relu_attention", {"causal": True, "path": "sorted"}),
-    "sliced_relu_bump_attention_causal_dense": (
-        "sliced_relu_bump_attention",
-        {"causal": True, "path": "dense"},
-    ),
-    "sliced_relu_bump_attention_causal_sorted": (
-        "sliced_relu_bump_attention",
-        {"causal": True, "path": "sorted"},
-    ),
-    "linear_attention_causal": ("linear_attention", {"causal": True}),
-    "linear_attention_causal_torch": ("linear_attention", {"causal": True, "impl": "torch"}),
-}
-
-
-def _op(name: str) -> Callable:
-    """The op behind a backend, imported on first use (the facade `attnlab.attention.ops`)."""
-    if name == "softmax_kv_cache_step":
-        return softmax_kv_cache_step
-    if name.startswith("causal:"):
-        from attnlab.attention import ops
-
-        op = getattr(ops, name.removeprefix("causal:"))
-        return lambda *args: op(*args, causal=True)
-    if name in VARIANTS:
-        import functools
-
-        base, keywords = VARIANTS[name]
-        return functools.partial(_op(base), **keywords)
-    if name == "sliced_relu_concat":
-        from attnlab.attention.reference import sliced_relu_attention_concat
-
-        return sliced_relu_attention_concat
-    from attnlab.attention import ops
-
-    return getattr(ops, name)
-
-
-# backend name -> (op name, input builder)
-BACKENDS: dict[str, tuple[str, Callable]] = {
-    "softmax": ("softmax_attention", _qkv_inputs),
-    "linear": ("linear_attention", _qkv_inputs),
-    "sliced_relu": ("sliced_relu_attention", _score_inputs),
-    "sliced_relu_bump": ("sliced_relu_bump_attention", _bump_inputs),
-    "sliced_relu_concat": ("sliced_relu_concat", _score_inputs),
-    # on CUDA the plain names run the Triton kernels (impl="auto"); these force the torch code
-    "sliced_relu_torch": ("sliced_relu_attention_torch", _score_inputs),
-    "sliced_relu_bump_torch": ("sliced_relu_bump_attention_torch", _bump_inputs),
-    "linear_causal": ("linear_attention_causal", _qkv_inputs),
-    "linear_causal_torch": ("linear_attention_causal_torch", _qkv_inputs),
-    # one recurrent decoding step at position T: its time and memory must not grow with T
-    "linear_decode": ("linear_attention_step", _decode_inputs),
-    "sliced_relu_decode": ("sliced_relu_attention_step", _sliced_decode_inputs),
-    "softmax_decode": ("softmax_kv_cache_step", _kv_cache_inputs),
-    "sliced_relu_causal": ("causal:sliced_relu_attention", _score_inputs),
-    "sliced_relu_bump_causal": ("causal:sliced_relu_bump_attention", _bump_inputs),
-}
-# <backend>_dense / <backend>_sorted: one evaluation forced (the plain name takes path="auto")
-for _name in ("sliced_relu", "sliced_relu_bump", "sliced_relu_causal", "sliced_relu_bump_causal"):
-    _base = _name.replace("_causal", "")
-    _suffix = "_causal" if _name.endswith("_causal") else ""
-    for _path in ("dense", "sorted"):
-        BACKENDS[f"{_name}_{_path}"] = (f"{_base}_attention{_suffix}_{_path}", BACKENDS[_base][1])
-INFERENCE_ONLY = {"linear_decode", "sliced_relu_decode", "softmax_decode"}
-
-
-# --------------------------------------------------------------------------------------------
-# Measurement
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Cell:
-    backend: str
-    mode: str
-    seq_len: int
-    batch: int
-    heads: int
-    dim: int
-    dtype: str
-    device: str
-    status: str = "ok"  # ok | oom | timeout | error | n/a
-    time_ms: float = math.nan  # median over the timed repeats
-    time_ms_min: float = math.nan
-    repeats: int = 0
-    peak_mem_mb: float = math.nan
-    state_mb: float = math.nan  # decoding rows: the state kept of the past
-    note: str = field(default="")
-
-
-def _is_oom(err: BaseException) -> bool:
-    if isinstance(err, torch.OutOfMemoryError):
-        return True
-    text = str(err).lower()
-    return isinstance(err, RuntimeError | MemoryError) and (
-        "out of memory" in text or "can't allocate memory" in text or isinstance(err, MemoryError)
-    )
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _make_call(op: Callable, inputs: list[torch.Tensor], mode: str) -> Callable[[], None]:
-    """A closure running one forward (no grad) or one forward + backward to every input."""
-    if mode == "fwd":
-
-        def call() -> None:
-            with torch.no_grad():
-                op(*inputs)
-
-        return call
-
-    grad_out = torch.ones_like(inputs[2])  # every op returns the shape of v, inputs[2]; built untimed
-
-    def call() -> None:
-        for x in inputs:
-            x.grad = None
-        op(*inputs).backward(grad_out)
-
-    return call
-
-
-def _cpu_peak_bytes(call: Callable[[], None]) -> int:
-    """Run ``call`` under the profiler; peak of the running sum of tensor allocations and frees."""
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's own chatter is not our output
-    from torch.profiler import ProfilerActivity, profile
-
-    # acc_events: one cycle only either way; without it torch warns that it clears events between cycles
-    options = {"profile_memory": True, "record_shapes": False, "acc_events": True}
-    with profile(activities=[ProfilerActivity.CPU], **options) as prof:
-        call()
-    events = sorted(
-        (event.start_ns(), event.nbytes())
-        for event in prof.profiler.kineto_results.events()
-        if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU
-    )
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
-
-def _measure_peak(call: Callable[[], None], device: torch.device) -> tuple[float, float]:
-    """(seconds, peak MiB above the memory live before) of one call."""
-    if device.type == "cuda":
-        _synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        start = time.perf_counter()
-        call()
-        _synchronize(device)
-        elapsed = time.perf_counter() - start
-        return elapsed, (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    start = time.perf_counter()
-    peak = _cpu_peak_bytes(call)
-    return time.perf_counter() - start, peak / 2**20
-
-
-def measure_cell(
-    cell: Cell, call: Callable[[], None], repeats: int, timeout_s: float, compile_first: bool = False
-) -> Cell:
-    """Warm-up call (also the memory measurement), then up to ``repeats`` timed calls.
-
-    ``compile_first`` (every CUDA cell): one more call before, outside the time limit, that compiles
-    the Triton kernels this length needs (seconds each), so a slow compile never marks a cell, and
-    with it the longer ones, timed out.
-    """
-    device = torch.device(cell.device)
-    if compile_first:
-        start = time.perf_counter()
-        call()
-        _synchronize(device)
-        if (compile_s := time.perf_counter() - start) > 1.0:
-            cell.note = f"first call (compiling) {compile_s:.1f}s, not timed"
-    warm_s, cell.peak_mem_mb = _measure_peak(call, device)
-    if warm_s > timeout_s:
-        cell.status, cell.time_ms, cell.note = "timeout", warm_s * 1e3, f"warm-up took {warm_s:.1f}s"
-        return cell
-    times: list[float] = []
-    spent = warm_s
-    for _ in range(repeats):
-        _synchronize(device)
-        start = time.perf_counter()
-        call()
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
-        spent += times[-1]
-        if spent > timeout_s and len(times) < repeats:
-            cell.note = f"stopped after {len(times)} of {repeats} repeats (time limit)"
-            break
-    cell.time_ms = statistics.median(times) * 1e3 if times else warm_s * 1e3
-    cell.time_ms_min = min(times) * 1e3 if times else warm_s * 1e3
-    cell.repeats = len(times)
-    return cell
-
-
-def _extrapolate(history: list[tuple[int, float]], length: int) -> float:
-    """Seconds expected at ``length`` from the (T, seconds) measured at shorter T: the growth
-    exponent of the last two points (at least 1: nothing is faster than linear), or linear
-    growth from a single point. 0 without history."""
-    if not history:
-        return 0.0
-    last_len, last_s = history[-1]
-    exponent = 1.0
-    if len(history) >= 2:
-        prev_len, prev_s = history[-2]
-        if prev_s > 0 and last_len > prev_len:
-            exponent = max(1.0, math.log(last_s / prev_s) / math.log(last_len / prev_len))
-    return last_s * (length / last_len) ** exponent
-
-
-def run_bench(
-    args: argparse.Namespace, log: Callable[[str], None] = print, cells: list[Cell] | None = None
-) -> list[Cell]:
-    """Measure every cell, appending each to ``cells`` (a caller's list keeps what was measured
-    when the run is stopped part way) and logging its row."""
-    device = torch.device(args.device)
-    dtype = DTYPES[args.dtype]
-    cells = [] if cells is None else cells
-    # (backend, mode) -> the status that stopped it / its (T, seconds) measured so far
-    stopped: dict[tuple[str, str], str] = {}
-    last_time: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for length in args.seq_lens:
-        for backend in args.backends:
-            op_name, build = BACKENDS[backend]
-            op = _op(op_name)
-            inputs = None
-            for mode in args.mode:
-                key = (backend, mode)
-                cell = Cell(backend, mode, length, args.batch, args.heads, args.dim, args.dtype, args.device)
-                cells.append(cell)
-                if backend in INFERENCE_ONLY and mode == "fwdbwd":
-                    cell.status, cell.note = "n/a", "inference only"
-                    log(_format_row(cell))
-                    continue
-                if key in stopped:
-                    cell.status, cell.note = stopped[key], "skipped after a shorter T"
-                    log(_format_row(cell))  # skipped cells are in the table too, marked
-                    continue
-                predicted = _extrapolate(last_time.get(key, []), length)
-                if predicted > args.timeout_s:
-                    cell.status = "timeout"
-                    cell.note = f"skipped: extrapolated to {predicted:.0f}s from shorter T"
-                    stopped[key] = "timeout"
-                    log(_format_row(cell))
-                    continue
-                try:
-                    if inputs is None:
-                        generator = torch.Generator().manual_seed(args.seed)
-                        inputs = build(args.batch, args.heads, length, args.dim, dtype, device, generator)
-                    if backend in INFERENCE_ONLY:
-                        cell.state_mb = state_bytes(inputs[-1]) / 2**20
-                    if mode == "fwdbwd":
-                        for x in inputs:
-                            x.requires_grad_(True)
-                    # on CUDA every length of a Triton backend gets an untimed first call: a new length
-                    # can need new kernel specialisations (seconds to compile), not part of its time
-                    call = _make_call(op, inputs, mode)
-                    first = device.type == "cuda" and not backend.endswith("_torch")
-                    measure_cell(cell, call, args.repeats, args.timeout_s, compile_first=first)
-                except Exception as err:  # noqa: BLE001 - any failure becomes a marked cell
-                    if not _is_oom(err):
-                        cell.status, cell.note = "error", f"{type(err).__name__}: {err}"[:200]
-                    else:
-                        cell.status, cell.note = "oom", str(err).splitlines()[0][:120]
-                    inputs = None  # free whatever the failed call left behind
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                if cell.status == "ok":
-                    last_time.setdefault(key, []).append((length, cell.time_ms_min / 1e3))
-                elif cell.status in ("oom", "timeout"):
-                    stopped[key] = cell.status
-                log(_format_row(cell))
-            del inputs
-    return cells
-
-
-# --------------------------------------------------------------------------------------------
-# Output: table, CSV, plot
-# --------------------------------------------------------------------------------------------
-
-_HEADER = (
-    f"{'backend':<23} {'mode':<7} {'T':>7} {'status':<8} {'time_ms':>11} {'peak_mem_mb':>12} "
-    f"{'state_mb':>9}  note"
+from attnlab.bench import attention, authors, bytes_moved, generate, training
+from attnlab.bench import threads as thread_bench
+from attnlab.bench.backends import BACKENDS
+from attnlab.cli.bench_args import (
+    add_names_argument,
+    add_op_shape_arguments,
+    out_dir,
+    positive_float,
+    positive_int,
 )
-
-
-def _format_row(cell: Cell) -> str:
-    time_text = f"{cell.time_ms:11.2f}" if cell.status == "ok" else f"{'-':>11}"
-    mem_text = f"{cell.peak_mem_mb:12.1f}" if not math.isnan(cell.peak_mem_mb) else f"{'-':>12}"
-    state_text = f"{cell.state_mb:9.2f}" if not math.isnan(cell.state_mb) else f"{'-':>9}"
-    head = f"{cell.backend:<23} {cell.mode:<7} {cell.seq_len:>7} {cell.status:<8}"
-    return f"{head} {time_text} {mem_text} {state_text}  {cell.note}"
-
-
-def write_csv(cells: list[Cell], path: Path) -> None:
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(asdict(cells[0]).keys()) if cells else ["backend"])
-        writer.writeheader()
-        for cell in cells:
-            writer.writerow(asdict(cell))
-
-
-def write_plot(cells: list[Cell], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.5))
-    styles = {"fwd": "--", "fwdbwd": "-"}
-    series = sorted({(c.backend, c.mode) for c in cells})
-    backends = sorted({c.backend for c in cells})
-    colours = {name: f"C{i % 10}" for i, name in enumerate(backends)}  # one colour per backend
-    for backend, mode in series:
-        ok = [c for c in cells if c.backend == backend and c.mode == mode and c.status == "ok"]
-        if not ok:
-            continue
-        lengths = [c.seq_len for c in ok]
-        label = f"{backend} ({mode})"
-        style = {"linestyle": styles[mode], "marker": "o", "color": colours[backend], "label": label}
-        ax_time.plot(lengths, [c.time_ms for c in ok], **style)
-        mem = [(c.seq_len, c.peak_mem_mb) for c in ok if c.peak_mem_mb > 0]
-        if mem:
-            ax_mem.plot(*zip(*mem, strict=True), **style)
-    for ax, ylabel in ((ax_time, "time per call (ms, median)"), (ax_mem, "peak extra tensor memory (MiB)")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length T")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-    if ax_time.lines:
-        ax_time.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-# --------------------------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------------------------
 
 
 def register(subparsers) -> None:
@@ -517,83 +27,152 @@ def register(subparsers) -> None:
         dest="bench_kind", metavar="{attention,bytes,threads,training,generate,authors}"
     )
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
+    for add in (_attention, _bytes, _threads, _training, _generate, _authors):
+        add(kinds)
 
-    parser = kinds.add_parser(
-        "attention",
-        help="time and peak memory of the attention ops against sequence length",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+
+def _kind(kinds, name: str, module, help: str) -> argparse.ArgumentParser:
+    """A benchmark's parser, its module's docstring as the description."""
+    return kinds.add_parser(
+        name, help=help, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def _threads_option(parser, default: str) -> None:
+    parser.add_argument(
+        "--threads", type=positive_int, default=None,
+        help=f"CPU threads for torch (default: {default}); 1 gives steadier figures on a busy machine",
+    )  # fmt: skip
+
+
+def _attention(kinds) -> None:
+    parser = _kind(
+        kinds, "attention", attention, "time and peak memory of the attention ops against sequence length"
     )
     parser.add_argument(
-        "--backends", nargs="+", default=DEFAULT_BACKENDS, choices=sorted(BACKENDS), metavar="NAME",
+        "--backends", nargs="+", default=attention.DEFAULT_BACKENDS, choices=sorted(BACKENDS), metavar="NAME",
         help=f"backends to run (known: {', '.join(sorted(BACKENDS))}; default: %(default)s)",
     )  # fmt: skip
-    add_op_shape_arguments(parser, DEFAULT_SEQ_LENS, heads=8, dtypes=DTYPES, dtype="float32")
+    add_op_shape_arguments(
+        parser, attention.DEFAULT_SEQ_LENS, heads=8, dtypes=attention.DTYPES, dtype="float32"
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--mode", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--mode", nargs="+", choices=attention.MODES, default=list(attention.MODES))
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed calls per cell (median)")
     parser.add_argument(
         "--timeout-s", type=positive_float, default=120.0,
         help="per-cell time limit in seconds, checked between calls (default: %(default)s)",
     )  # fmt: skip
-    parser.add_argument(
-        "--threads", type=positive_int, default=None,
-        help="CPU threads for torch (default: torch's choice); 1 gives steadier figures on a busy machine",
-    )  # fmt: skip
+    _threads_option(parser, "torch's choice")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=out_dir, default=Path("bench_results"))
-    parser.set_defaults(func=main_attention)
-    bench_bytes.register(kinds)
-    bench_threads.register(kinds)
-    bench_training.register(kinds)
-    bench_generate.register(kinds)
-    bench_authors.register(kinds)
+    parser.set_defaults(func=attention.main)
 
 
-@contextlib.contextmanager
-def _sigterm_as_exit():
-    """SIGTERM (``timeout``, a scheduler) raises SystemExit, so the caller can save what it has."""
+def _bytes(kinds) -> None:
+    parser = _kind(
+        kinds, "bytes", bytes_moved,
+        "bytes each attention op reads and writes (torch ops and Triton kernels) against the floor",
+    )  # fmt: skip
+    known = bytes_moved.BYTE_BACKENDS
+    parser.add_argument(
+        "--backends", nargs="+", default=bytes_moved.DEFAULT_BACKENDS, choices=list(known), metavar="NAME",
+        help=f"backends to count (known: {', '.join(known)}; default: %(default)s)",
+    )  # fmt: skip
+    add_op_shape_arguments(parser, [1024], heads=2, dtypes=bytes_moved.DTYPES, dtype="bfloat16")
+    parser.add_argument("--mode", choices=("fwd", "fwdbwd"), default="fwdbwd")
+    parser.add_argument("--detail", action="store_true", help="every op and kernel, not the largest three")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", type=out_dir, default=Path("bench_results"))
+    parser.set_defaults(func=lambda args: (bytes_moved.run(args), 0)[1])
 
-    def stop(signum, frame):
-        raise SystemExit(143)
 
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def _threads(kinds) -> None:
+    parser = _kind(
+        kinds, "threads", thread_bench,
+        "training steps quiet and beside busy processes, per CPU thread setting",
+    )  # fmt: skip
+    add_names_argument(parser, "--settings", thread_bench.SETTINGS, "thread settings to compare")
+    parser.add_argument(
+        "--busy", type=int, default=2, help="busy processes for the loaded runs (0: quiet only)"
+    )
+    parser.add_argument("--steps", type=positive_int, default=15, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved runs per setting")
+    parser.add_argument(
+        "--max-seconds", type=float, default=40.0, help="a run stops timing after this long (slow settings)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench_results/threads.json"))
+    parser.set_defaults(func=lambda args: (thread_bench.run(args), 0)[1])
 
 
-def main_attention(args: argparse.Namespace) -> int:
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("attnlab bench attention: --device cuda asked for, but CUDA is not available")
-        return 2
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    title = f"attention ops, B={args.batch} H={args.heads} D={args.dim} {args.dtype} on {args.device}"
-    if args.device == "cuda":
-        title += f" ({torch.cuda.get_device_name()})"
-    if args.device == "cpu":
-        tuning = "".join(f" {k}={os.environ[k]}" for k in ALLOCATOR_SETTINGS if k in os.environ)
-        title += f" ({torch.get_num_threads()} threads{tuning})"
-    print(title)
-    print(_HEADER)
-    cells: list[Cell] = []
-    csv_path, png_path = args.out_dir / CSV_NAME, args.out_dir / PNG_NAME
-    try:
-        with _sigterm_as_exit():
-            run_bench(args, cells=cells)
-    except (KeyboardInterrupt, SystemExit) as stop:  # SIGTERM (time limit) or Ctrl-C: keep the cells
-        for cell in cells:
-            if cell.status == "ok" and cell.repeats == 0:
-                cell.status, cell.note = "stopped", "interrupted while measuring"
-        write_csv(cells, csv_path)
-        print(f"attnlab bench attention: stopped; the {len(cells)} cells so far are in {csv_path}")
-        return 143 if isinstance(stop, SystemExit) else 130
-    for line in ratio_lines(cells):
-        print(line)
-    write_csv(cells, csv_path)
-    write_plot(cells, png_path, title)
-    print(f"wrote {csv_path} and {png_path}")
-    return 1 if any(c.status == "error" for c in cells) else 0
+def _training(kinds) -> None:
+    parser = _kind(
+        kinds, "training", training,
+        "training samples/s per attention backend at each task's real sequence length",
+    )  # fmt: skip
+    add_names_argument(parser, "--tasks", training.TASKS, "tasks (lengths) to run")
+    add_names_argument(
+        parser, "--backends", training.KNOWN_BACKENDS, "attention backends", default=training.BACKENDS
+    )
+    parser.add_argument(
+        "--path", choices=("auto", "dense", "sorted"), default="auto", help="sliced backends' path"
+    )
+    parser.add_argument(
+        "--positions", choices=("task", *training.POSITIONS), default="task",
+        help="positions of every row (default: each task's own, as in TASKS)",
+    )  # fmt: skip
+    parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved runs per backend")
+    parser.add_argument(
+        "--stat", choices=("best", "median"), default="best", help="which run of each backend"
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, default=20.0, help="a run stops timing after this long (slow backends)"
+    )
+    _threads_option(parser, "attnlab's cap")
+    parser.add_argument("--out", type=Path, default=Path("bench_results/training.json"))
+    parser.set_defaults(func=lambda args: (training.run(args), 0)[1])
+
+
+def _generate(kinds) -> None:
+    from attnlab.models.causal_lm import causal_backends
+
+    parser = _kind(
+        kinds, "generate", generate, "time per new token and decoding-state memory against context length"
+    )
+    parser.add_argument("--backends", nargs="+", default=causal_backends(), metavar="NAME")
+    parser.add_argument(
+        "--contexts", nargs="+", type=positive_int, default=generate.DEFAULT_CONTEXTS, metavar="N"
+    )
+    parser.add_argument("--dim", type=positive_int, default=512, help="model width (default: %(default)s)")
+    parser.add_argument("--depth", type=positive_int, default=2, help="layers (default: %(default)s)")
+    parser.add_argument("--heads", type=positive_int, default=8, help="heads (default: %(default)s)")
+    parser.add_argument("--mlp-ratio", type=float, default=4.0, help="MLP width / dim (default: %(default)s)")
+    parser.add_argument("--vocab", type=positive_int, default=2048, help="vocabulary (default: %(default)s)")
+    parser.add_argument("--repeats", type=positive_int, default=20, help="timed steps per cell (median)")
+    parser.add_argument(
+        "--timeout-s", type=float, default=120.0, help="skip larger contexts after a slower cell"
+    )
+    parser.add_argument("--threads", type=positive_int, default=None, help="CPU threads for torch")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", type=out_dir, default=Path("bench_results"))
+    parser.set_defaults(func=generate.main)
+
+
+def _authors(kinds) -> None:
+    parser = _kind(
+        kinds, "authors", authors,
+        "attnlab's sliced layers against a transcription of the authors' published layers",
+    )  # fmt: skip
+    parser.add_argument("--dim", type=positive_int, default=1024)
+    parser.add_argument("--heads", type=positive_int, default=64)
+    parser.add_argument("--seq-len", type=positive_int, default=128)
+    parser.add_argument(
+        "--real-tokens", type=positive_int, default=16, help="real tokens of the padded sequence"
+    )
+    parser.add_argument("--padding", type=positive_int, default=8, help="padded tokens, then 4 more")
+    parser.add_argument("--dropout", type=positive_float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(func=lambda args: (authors.run(args), 0)[1])

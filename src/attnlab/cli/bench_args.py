@@ -1,9 +1,8 @@
-"""What every ``attnlab bench`` sub-command shares: argument types and the load to print beside figures."""
+"""What the ``attnlab bench`` sub-commands (and ``attnlab generate``) share: argument types and options."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 
@@ -27,14 +26,6 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
-
-
-def load_average() -> str:
-    """The 1/5/15-minute load averages: a timing means little without the machine's load beside it."""
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def add_names_argument(parser, flag: str, names, what: str, default=None) -> None:

@@ -11,33 +11,13 @@ and tokenizes it into ``<data_dir>/mlm/<corpus>/``, the files a ``task=mlm`` run
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from attnlab.config.compose import compose_task_source
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LRA_TASKS = ("listops", "text", "retrieval", "image", "pathfinder", "pathx")
-
-
-def compose_task_source(task: str, overrides: list[str], data_dir: str | None, config_dir: Path):
-    """The task's data source, built from the composed training config (as train.py would)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.utils import instantiate
-    from omegaconf import open_dict
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        cfg = compose("train", overrides=[f"task={task}", *overrides], return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.cwd = os.getcwd()
-        cfg.hydra.runtime.output_dir = tempfile.mkdtemp(prefix="attnlab-data-")
-        if data_dir:
-            cfg.paths.data_dir = str(Path(data_dir).resolve())
-    HydraConfig.instance().set_config(cfg)
-    return instantiate(cfg.task.data.source)
 
 
 def print_status(status: dict, said: str = "") -> bool:
@@ -60,7 +40,8 @@ def print_status(status: dict, said: str = "") -> bool:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from attnlab.data.common import MissingDataError, sigterm_raises
+    from attnlab.data.errors import MissingDataError
+    from attnlab.files import sigterm_raises
 
     if args.suite == "mlm":
         if args.task not in (None, "mlm"):

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from attnlab import threads
+from attnlab import allocator, threads
 
 SUBCOMMANDS = {
     "bench": "attnlab.cli.bench",
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     threads.configure()  # before the sub-commands load torch (attnlab.threads says why)
+    allocator.configure()  # freed buffers kept for reuse: no page faults per call (attnlab.allocator)
     parser = build_parser()
     # `key=value` config overrides may sit anywhere on the line; sub-commands that take them declare
     # an `overrides` argument, and anything else unrecognised is an error as usual

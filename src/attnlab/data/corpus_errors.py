@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 from pathlib import Path
 
-from attnlab.data.common import DataError
+from attnlab.data.errors import DataError
 
 _CHUNK = 1 << 20
 FORMATS_HINT = "a corpus file is UTF-8 plain text, JSON lines or parquet (task.data.source.files)"

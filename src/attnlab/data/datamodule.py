@@ -17,14 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
-from attnlab.data.common import (
-    ON_BAD_ROWS,
-    ZERO_PIXELS,
-    DataError,
-    TokenSequenceDataset,
-    check_choice,
-    pad_collate,
-)
+from attnlab.data.errors import ON_BAD_ROWS, DataError, check_choice
+from attnlab.data.examples import ZERO_PIXELS, TokenSequenceDataset, pad_collate
 from attnlab.data.loaders import SPLITS, ShardedDataModule
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ download (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE). Each file is read by 
 by header name, except CoLA's header-less ``source, label, original label, sentence``; MNLI's dev set is
 ``dev_matched.tsv`` + ``dev_mismatched.tsv``. Fields are split on tabs only (no quoting: GLUE text holds
 bare quotes). A row with the wrong number of fields or an unreadable label (QQP has a few in the wild) is
-a bad row, stopping the run or skipped and counted by ``on_bad_rows`` (`attnlab.data.common.BadRows`).
+a bad row, stopping the run or skipped and counted by ``on_bad_rows`` (`attnlab.data.errors.BadRows`).
 
 Splits: ``dev`` is the test split (GLUE's test labels are private, so ``test.tsv`` is never read); the
 validation split is the dev set (``val_fraction=0``, as the GLUE papers select) or a seeded slice of
@@ -25,13 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from attnlab.data.common import (
-    ON_BAD_ROWS,
-    BadRows,
-    DataError,
-    MissingDataError,
-    check_choice,
-)
+from attnlab.data.errors import ON_BAD_ROWS, BadRows, DataError, MissingDataError, check_choice
 from attnlab.data.loaders import SPLITS, ShardedDataModule
 from attnlab.data.pretrained import read_pretrained
 from attnlab.data.tokenizer import BPETokenizer

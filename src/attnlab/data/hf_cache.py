@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from attnlab.data.common import MissingDataError
+from attnlab.data.errors import MissingDataError
 
 log = logging.getLogger(__name__)
 

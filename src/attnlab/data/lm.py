@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from attnlab.data.common import DataError
 from attnlab.data.corpus_blocks import CorpusBlocksDataModule
+from attnlab.data.errors import DataError
 from attnlab.data.loaders import SPLITS
 from attnlab.data.text_corpus import PackedBlocks
 

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from attnlab.data.common import LengthBucketSampler, ResumableDataLoader, eval_batches, train_batch_sampler
+from attnlab.data.resumable_loader import ResumableDataLoader
+from attnlab.data.samplers import LengthBucketSampler, eval_batches, train_batch_sampler
 
 SPLITS = ("train", "val", "test")
 _SAMPLE_SEED_TAG = 0x5EED_D4A7  # keeps the augmentation seeds apart from other streams of the same seed

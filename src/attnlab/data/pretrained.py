@@ -2,7 +2,7 @@
 
 `attnlab.tasks.mlm.MaskedLMTask` writes ``attnlab_mlm`` (`CHECKPOINT_KEY`) into every checkpoint: the
 model's constructor values and the tokenizer's vocabulary and merges, as plain values so that the file
-still loads with ``weights_only`` (`attnlab.resume.read_checkpoint`). Both the GLUE data module (which
+still loads with ``weights_only`` (`attnlab.run.resume.read_checkpoint`). Both the GLUE data module (which
 must tokenize exactly as pretraining did) and the GLUE task (which loads the encoder) read it here, so
 neither reaches into the other.
 """
@@ -16,7 +16,7 @@ import torch
 
 from attnlab.data.tokenizer import BPETokenizer, from_strings
 from attnlab.errors import CheckpointError, ConfigError
-from attnlab.resume import read_checkpoint
+from attnlab.run.resume import read_checkpoint
 
 CHECKPOINT_KEY = "attnlab_mlm"
 #: the constructor values a fine-tuned model must share with the pretrained one

@@ -34,12 +34,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from attnlab.data.common import DataError, MissingDataError, check_choice, read_json, removed_on_failure
 from attnlab.data.corpus_blocks import CorpusBlocksDataModule
 from attnlab.data.corpus_errors import FORMATS_HINT, document_texts, explain_load_failure
+from attnlab.data.errors import DataError, MissingDataError, check_choice, read_json
 from attnlab.data.loaders import SPLITS
 from attnlab.data.tokenizer import MERGES_FILE, VOCAB_FILE, BPETokenizer, load_bpe, train_bpe
 from attnlab.errors import ConfigError, UserError
+from attnlab.files import removed_on_failure
 
 log = logging.getLogger(__name__)
 FORMATS = ("auto", "text", "json", "parquet", "disk")

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from attnlab.data.common import DataError, MissingDataError
+from attnlab.data.errors import DataError, MissingDataError
 from attnlab.errors import ConfigError
 
 PAD, BOS, EOS, UNK, MASK = "<pad>", "<s>", "</s>", "<unk>", "<mask>"

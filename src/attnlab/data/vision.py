@@ -43,7 +43,7 @@ from timm.data.auto_augment import rand_augment_transform
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from attnlab.data.common import DataError
+from attnlab.data.errors import DataError
 from attnlab.data.hf_cache import load_hf_cached
 from attnlab.data.loaders import SPLITS, SampleDraw, ShardedDataModule, seeded_draws, unpack_draw
 from attnlab.data.lra import image as lra_image

@@ -15,7 +15,7 @@ from torch import nn
 from attnlab.attention import UnsupportedAttentionError
 from attnlab.attention.registry import available_backends, check_support
 from attnlab.errors import UserError
-from attnlab.models.classifier import POSITIONS, _check_choice, resolve_attention, sinusoidal_positions
+from attnlab.models.classifier import POSITIONS, check_choice, resolve_attention, sinusoidal_positions
 from attnlab.models.encoder import AttentionFactory, Encoder, init_like_gpt2
 
 INITS = ("torch", "gpt2")
@@ -67,8 +67,8 @@ class CausalLM(nn.Module):
         init: str = "torch",
     ):
         super().__init__()
-        _check_choice("positions", positions, POSITIONS)
-        _check_choice("init", init, INITS)
+        check_choice("positions", positions, POSITIONS)
+        check_choice("init", init, INITS)
         for key, value in (("bias", bias), ("tie_embeddings", tie_embeddings)):
             if not isinstance(value, bool):
                 raise ValueError(f"{key} must be true or false, got {value!r}")

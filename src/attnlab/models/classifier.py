@@ -29,7 +29,8 @@ HEAD_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 PAIR_FEATURES = ("nli", "concat")
 
 
-def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
+def check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    """A model option outside its choices fails with the option, the value and the choices."""
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(allowed)}")
 
@@ -108,12 +109,12 @@ class SequenceClassifier(nn.Module):
         short_conv: int = 0,
     ):
         super().__init__()
-        _check_choice("cls_mask", cls_mask, CLS_MASKS)
+        check_choice("cls_mask", cls_mask, CLS_MASKS)
         self.cls_mask = cls_mask
-        _check_choice("positions", positions, POSITIONS)
-        _check_choice("pooling", pooling, POOLINGS)
-        _check_choice("head_activation", head_activation, tuple(HEAD_ACTIVATIONS))
-        _check_choice("pair_features", pair_features, PAIR_FEATURES)
+        check_choice("positions", positions, POSITIONS)
+        check_choice("pooling", pooling, POOLINGS)
+        check_choice("head_activation", head_activation, tuple(HEAD_ACTIVATIONS))
+        check_choice("pair_features", pair_features, PAIR_FEATURES)
         hidden = [mlp_dim] if head_dims is None else [int(w) for w in head_dims]
         if any(w < 1 for w in hidden):
             raise ValueError(f"head_dims={list(hidden)} must be positive widths (or null for [mlp_dim])")

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from attnlab.models.classifier import HEAD_ACTIVATIONS, _check_choice, classifier_head, resolve_attention
+from attnlab.models.classifier import HEAD_ACTIVATIONS, check_choice, classifier_head, resolve_attention
 from attnlab.models.encoder import AttentionFactory, Encoder, init_like_roberta
 
 FEATURES = ("last", "concat")
@@ -58,9 +58,9 @@ class PointCloudClassifier(nn.Module):
         """``mlp_dropout=False``, ``norm_eps=1e-12`` and ``init_std=0.02`` are the authors' blocks
         (their RoBERTa config's settings and ``post_init``); the defaults are PyTorch's."""
         super().__init__()
-        _check_choice("features", features, FEATURES)
-        _check_choice("pooling", pooling, POOLINGS)
-        _check_choice("head_activation", head_activation, tuple(HEAD_ACTIVATIONS))
+        check_choice("features", features, FEATURES)
+        check_choice("pooling", pooling, POOLINGS)
+        check_choice("head_activation", head_activation, tuple(HEAD_ACTIVATIONS))
         if in_channels < 1:
             raise ValueError(f"in_channels must be >= 1, got {in_channels}")
         if not 0.0 <= head_dropout < 1.0:

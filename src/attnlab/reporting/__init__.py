@@ -1,6 +1,6 @@
 """Turn run directories into comparison tables and plots (the paper's Tables 1-2, for any sweep).
 
-The only input is the `summary.json` each run writes (fields: `attnlab.summary.SUMMARY_FIELDS`), so a
+The only input is the `summary.json` each run writes (fields: `attnlab.run.summary.SUMMARY_FIELDS`), so a
 report can be rebuilt at any time from copied run directories, without checkpoints or loggers.
 
 Outputs, all written by `make_report` (one module per kind of output):
@@ -11,7 +11,8 @@ Outputs, all written by `make_report` (one module per kind of output):
   4 runs);
 - `throughput.md` / `throughput.csv` (`tables`): per task × backend, train samples/s per device,
   speed-up against a baseline backend, eval samples/s and peak memory;
-- `runs.csv` (`tables`): one row per summary with every field, for spreadsheets;
+- `runs.csv` (`tables`): one row per summary with every field and its configuration label, for
+  spreadsheets;
 - `acc_vs_throughput.png` and `throughput_vs_seqlen.png` (`plots`);
 - when MQAR runs are present, `mqar_vs_width.png` and `mqar_vs_seqlen.png` (`mqar`): recall accuracy
   against the model width (the state size of fixed-state backends) and against sequence length, one

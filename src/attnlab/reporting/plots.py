@@ -18,6 +18,7 @@ from attnlab.reporting.runs import (
     task_sort_key,
 )
 from attnlab.reporting.stats import Stat
+from attnlab.reporting.variants import per_seed
 
 
 def style_by_backend(backends: Sequence[str]) -> dict[str, tuple[str, str]]:
@@ -50,7 +51,9 @@ def plot_acc_vs_throughput(runs: Sequence[RunSummary], path: Path, metric: str =
     """One panel per task: accuracy (mean ± std over seeds) vs train samples/s, one marker per backend.
 
     A task run at several lengths gets one point per (backend, seq_len), labelled with the length,
-    so that no error bar spans different lengths.
+    so that no error bar spans different lengths. Pass runs labelled by configuration
+    (`attnlab.reporting.variants.label_variants`) so that a panel holds one configuration, and a seed
+    run twice counts once.
     """
     if metric not in METRICS:
         raise ReportError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)}")
@@ -63,8 +66,8 @@ def plot_acc_vs_throughput(runs: Sequence[RunSummary], path: Path, metric: str =
         for length, chunk in split_by_length(task_runs):
             for b in sorted({r.attn for r in chunk}, key=backend_sort_key):
                 group = [r for r in chunk if r.attn == b]
-                acc = Stat.of(r.get(metric) for r in group)
-                speed = Stat.of(r.get("train_samples_per_sec") for r in group)
+                acc = Stat.of(per_seed(group, metric)[0])
+                speed = Stat.of(per_seed(group, "train_samples_per_sec")[0])
                 if acc is None or speed is None or speed.mean <= 0:
                     continue
                 colour, marker = style[b]
@@ -100,7 +103,8 @@ def plot_acc_vs_throughput(runs: Sequence[RunSummary], path: Path, metric: str =
 
 
 def plot_throughput_vs_seqlen(runs: Sequence[RunSummary], path: Path) -> Path:
-    """One panel per task, one line per backend: mean train samples/s against seq_len, log-log."""
+    """One panel per task (or configuration, as `plot_acc_vs_throughput`), one line per backend: train
+    samples/s (the mean over distinct seeds) against seq_len, log-log."""
     tasks = sorted({r.task for r in runs}, key=task_sort_key)
     backends = sorted({r.attn for r in runs}, key=backend_sort_key)
     style = style_by_backend(backends)
@@ -112,7 +116,8 @@ def plot_throughput_vs_seqlen(runs: Sequence[RunSummary], path: Path) -> Path:
             lengths = sorted({r.get("seq_len") for r in group if r.get("seq_len") is not None})
             points = []
             for length in lengths:
-                stat = Stat.of(r.get("train_samples_per_sec") for r in group if r.get("seq_len") == length)
+                at_length = [r for r in group if r.get("seq_len") == length]
+                stat = Stat.of(per_seed(at_length, "train_samples_per_sec")[0])
                 if stat is not None and stat.mean > 0 and length > 0:
                     points.append((length, stat.mean))
             if not points:

@@ -61,9 +61,9 @@ def write_report(
     files["throughput.md"].write_text(thr_md, encoding="utf-8")
     write_csv(files["accuracy.csv"], *accuracy_csv_rows(acc))
     write_csv(files["throughput.csv"], *throughput_csv_rows(thr, baseline))
-    write_csv(files["runs.csv"], *runs_csv_rows(runs))
-    plot_acc_vs_throughput(runs, files["acc_vs_throughput.png"], metric)
-    plot_throughput_vs_seqlen(runs, files["throughput_vs_seqlen.png"])
+    write_csv(files["runs.csv"], *runs_csv_rows(runs, [v.task for v in variants]))
+    plot_acc_vs_throughput(variants, files["acc_vs_throughput.png"], metric)
+    plot_throughput_vs_seqlen(variants, files["throughput_vs_seqlen.png"])
     if any(r.task == MQAR_TASK for r in runs):
         files["mqar_vs_width.png"] = plot_mqar_vs_width(runs, out / "mqar_vs_width.png", metric)
         files["mqar_vs_seqlen.png"] = plot_mqar_vs_seqlen(runs, out / "mqar_vs_seqlen.png", metric)

@@ -1,6 +1,6 @@
 """Find, read and check the `summary.json` files a report is built from, and order their names.
 
-The only input of a report is the summary each run writes (fields: `attnlab.summary.SUMMARY_FIELDS`),
+The only input of a report is the summary each run writes (fields: `attnlab.run.summary.SUMMARY_FIELDS`),
 so a report can be rebuilt at any time from copied run directories, without checkpoints or loggers.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnlab.summary import SUMMARY_FIELDS
+from attnlab.run.summary import SUMMARY_FIELDS
 
 SUMMARY_NAME = "summary.json"
 
@@ -29,7 +29,7 @@ TASK_ORDER = (
 METRICS = ("test_acc", "val_acc")
 
 _FRACTION_FIELDS = ("val_acc", "test_acc", "baseline_acc")
-#: the numbers among the fields every summary has (attnlab.summary): checked when a summary is read
+#: the numbers among the fields every summary has (attnlab.run.summary): checked when a summary is read
 _NUMBER_FIELDS = tuple(
     f for f in SUMMARY_FIELDS if f not in ("task", "attn", "seed", "git_commit", "data_source")
 )

@@ -22,7 +22,7 @@ from attnlab.reporting.runs import (
 )
 from attnlab.reporting.stats import Stat
 from attnlab.reporting.variants import per_seed
-from attnlab.summary import SUMMARY_FIELDS  # every field a run summary carries, in runs.csv order
+from attnlab.run.summary import SUMMARY_FIELDS  # every field a run summary carries, in runs.csv order
 
 
 def _pct_cell(stat: Stat | None) -> str:
@@ -264,23 +264,37 @@ def throughput_csv_rows(rows: Sequence[ThroughputRow], baseline: str = "softmax"
     return header, body
 
 
-def runs_csv_rows(runs: Sequence[RunSummary]) -> tuple[list[str], list[list[Any]]]:
-    """Every field of every summary: the standard fields first, then any extra key, then the path."""
+def runs_csv_rows(
+    runs: Sequence[RunSummary], configurations: Sequence[str] | None = None
+) -> tuple[list[str], list[list[Any]]]:
+    """Every field of every summary: the standard fields first, then any extra key, then the path.
+
+    ``configurations`` (one per run, the tables' ``<task> [key=value, ...]`` label from
+    `attnlab.reporting.variants.label_variants`) becomes a ``configuration`` column after the task,
+    so a spreadsheet groups seeds of one configuration as the tables do."""
     extra = sorted({k for r in runs for k in r.fields} - set(SUMMARY_FIELDS))
-    header = [*SUMMARY_FIELDS, *extra, "path"]
-    ordered = sorted(
-        runs,
-        key=lambda r: (
-            task_sort_key(r.task),
-            backend_sort_key(r.attn),
-            _seed_key(r.get("seed")),
-            str(r.path),
+    labels = list(configurations) if configurations is not None else None
+    if labels is not None and len(labels) != len(runs):
+        raise ValueError(f"runs_csv_rows: {len(labels)} configurations for {len(runs)} runs")
+    fields = [*SUMMARY_FIELDS, *extra]
+    at = fields.index("task") + 1 if labels is not None else None
+    header = [*fields, "path"] if at is None else [*fields[:at], "configuration", *fields[at:], "path"]
+    order = sorted(
+        range(len(runs)),
+        key=lambda i: (
+            task_sort_key(runs[i].task),
+            backend_sort_key(runs[i].attn),
+            labels[i] if labels is not None else "",
+            _seed_key(runs[i].get("seed")),
+            str(runs[i].path),
         ),
     )
     body = []
-    for r in ordered:
-        row = [_csv_value(r.get(k)) for k in (*SUMMARY_FIELDS, *extra)]
-        body.append([*row, str(r.path)])
+    for i in order:
+        row = [_csv_value(runs[i].get(k)) for k in fields]
+        if at is not None:
+            row.insert(at, labels[i])
+        body.append([*row, str(runs[i].path)])
     return header, body
 
 

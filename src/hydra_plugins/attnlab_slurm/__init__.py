@@ -1,7 +1,8 @@
 """attnlab's SLURM launcher for Hydra: submitit's, waiting for runs that SLURM requeued.
 
-It lives under ``hydra_plugins`` because Hydra instantiates launchers only from that package. The work is
-in :mod:`attnlab.launcher`, imported when a sweep is launched: Hydra imports this module on every start.
+It lives under ``hydra_plugins`` because Hydra instantiates launchers only from that package. The work
+is in :mod:`attnlab.run.slurm_sweep`, imported when a sweep is launched: Hydra imports this module on
+every start.
 """
 
 from __future__ import annotations
@@ -23,6 +24,6 @@ class RequeueAwareSlurmLauncher(submitit_launcher.SlurmLauncher):
     """
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from attnlab.launcher import launch_and_wait
+        from attnlab.run.slurm_sweep import launch_and_wait
 
         return launch_and_wait(self, job_overrides, initial_job_idx)

@@ -221,7 +221,7 @@ def _at_a_kink(kind, args, mask, grad_out):
 def test_backward_sorts_nothing(interpret, kind):
     """The forward's two sorts (keys real-first, kept queries first) serve the backward pass too:
     its op list holds no sort (the bump's re-sorted s twice before)."""
-    from attnlab.cli.byte_count import count_bytes
+    from attnlab.bench.byte_count import count_bytes
 
     args = inputs(1, 2, 40, 8, seed=11, dtype=torch.float32)
     mask = torch.arange(40)[None, :] < 33

@@ -71,6 +71,7 @@ def check(args, mask, grad_out, record_property, against_torch=True):
         assert triton_path[name] <= 1e-6, (
             f"{name}: {triton_path[name]:.3g}: more than a few float32 roundings"
         )
+    return triton_path
 
 
 @pytest.mark.parametrize(
@@ -89,8 +90,11 @@ def test_float32_wide_windows_that_the_walks_jump_over(interpret, record_propert
     """b = 2 at T = 512: the walks jump over whole runs of keys with the float64 tables (narrow
     windows never do). Each window then holds hundreds of keys summed tile by tile in float32, so
     the torch path (whose CPU ``cumsum`` adds in double) can be a little closer; the bound is
-    float32's few roundings."""
-    check(*inputs(2, 512, 4, 100.0, 2.0, 400), record_property, against_torch=False)
+    float32's few roundings. dL/db reads the jumped runs from the tables: 2.2e-7 with float64
+    tables, 7.9e-7 when they are stored in float32 (and the torch path's 7.9e-7), so its bound is
+    tighter than the others'."""
+    triton_path = check(*inputs(2, 512, 4, 100.0, 2.0, 400), record_property, against_torch=False)
+    assert triton_path["grad bandwidth"] <= 4e-7
 
 
 @pytest.mark.slow

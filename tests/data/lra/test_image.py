@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from attnlab.data.common import DataError, MissingDataError
+from attnlab.data.errors import DataError, MissingDataError
 from attnlab.data.lra import image
 
 PER_BATCH = 4  # images per fixture batch file (10,000 in the real ones)

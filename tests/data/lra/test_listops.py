@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.data.common import PAD_ID, DataError, MissingDataError
+from attnlab.data.errors import DataError, MissingDataError
+from attnlab.data.examples import PAD_ID
 from attnlab.data.lra import listops
 from attnlab.data.lra.listops import (
     OPERATORS,

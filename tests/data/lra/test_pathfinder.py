@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from attnlab.data.common import PAD_ID, DataError, MissingDataError
+from attnlab.data.errors import DataError, MissingDataError
+from attnlab.data.examples import PAD_ID
 from attnlab.data.lra import pathfinder_generator as gen
 from attnlab.data.lra.pathfinder import (
     VOCAB_SIZE,
@@ -335,7 +336,7 @@ def test_ensure_generates_once_then_reuses(tmp_path):
 
 
 def test_zero_pixels_padding_feeds_raw_pixels_and_masks_black_ones(tmp_path):
-    from attnlab.data.common import pad_collate
+    from attnlab.data.examples import pad_collate
 
     write_release(tmp_path, [[0, 1] * 5])
     token = load_pathfinder(tmp_path, 32, "hard")["train"]

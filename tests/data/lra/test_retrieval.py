@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.data.common import DataError, MissingDataError, pad_collate
+from attnlab.data.errors import DataError, MissingDataError
+from attnlab.data.examples import pad_collate
 from attnlab.data.lra import retrieval
 
 # label, id1, id2, text1, text2 -- as in new_aan_pairs.*.tsv: no header, labels written as floats

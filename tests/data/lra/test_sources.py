@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from attnlab.data.common import MissingDataError
+from attnlab.data.errors import MissingDataError
 from attnlab.data.lra.sources import ListOpsSource, PathfinderSource, RetrievalSource
 
 NESTED = ("lra_release", "lra_release")  # how the tarball often ends up unpacked in shared setups

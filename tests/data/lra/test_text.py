@@ -8,7 +8,8 @@ import types
 import numpy as np
 import pytest
 
-from attnlab.data.common import DataError, MissingDataError, pad_collate
+from attnlab.data.errors import DataError, MissingDataError
+from attnlab.data.examples import pad_collate
 from attnlab.data.lra import text
 from hf_hub_cache import write_hub_cache
 

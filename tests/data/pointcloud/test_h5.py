@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
-from attnlab.data.common import DataError
+from attnlab.data.errors import DataError
 from attnlab.data.pointcloud import h5
 from pointcloud_fixtures import MODELNET40_CLASSES, write_modelnet_h5
 
@@ -83,7 +83,7 @@ def test_a_file_that_is_not_hdf5_is_named(folder):
 
 
 def test_shape_names_that_are_not_utf8_are_named(tmp_path):
-    from attnlab.data.common import DataError
+    from attnlab.data.errors import DataError
     from attnlab.data.pointcloud.h5 import read_shape_names
 
     (tmp_path / "shape_names.txt").write_bytes(b"airplane\nbath\xfftub\n")

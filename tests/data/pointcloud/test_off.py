@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnlab.data.common import DataError
+from attnlab.data.errors import DataError
 from attnlab.data.pointcloud.off import parse_off, read_off, write_off
 
 # a unit square as two triangles, then as one quad; ModelNet's files look like this

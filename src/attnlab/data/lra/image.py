@@ -48,13 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data.common import (
-    DataError,
-    MissingDataError,
-    TokenSequenceDataset,
-    pixel_offset,
-    require_examples,
-)
+from attnlab.data.errors import DataError, MissingDataError, require_examples
+from attnlab.data.examples import TokenSequenceDataset, pixel_offset
 from attnlab.data.hf_cache import load_hf_cached
 
 VOCAB_SIZE = 257  # 0 = padding; grey level + 1 (zero_pixels=token) or grey level (padding, 256 unused)

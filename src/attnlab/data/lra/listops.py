@@ -31,14 +31,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from attnlab.data.common import (
-    PAD_ID,
-    BadRows,
-    DataError,
-    MissingDataError,
-    TokenSequenceDataset,
-    require_examples,
-)
+from attnlab.data.errors import BadRows, DataError, MissingDataError, require_examples
+from attnlab.data.examples import PAD_ID, TokenSequenceDataset
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +61,7 @@ _DIGITS = {str(d): d for d in range(10)}
 # Stop looking for new trees after this many duplicates in a row: the length window holds too few trees.
 _MAX_DUPLICATES_IN_A_ROW = 100_000
 
-_HOW_TO_OBTAIN = (
+HOW_TO_OBTAIN = (
     "Either extract the LRA release tarball (lra_release.gz, linked from "
     "github.com/google-research/long-range-arena) so that its listops-1000/ folder is this directory, "
     "or generate the set with `attnlab data prepare lra --task listops`."
@@ -393,7 +387,7 @@ def ensure_listops(
         return paths
     if not generate:
         missing = ", ".join(path.name for path in paths.values() if not path.is_file())
-        raise MissingDataError(out_dir, f"Missing {missing}. {_HOW_TO_OBTAIN}")
+        raise MissingDataError(out_dir, f"Missing {missing}. {HOW_TO_OBTAIN}")
     return write_splits(out_dir, sizes, **settings)
 
 

@@ -30,15 +30,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from attnlab.data.common import (
-    BadRows,
-    DataError,
-    MissingDataError,
-    TokenSequenceDataset,
-    pixel_offset,
-    read_json,
-    require_examples,
-)
+from attnlab.data.errors import BadRows, DataError, MissingDataError, read_json, require_examples
+from attnlab.data.examples import TokenSequenceDataset, pixel_offset
 from attnlab.data.lra.pathfinder_generator import (
     GENERATOR_FILE,
     batch_is_complete,
@@ -156,7 +149,7 @@ def _metadata_files(directory: Path) -> list[Path]:
 
 
 @dataclass
-class _Layout:
+class Layout:
     """What is on disk for one resolution and difficulty."""
 
     directory: Path
@@ -171,8 +164,10 @@ class _Layout:
         return "partial" if self.problems else "complete"
 
 
-def _inspect(directory: Path) -> _Layout:
-    layout = _Layout(directory, _metadata_files(directory))
+def inspect_layout(directory: Path) -> Layout:
+    """What one Pathfinder folder holds: its metadata files, and what an unfinished generation or an
+    interrupted extraction left incomplete (the loader and ``attnlab data prepare`` read the same)."""
+    layout = Layout(directory, _metadata_files(directory))
     generator_file = directory / GENERATOR_FILE
     if generator_file.is_file():
         layout.generator = read_json(
@@ -201,7 +196,8 @@ def _inspect(directory: Path) -> _Layout:
     return layout
 
 
-def _require_complete(layout: _Layout) -> None:
+def require_complete(layout: Layout) -> None:
+    """A missing or partial set raises `MissingDataError` saying what is wrong and how to obtain it."""
     if layout.status == "missing":
         raise MissingDataError(layout.directory, HOW_TO_OBTAIN)
     if layout.status == "partial":
@@ -223,7 +219,7 @@ def _split_of_rows(count: int, split_seed: int) -> np.ndarray:
 
 
 def _collect_rows(
-    layout: _Layout, max_images: int | None, bad_rows: BadRows | None = None
+    layout: Layout, max_images: int | None, bad_rows: BadRows | None = None
 ) -> list[tuple[Path, _Row]]:
     rows = []
     for meta in layout.metadata:
@@ -297,8 +293,8 @@ def load_pathfinder(
     """
     bad_rows, offset = BadRows(on_bad_rows), pixel_offset(zero_pixels)
     directory = dataset_dir(root, resolution, difficulty)
-    layout = _inspect(directory)
-    _require_complete(layout)
+    layout = inspect_layout(directory)
+    require_complete(layout)
     rows = _collect_rows(layout, max_images, bad_rows)
     split = _split_of_rows(len(rows), split_seed)
     # rows are stored grouped by split, so each split is a contiguous block of one array
@@ -368,11 +364,11 @@ def ensure_pathfinder(
     ``generate=False`` a missing or partial set raises MissingDataError.
     """
     directory = dataset_dir(root, resolution, difficulty)
-    layout = _inspect(directory)
+    layout = inspect_layout(directory)
     if layout.status == "complete" and layout.generator is None:
         return directory
     if layout.status == "partial" and layout.generator is None:
-        _require_complete(layout)  # a damaged release: never write generated files into it
+        require_complete(layout)  # a damaged release: never write generated files into it
     if (
         layout.status == "complete"
         and layout.generator is not None
@@ -382,7 +378,7 @@ def ensure_pathfinder(
     ):
         return directory
     if not generate:
-        _require_complete(layout)
+        require_complete(layout)
         raise MissingDataError(
             directory,
             f"It holds {layout.generator['num_images']} generated images "
@@ -407,7 +403,7 @@ def describe(root: str | Path, resolution: int = 32, difficulty: str | int = "ha
     ``complete``), source (``release`` or ``generated``), metadata rows, usable files per split
     (listed and present with a non-zero size; images are not decoded), and what is missing."""
     directory = dataset_dir(root, resolution, difficulty)
-    layout = _inspect(directory)
+    layout = inspect_layout(directory)
     info = {
         "path": str(directory),
         "resolution": resolution,

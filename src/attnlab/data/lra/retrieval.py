@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from attnlab.data.common import BadRows, DataError, MissingDataError, TokenSequenceDataset, require_examples
+from attnlab.data.errors import BadRows, DataError, MissingDataError, require_examples
+from attnlab.data.examples import TokenSequenceDataset
 from attnlab.data.lra.release import pick_release_dir
 from attnlab.data.lra.text import VOCAB_SIZE, bytes_to_tokens, check_max_length
 

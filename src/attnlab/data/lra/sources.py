@@ -16,7 +16,8 @@ import json
 import logging
 from pathlib import Path
 
-from attnlab.data.common import MissingDataError, TokenSequenceDataset, describe_zero_pixels, read_json
+from attnlab.data.errors import MissingDataError, read_json
+from attnlab.data.examples import TokenSequenceDataset, describe_zero_pixels
 from attnlab.data.lra import image, listops, pathfinder, retrieval, text
 from attnlab.data.lra.release import layout_of, pick_release_dir, release_parts, release_roots
 
@@ -106,7 +107,7 @@ class ListOpsSource:
                 "num_examples": count,
                 "expected_examples": self.generator_args["sizes"][split],
             }
-        return {"task": self.name, "splits": splits, "how_to_obtain": listops._HOW_TO_OBTAIN}
+        return {"task": self.name, "splits": splits, "how_to_obtain": listops.HOW_TO_OBTAIN}
 
     @property
     def description(self) -> str:
@@ -289,7 +290,7 @@ class PathfinderSource:
         the first complete one, else the first partial one."""
         found = []
         for root in release_roots(self.data_dir):
-            layout = pathfinder._inspect(pathfinder.dataset_dir(root, self.resolution, self.difficulty))
+            layout = pathfinder.inspect_layout(pathfinder.dataset_dir(root, self.resolution, self.difficulty))
             if layout.generator is None and layout.status != "missing":
                 found.append((root, layout.status))
         complete = [item for item in found if item[1] == "complete"]
@@ -307,7 +308,7 @@ class PathfinderSource:
             root, status = release
             directory = pathfinder.dataset_dir(root, self.resolution, self.difficulty)
             if status != "complete":  # a damaged release: never generate beside or into it
-                pathfinder._require_complete(pathfinder._inspect(directory))
+                pathfinder.require_complete(pathfinder.inspect_layout(directory))
             log.info(
                 "Pathfinder: reading the LRA release at %s (%s)", directory, layout_of(root, self.data_dir)
             )

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data.common import BadRows, DataError, MissingDataError, TokenSequenceDataset, require_examples
+from attnlab.data.errors import BadRows, DataError, MissingDataError, require_examples
+from attnlab.data.examples import TokenSequenceDataset
 from attnlab.data.hf_cache import load_hf_cached
 
 log = logging.getLogger(__name__)

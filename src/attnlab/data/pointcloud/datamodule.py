@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from attnlab.data.common import DataError
+from attnlab.data.errors import DataError
 from attnlab.data.loaders import SampleDraw, ShardedDataModule, seeded_draws, unpack_draw
 from attnlab.data.pointcloud.modelnet import PointClouds
 from attnlab.data.pointcloud.transforms import AnisotropicScale, augmentation

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data.common import DataError
+from attnlab.data.errors import DataError
 
 FOLDER = "modelnet40_ply_hdf5_2048"
 SPLITS = ("train", "test")

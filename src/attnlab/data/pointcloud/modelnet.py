@@ -35,9 +35,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.data.common import DataError, MissingDataError, check_choice, removed_on_failure
+from attnlab.data.errors import DataError, MissingDataError, check_choice
 from attnlab.data.pointcloud import h5
 from attnlab.data.pointcloud.off import read_off
+from attnlab.files import removed_on_failure
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data.common import DataError
+from attnlab.data.errors import DataError
 
 
 def _content_lines(text: str) -> list[tuple[int, str]]:

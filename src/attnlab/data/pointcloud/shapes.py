@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.data.common import read_json, remove_orphans, removed_on_failure
+from attnlab.data.errors import read_json
 from attnlab.data.pointcloud.modelnet import ModelNetSource, PointClouds
 from attnlab.data.pointcloud.off import write_off
+from attnlab.files import remove_orphans, removed_on_failure
 
 log = logging.getLogger(__name__)
 

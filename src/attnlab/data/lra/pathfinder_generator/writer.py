@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from attnlab.data.common import read_json, remove_orphans, removed_on_failure
+from attnlab.data.errors import read_json
 from attnlab.data.lra.pathfinder_generator.params import (
     PathfinderParams,
     dataset_dir,
@@ -20,6 +20,7 @@ from attnlab.data.lra.pathfinder_generator.params import (
     lra_params,
 )
 from attnlab.data.lra.pathfinder_generator.sample import sample_at
+from attnlab.files import remove_orphans, removed_on_failure
 
 GENERATOR_FILE = "generator.json"  # written by `generate_pathfinder`; absent from the LRA release
 
