@@ -1,6 +1,6 @@
 """The structure drawn from the imports: no import circle between modules, every import
-going down the floors below, no module reaching for another's ``_private`` name, and no source file
-over 600 lines.
+going down the floors below, no module reaching for another's ``_private`` name, the float64
+references apart from the ops, and no source file over 600 lines.
 
 Read from the source with ``ast`` (imports inside functions count too: a lazy import still ties two
 modules together), so the test needs no import of the package and names the offending file.
@@ -155,18 +155,36 @@ def _private_uses(path: Path, module: str, sources: dict[str, Path]) -> list[str
     return found
 
 
-#: packages whose modules still share private helpers with each other (none may take up the habit)
-SHARING_PRIVATE_NAMES = ("attnlab.attention",)
-
-
 def test_no_module_takes_another_modules_private_name():
     """A ``_name`` is its module's own: one that another module needs is public (or lives there)."""
     sources = _sources()
     found = []
     for module, path in sources.items():
-        if not module.startswith(SHARING_PRIVATE_NAMES):
-            found += _private_uses(path, module, sources)
+        found += _private_uses(path, module, sources)
     assert not found, "private names taken from another module:\n" + "\n".join(sorted(found))
+
+
+REFERENCES = sorted(PACKAGE.glob("attention/*/reference.py"))
+
+
+@pytest.mark.parametrize("path", REFERENCES, ids=lambda p: p.parent.name)
+def test_references_import_nothing_from_the_ops(path):
+    """A family's float64 reference shares no code with its ops (it would share their bugs): it may
+    import only the masks the references share, which import nothing of attnlab."""
+    masks = PACKAGE / "attention" / "common" / "reference_masks.py"
+    assert not _imports(masks), f"{masks.relative_to(SRC)} imports {sorted(_imports(masks))}"
+    allowed = {"attnlab.attention.common.reference_masks"}
+    assert _imports(path) <= allowed, f"{path.relative_to(SRC)} imports {sorted(_imports(path) - allowed)}"
+
+
+def test_every_family_has_a_reference():
+    assert {p.parent.name for p in REFERENCES} >= {
+        "softmax",
+        "linear",
+        "performer",
+        "sliced_relu",
+        "sliced_relu_bump",
+    }
 
 
 ROOT = SRC.parent

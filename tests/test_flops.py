@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.attention import build_attention
 from attnlab.attention import reference as ref
-from attnlab.attention.linear import linear_attention
+from attnlab.attention.linear.ops import linear_attention
 from attnlab.flops import FlopCounter, attention_flops, peak_flops, precision_dtype
 from attnlab.pipeline import train
 from tiny_runs import TINY_LISTOPS

@@ -12,10 +12,10 @@ import tempfile
 
 import torch
 
-from attnlab.attention.triton import runtime
-from attnlab.attention.triton.bump import BUMP as BUMP_TUNING
-from attnlab.attention.triton.linear import NUM_WARPS, launch_config, precision
-from attnlab.attention.triton.sliced import TUNING
+from attnlab.attention.common.triton import runtime
+from attnlab.attention.linear.triton import NUM_WARPS, launch_config, precision
+from attnlab.attention.sliced_relu.triton import TUNING
+from attnlab.attention.sliced_relu_bump.triton import BUMP as BUMP_TUNING
 
 TARGETS = {"sm_70": (7, 0), "sm_80": (8, 0), "sm_90": (9, 0)}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}

@@ -80,7 +80,7 @@ class FlopCounter:
         self._handles: list = []
 
     def attach(self, model: nn.Module) -> FlopCounter:
-        from attnlab.attention.layers import AttentionLayer
+        from attnlab.attention import AttentionLayer
 
         for module in model.modules():
             if isinstance(module, nn.Linear):

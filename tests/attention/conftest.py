@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.attention.triton import selfcheck
+from attnlab.attention.common.triton import selfcheck
 
 
 @pytest.fixture(autouse=True)

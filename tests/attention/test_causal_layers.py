@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from attnlab.attention import available_backends, backend_capabilities, build_attention
-from attnlab.attention.layers import SlicedReLUAttention, standardise_scores_prefix
 from attnlab.attention.ops import sliced_relu_bump_attention
-from attnlab.attention.sliced.decode import sliced_relu_bump_attention_step
+from attnlab.attention.sliced_common.scores import standardise_scores_prefix
+from attnlab.attention.sliced_relu.layer import SlicedReLUAttention
+from attnlab.attention.sliced_relu_bump.decoding import sliced_relu_bump_attention_step
 
 F64 = torch.float64
 

@@ -7,14 +7,11 @@ import torch
 from torch import nn
 
 from attnlab.attention import available_backends, backend_capabilities, build_attention
-from attnlab.attention.layers import (
-    LinearAttention,
-    SlicedReLUAttention,
-    SlicedReLUBumpAttention,
-    slice_tokens,
-    standardise_scores,
-)
-from attnlab.attention.rope import RotaryEmbedding
+from attnlab.attention.common.rope import RotaryEmbedding
+from attnlab.attention.linear.layer import LinearAttention
+from attnlab.attention.sliced_common.scores import slice_tokens, standardise_scores
+from attnlab.attention.sliced_relu.layer import SlicedReLUAttention
+from attnlab.attention.sliced_relu_bump.layer import SlicedReLUBumpAttention
 
 DIM, HEADS = 12, 3
 

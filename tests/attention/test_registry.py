@@ -21,14 +21,12 @@ from attnlab.attention import (
     build_attention,
     check_support,
 )
-from attnlab.attention.layers import (
-    Capabilities,
-    LinearAttention,
-    PerformerAttention,
-    SlicedReLUAttention,
-    SlicedReLUBumpAttention,
-    SoftmaxAttention,
-)
+from attnlab.attention.common.layer import Capabilities
+from attnlab.attention.linear.layer import LinearAttention
+from attnlab.attention.performer.layer import PerformerAttention
+from attnlab.attention.sliced_relu.layer import SlicedReLUAttention
+from attnlab.attention.sliced_relu_bump.layer import SlicedReLUBumpAttention
+from attnlab.attention.softmax.layer import SoftmaxAttention
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "attn"
 EXPECTED = {

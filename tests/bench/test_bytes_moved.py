@@ -56,7 +56,7 @@ def test_backward_ops_are_counted_too():
 def test_a_triton_launch_is_charged_its_unmasked_loads_and_stores(monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from attnlab.attention.triton import runtime
+    from attnlab.attention.common.triton import runtime
 
     x = torch.zeros(20)
     rows = count_bytes(lambda: runtime.kernels().probe_kernel[(1,)](x, 10, BLOCK=16))

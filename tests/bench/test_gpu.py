@@ -230,7 +230,7 @@ def test_bench_gpu_without_an_environment_names_make_venv(tmp_path):
 def test_the_correctness_pass_on_the_interpreter(tmp_path, monkeypatch, capsys):
     """`gpu_check` end to end on CPU tensors under TRITON_INTERPRET=1: every case agrees and is
     written; a kernel made to disagree fails its backend (exit 1) with the error it measured."""
-    from attnlab.attention.triton import sliced
+    from attnlab.attention.sliced_relu import triton as sliced
     from attnlab.bench import gpu_check, gpu_results
     from attnlab.cli import gpu_check as gpu_check_cli
 

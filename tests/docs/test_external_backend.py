@@ -129,7 +129,9 @@ def test_registration_is_checked(clean_registry):
         def attend(self, q, k, v, key_padding_mask):
             return v
 
-    with pytest.raises(ValueError, match="'softmax' is already registered by attnlab.attention.layers"):
+    with pytest.raises(
+        ValueError, match="'softmax' is already registered by attnlab.attention.softmax.layer"
+    ):
         register_backend("softmax")(Mine)
     assert register_backend("mine")(Mine) is Mine
     assert register_backend("mine")(Mine) is Mine  # the same class again (a re-import): fine

@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.attention import available_backends, registry
-from attnlab.attention.layers import AttentionLayer, Capabilities, UnsupportedAttentionError
+from attnlab.attention import (
+    AttentionLayer,
+    Capabilities,
+    UnsupportedAttentionError,
+    available_backends,
+    registry,
+)
 from attnlab.attention.registry import register_backend
 from attnlab.errors import UserError
 from attnlab.models.causal_lm import CausalLM, NoCausalAttentionError, causal_backends

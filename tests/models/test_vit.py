@@ -7,8 +7,7 @@ import torch
 from hydra.utils import instantiate
 from timm.models.vision_transformer import Block, VisionTransformer
 
-from attnlab.attention import available_backends
-from attnlab.attention.layers import AttentionLayer
+from attnlab.attention import AttentionLayer, available_backends
 from attnlab.models.vit import RegistryBlock, num_tokens, tiny_vit
 
 SMALL = dict(stem_channels=[8, 16], dim=32, depth=2, num_heads=4, mlp_dim=64, drop_path=0.0)

@@ -11,7 +11,7 @@ Your own backend: subclass `AttentionLayer` and decorate it with `register_backe
 from __future__ import annotations
 
 from attnlab.attention import ops
-from attnlab.attention.layers import AttentionLayer, Capabilities, UnsupportedAttentionError
+from attnlab.attention.common.layer import AttentionLayer, Capabilities, UnsupportedAttentionError
 from attnlab.attention.registry import (
     available_backends,
     backend_capabilities,

@@ -1,19 +1,21 @@
 """Public facade of the attention ops: pure functions on (B, H, T, D) tensors (scores (B, H, T)).
 
-Import from here rather than from the implementation modules, which may be reorganised.
+Import from here rather than from the implementation modules (each family's ``ops.py`` and
+``decoding.py``), which may be reorganised.
 """
 
 from __future__ import annotations
 
-from attnlab.attention.linear import linear_attention, linear_attention_state, linear_attention_step
-from attnlab.attention.sliced.decode import (
-    sliced_relu_attention_state,
-    sliced_relu_attention_step,
+from attnlab.attention.linear.decoding import linear_attention_state, linear_attention_step
+from attnlab.attention.linear.ops import linear_attention
+from attnlab.attention.sliced_relu.decoding import sliced_relu_attention_state, sliced_relu_attention_step
+from attnlab.attention.sliced_relu.ops import sliced_relu_attention
+from attnlab.attention.sliced_relu_bump.decoding import (
     sliced_relu_bump_attention_state,
     sliced_relu_bump_attention_step,
 )
-from attnlab.attention.sliced.dispatch import sliced_relu_attention, sliced_relu_bump_attention
-from attnlab.attention.softmax import softmax_attention
+from attnlab.attention.sliced_relu_bump.ops import sliced_relu_bump_attention
+from attnlab.attention.softmax.ops import softmax_attention
 
 __all__ = [
     "linear_attention",

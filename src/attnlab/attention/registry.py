@@ -17,15 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.attention.layers import (
-    AttentionLayer,
-    Capabilities,
-    LinearAttention,
-    PerformerAttention,
-    SlicedReLUAttention,
-    SlicedReLUBumpAttention,
-    SoftmaxAttention,
-)
+from attnlab.attention.common.layer import AttentionLayer, Capabilities
+from attnlab.attention.linear.layer import LinearAttention
+from attnlab.attention.performer.layer import PerformerAttention
+from attnlab.attention.sliced_relu.layer import SlicedReLUAttention
+from attnlab.attention.sliced_relu_bump.layer import SlicedReLUBumpAttention
+from attnlab.attention.softmax.layer import SoftmaxAttention
 from attnlab.errors import ConfigError
 
 _BACKENDS: dict[str, type[AttentionLayer]] = {}

@@ -1,7 +1,7 @@
 """``attnlab bench authors``: how far attnlab's sliced layers are from the authors' published layers.
 
 The authors' layers (SiwanB/Sliced_ReLU_Attention) are written out in
-``attnlab.attention.authors_reference``; each figure compares one of them with attnlab's layer
+``attnlab.attention.sliced_common.authors_reference``; each figure compares one of them with attnlab's layer
 holding the same weights (float64, eval mode unless said, random inputs x ~ N(0, 1)):
 
 - ``authors vs token``: ‖authors − attnlab‖ / ‖attnlab‖ with attnlab's default layout (the paper's
@@ -27,7 +27,11 @@ from __future__ import annotations
 import torch
 
 from attnlab.attention import build_attention
-from attnlab.attention.authors_reference import AuthorsSlicedReLU, AuthorsSlicedReLUBump, copy_into
+from attnlab.attention.sliced_common.authors_reference import (
+    AuthorsSlicedReLU,
+    AuthorsSlicedReLUBump,
+    copy_into,
+)
 from attnlab.reporting.formats import markdown_table
 
 
@@ -64,7 +68,7 @@ def _padding_change(layer, args, x) -> float:
 
 def _neighbour_derivative(layer, x) -> float:
     """max |∂ score_0 / ∂ x_1| over heads and input channels, through the layer's own score map."""
-    from attnlab.attention.scores import slice_tokens
+    from attnlab.attention.sliced_common.scores import slice_tokens
 
     x = x[:, :16].clone().requires_grad_(True)
     scores = slice_tokens(layer.slicer, layer.heads(x)[0], layer.score_layout)  # (1, H, T)

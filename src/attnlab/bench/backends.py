@@ -83,7 +83,7 @@ def state_bytes(obj) -> int:
 VARIANTS: dict[str, tuple[str, dict]] = {
     "sliced_relu_attention_torch": ("sliced_relu_attention", {"impl": "torch"}),
     "sliced_relu_bump_attention_torch": ("sliced_relu_bump_attention", {"impl": "torch"}),
-    # the two evaluations of the sliced kernels (attnlab.attention.sliced.path): the plain names
+    # the two evaluations of the sliced kernels (attnlab.attention.sliced_common.path): the plain names
     # take path="auto" (dense up to the crossover); these force one, to measure the crossover
     "sliced_relu_attention_dense": ("sliced_relu_attention", {"path": "dense"}),
     "sliced_relu_attention_sorted": ("sliced_relu_attention", {"path": "sorted"}),

@@ -45,7 +45,7 @@ def _op(backend: str):
 def check_backend(backend: str, dtypes: list[str], seed: int = 0, device: str = "cuda") -> list[dict]:
     """One row per (dtype, case): the errors of both implementations and the verdict. A CUDA error
     ends the checks (it is sticky: every later call of the process would fail too)."""
-    from attnlab.attention.triton.selfcheck import compare, random_case
+    from attnlab.attention.common.triton.selfcheck import compare, random_case
 
     op, definition, keywords = _op(backend)
     rows = []

@@ -9,14 +9,15 @@ step, the data pipeline left out. Lengths and positions (``TASKS``): ViT on CIFA
 CLS = 65 tokens, learned positions added to the tokens), MLM (128 and 512, RoPE), ModelNet40 (1,024
 points, none: a set), ListOps (2K, RoPE), Text (4K, RoPE), Path-X (16K, learned), and the round shapes
 T=64 (B=128) and T=256 (B=32) with RoPE. The positions matter for the sliced backends: without RoPE
-their layers fold Π's first map into the q/k projection (``attnlab.attention.scores.fold_scores``),
-with RoPE they cannot; ``--positions`` sets one scheme for every row.
+their layers fold Π's first map into the q/k projection
+(``attnlab.attention.sliced_common.scores.fold_scores``), with RoPE they cannot; ``--positions`` sets
+one scheme for every row.
 
 The machine may be shared, so the backends are interleaved: each repeat runs every backend in turn
 (``--steps`` timed steps after ``--warmup`` untimed ones, at most ``--max-seconds``), a run's figure
 is its median step, and the table shows the best run of each backend (``--stat median`` for the
 median over runs). The load average is printed before and after. It prints figures; it asserts
-nothing. The sliced backends take ``--path`` (``attnlab.attention.sliced.path``; ``auto`` is what
+nothing. The sliced backends take ``--path`` (``attnlab.attention.sliced_common.path``; ``auto`` is what
 training uses); ``sliced_relu`` has the authors' MLP Π, ``sliced_relu_linear`` the linear Π (both are
 the paper's ViT variants).
 
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
     """Samples/s per (task, backend); prints the progress, the table and the ratios to softmax."""
     import torch
 
-    from attnlab.attention.sliced.path import crossover
+    from attnlab.attention.sliced_common.path import crossover
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

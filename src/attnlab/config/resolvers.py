@@ -21,7 +21,7 @@ from attnlab.config.grad_accumulation import accumulation
 from attnlab.errors import ConfigError
 from attnlab.run.resume import resume_run_dir
 
-#: ``lra_code`` of the LRA presets -> softmax's padded-query rule (`attnlab.attention.padding`)
+#: ``lra_code`` of the LRA presets -> softmax's padded-query rule (`attnlab.attention.common.padding`)
 LRA_CODES = {"leaderboard": "lra2020", "head": "lra"}
 
 

@@ -12,7 +12,7 @@ import functools
 import torch
 from torch import nn
 
-from attnlab.attention.layers import UnsupportedAttentionError
+from attnlab.attention import UnsupportedAttentionError
 from attnlab.attention.registry import available_backends, check_support
 from attnlab.errors import UserError
 from attnlab.models.classifier import POSITIONS, check_choice, resolve_attention, sinusoidal_positions

@@ -1,0 +1,30 @@
+"""The linear attention layer (φ = elu + 1) inside the shared skeleton (`attnlab.attention.common.layer`)."""
+
+from __future__ import annotations
+
+from attnlab.attention.common.layer import AttentionLayer, Capabilities, check_int, check_number
+from attnlab.attention.linear.chunked import DEFAULT_CHUNK_SIZE
+from attnlab.attention.linear.ops import linear_attention
+
+
+class LinearAttention(AttentionLayer):
+    """Linear attention, φ = elu + 1. Causal layers also decode token by token with `step`."""
+
+    name = "linear"
+    capabilities = Capabilities(causal=True, recurrent_step=True)
+
+    def __init__(
+        self, dim: int, num_heads: int, *, eps: float = 1e-6, chunk_size: int = DEFAULT_CHUNK_SIZE, **common
+    ) -> None:
+        super().__init__(dim, num_heads, **common)
+        check_number("eps", eps, low=0.0, low_open=True)  # 0: a query that sees no real key gives 0/0
+        check_int("chunk_size", chunk_size, 1)
+        self.eps = eps
+        self.chunk_size = chunk_size
+
+    def attend(self, q, k, v, key_padding_mask):
+        o = linear_attention(
+            q, k, v, key_padding_mask, causal=self.causal, eps=self.eps, chunk_size=self.chunk_size,
+            padded_queries=self.padded_queries,
+        )  # fmt: skip
+        return self.output_dropout(o)

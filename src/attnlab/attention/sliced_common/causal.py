@@ -1,0 +1,124 @@
+"""Causal sliced ReLU / ReLU-bump attention: exact O(T log² T) parallel ops (what both share).
+
+The ops are ``attnlab.attention.sliced_relu.causal`` and ``attnlab.attention.sliced_relu_bump.causal``;
+this module holds their row helpers (score shift, tied pairs, prefix and suffix sums).
+
+The causal ops are the bidirectional ones (``attnlab.attention.sliced_common``) restricted to keys
+``j ≤ i``, with every statistic over that prefix: value mean ``vbar_i``, normaliser
+``Σ_{j≤i} |s_i − t_j|``, bump count ``n_i``. Both kernels are piecewise linear in ``s_i − t_j``, so
+every output is a combination of *dominance sums* ``Σ_{j≤i, t_j<x_i} w_j`` (x_i = s_i, or s_i ± b
+for the bump) of a few weight columns ``w``: a two-dimensional query (time and score).
+
+``attnlab.attention.sliced_common.dominance`` answers them for all i at once, vectorised over rows and
+columns, with a Python loop over log₂(T / chunk) levels only (divide and conquer over time: dense
+masked products inside chunks, sorted left halves and binary searches across them). The backward
+passes (hand-written ``autograd.Function``s) sum over the same pairs the other way (``j ≥ i``, queries
+and keys exchanged). What keeps them within a few times the bidirectional ops (``attnlab bench
+attention`` prints the ratio):
+
+- sliced ReLU: one merged sort of keys and queries per level (``attnlab.attention.sliced_common.merged``;
+  a radix sort of integer codes for float32) gives both passes their orders and counts, so the
+  backward pass neither sorts nor searches, and the levels are read up to five at a time (one gather
+  and one add per group instead of per level);
+- ReLU-bump: the hat window is a combination of four window sums; each level reads the prefix rows
+  of all of it in one fused gather-and-weigh (``combined_sums``), and the window sums the score
+  and bandwidth gradients need (they do not depend on the output's gradient) are taken in the
+  forward pass over the same sorts, so the backward pass only runs the keys' side (time reversed);
+- tied scores (``t_j = s_i``: kinks of both kernels) are taken apart from a list of the tied pairs
+  (``tied_pairs``) instead of one more pass over every level, unless there are many;
+- prefix sums over a middle dimension add rows instead of calling ``cumsum`` (``prefix_sums_``).
+
+Precision. Sums accumulate in float32 for half/float32 inputs and float64 for float64. Scores are
+shifted by the key score of the row's first real token (and, for sliced ReLU, whose output does
+not depend on a common shift of the values, values by that token's value): a per-row constant that
+cancels exactly in ``s_i − t_j`` and in ``v_j − vbar_i``, removes large offsets, and depends on no
+future token. Cancellation can still bite where the formulas subtract: ``s_i · Σ w − Σ t w``
+(loses about |s_i|·|Σ w| / |result| ulps, growing with T and the score spread), the prefix mean
+``vbar_i · (s_i C_i − E_i)`` subtracted from the uncentred sum (values with a mean far from the first
+token's value), and the bump's window sums for bandwidths narrow next to the score spread. Measured
+figures are in ``tests/attention/sliced_common/test_causal.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.attention.sliced_common.dominance import prefix_sums_, suffix_sums_
+from attnlab.attention.sliced_common.merged import merge_rows
+
+DEFAULT_CHUNK = 32  # dense local block: below it a masked matmul beats sorting (measured on CPU)
+
+
+def suffix_sum(x: torch.Tensor) -> torch.Tensor:
+    """``Σ_{i ≥ j} x_i`` along dim 1 (``(N, T)``, or ``(N, T, D)``: in place, ``suffix_sums_``)."""
+    return x.flip(1).cumsum(1).flip(1) if x.dim() == 2 else suffix_sums_(x.contiguous())
+
+
+def prefix_sum(x: torch.Tensor) -> torch.Tensor:
+    """``Σ_{j ≤ i} x_j`` along dim 1 of ``(N, T, D)`` (``prefix_sums_``: faster than ``cumsum`` there)."""
+    return prefix_sums_(x.clone(memory_format=torch.contiguous_format))
+
+
+def first_real(valid: torch.Tensor | None, n_rows: int, device) -> torch.Tensor:
+    """Index of each row's first real token (0 for an all-padded row)."""
+    if valid is None:
+        return torch.zeros(n_rows, dtype=torch.long, device=device)
+    return valid.to(torch.int8).argmax(dim=1)
+
+
+def shift_scores(s, t, valid):
+    """Scores minus the row's first real key score (exact in ``s − t``; see the module docstring)."""
+    first = first_real(valid, s.shape[0], s.device)
+    shift = torch.gather(t, 1, first[:, None])
+    s, t = s - shift, t - shift
+    if valid is not None:
+        s, t = s.masked_fill(~valid, 0.0), t.masked_fill(~valid, 0.0)
+    return s, t, first
+
+
+TIE_PAIR_BUDGET = 4  # tied (query, key) pairs listed per position at most; beyond, an exact extra pass
+
+
+def tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None):
+    """The pairs ``j <= i`` of real positions with ``s_i == t_j`` exactly, as flat indices
+    ``(n·T + i, n·T + j)``; None when there are more than ``TIE_PAIR_BUDGET · N · T`` of them.
+
+    The ops need sums over ``t_j <= s_i`` beside those over ``t_j < s_i`` (kinks: relu'(0) = 0,
+    hat'(0) = 0). They differ by the tied pairs only, which scores from real data have by accident
+    (float32 at T = 16K: a few dozen per row), so the difference is added from this list instead
+    of one more dominance pass over every level. Many ties (quantised scores, constant rows) return
+    None and the caller takes that exact pass. One merged sort of each row's keys and queries
+    (``merge_rows``: the keys' order and every query's rank among them) and a scan of the runs.
+    """
+    n_rows, length = s.shape
+    if valid is not None:  # padded positions never tie: -inf queries against +inf keys
+        s, t = s.masked_fill(~valid, -float("inf")), t.masked_fill(~valid, float("inf"))
+    key_order, lo, _, _ = merge_rows(s, t)
+    keys = torch.gather(t, 1, key_order)
+    # the end of the run of equal keys at each sorted position (instead of a second binary search)
+    last = torch.arange(length, device=s.device).expand(n_rows, -1)
+    run_end = torch.where(keys[:, 1:] != keys[:, :-1], last[:, :-1] + 1, length)
+    run_end = torch.cat([run_end, run_end.new_full((n_rows, 1), length)], dim=1)
+    run_end = run_end.flip(1).cummin(1).values.flip(1)
+    at = lo.clamp_max(length - 1)
+    tied = torch.gather(keys, 1, at) == s
+    counts = torch.where(tied, torch.gather(run_end, 1, at) - lo, 0).view(-1)
+    total = int(counts.sum())
+    if total > TIE_PAIR_BUDGET * s.numel():
+        return None
+    query = torch.repeat_interleave(torch.arange(s.numel(), device=s.device), counts)
+    run_start = torch.cumsum(counts, 0) - counts  # where each query's pairs start in the list
+    position = lo.reshape(-1)[query] + torch.arange(total, device=s.device) - run_start[query]
+    row_start = query - query % length
+    key = key_order.view(-1)[row_start + position] + row_start
+    keep = key <= query  # j <= i (same row)
+    return query[keep], key[keep]
+
+
+def reverse_key(x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    return (x if valid is None else x.masked_fill(~valid, float("inf"))).flip(1)
+
+
+def check_chunk(chunk: int) -> None:
+    if type(chunk) is not int or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")

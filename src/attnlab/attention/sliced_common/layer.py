@@ -1,0 +1,79 @@
+"""What both sliced layers share: Π maps q and k to one score per head, then the family's op runs on
+the scores."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from attnlab.attention.common.layer import AttentionLayer
+from attnlab.attention.sliced_common.scores import (
+    check_score_layout,
+    first_map,
+    fold_rotated_scores,
+    fold_scores,
+    slice_tokens,
+)
+
+
+class SlicedAttentionLayer(AttentionLayer):
+    """What both sliced layers share: Π (`slicer`) maps q and k to one score per head, then
+    `attend_scores(s, t, v, key_padding_mask)` runs the backend's op on the scores.
+
+    `forward` folds Π's first linear map into the q/k projection: without RoPE once per call
+    (`fold_scores`), with RoPE once per position (`fold_rotated_scores`, when the batch is larger than
+    that map's output, where the per-position table is the cheaper side). The same function of the
+    same parameters either way; otherwise it takes q and k as the other layers do. Decoding (`step`,
+    `prefill`) always takes q and k: one token at a time gains nothing.
+
+    `score_layout` is how q (and k) become Π's rows (`slice_tokens`): ``"token"``, each token's heads
+    (the paper's Π, the default); ``"authors"``, the in-place reshape of the authors' code, whose rows
+    mix H consecutive tokens of one head (bidirectional layers only; never folded, as its rows are
+    not tokens).
+    """
+
+    slicer: nn.Module
+
+    def __init__(self, dim: int, num_heads: int, *, score_layout: str = "token", **common) -> None:
+        super().__init__(dim, num_heads, **common)
+        check_score_layout(score_layout, self.causal)
+        self.score_layout = score_layout
+
+    def fold(self, batch: int) -> str | None:
+        """How `forward` computes the scores of a batch: ``"plain"`` (`fold_scores`), ``"rotated"``
+        (`fold_rotated_scores`) or None (q and k, then Π). When folded, the projection's and Π's first
+        Linear modules are not called, their weights are read (`attnlab.flops` counts what runs)."""
+        if self.score_layout != "token":
+            return None
+        if self.rotary is None:
+            return "plain"
+        return "rotated" if batch > first_map(self.slicer)[0].out_features else None
+
+    def folded_flops(self, batch: int, length: int) -> float:
+        """Forward FLOPs of the fold `fold(batch)` names (0 for None), matmuls only."""
+        out, width, dim = first_map(self.slicer)[0].out_features, self.qkv_dim, self.dim
+        kind = self.fold(batch)
+        if kind == "plain":  # A·W_q and A·W_k, then one dim → 2·out + width map per token
+            return 2.0 * (2 * out * width * dim + batch * length * dim * (2 * out + width))
+        if kind == "rotated":  # (A R_t)·W_q and ·W_k per position, then per token dim → 2·out and → width
+            return 2.0 * (2 * length * out * width * dim + batch * length * dim * (2 * out + width))
+        return 0.0
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        kind = self.fold(x.shape[0]) if x.dim() == 3 else None
+        if kind is None:
+            return super().forward(x, key_padding_mask)
+        self.check_input(x, key_padding_mask)
+        if kind == "plain":
+            s, t, v = fold_scores(self.qkv, self.slicer, self.num_heads, x)
+        else:
+            s, t, v = fold_rotated_scores(self.qkv, self.slicer, self.rotary, self.num_heads, x)
+        return self.out_proj(self.merge(self.attend_scores(s, t, v, key_padding_mask)))
+
+    def attend(self, q, k, v, key_padding_mask):
+        s = slice_tokens(self.slicer, q, self.score_layout)
+        t = slice_tokens(self.slicer, k, self.score_layout)
+        return self.attend_scores(s, t, v, key_padding_mask)
+
+    def attend_scores(self, s, t, v, key_padding_mask):
+        raise NotImplementedError(f"{type(self).__name__} must implement attend_scores()")

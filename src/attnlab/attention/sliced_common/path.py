@@ -1,0 +1,67 @@
+"""Which evaluation of a sliced kernel runs (``path``): dense O(T²) or sorted O(T log T).
+
+``path="dense"`` evaluates the kernel on all T×T pairs (``attnlab.attention.sliced_common.dense``),
+``"sorted"`` runs the sorted ops (torch or Triton, as ``impl`` says), ``"auto"`` takes dense for
+``T <= crossover`` and sorted above. Both give the same function to float rounding, outputs and
+gradients; only speed and memory differ (dense keeps O(B·H·T²) for the backward).
+
+The crossovers were measured, not guessed (docs/benchmarks.md has the runs). Where none was measured
+(CUDA, where the Triton kernels run the sorted path) ``auto`` always takes the sorted path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.attention.common.triton.runtime import IMPLS
+
+PATHS = ("auto", "dense", "sorted")
+
+# (op, device type, accumulation dtype) -> the longest T at which ``auto`` takes the dense path.
+# op: "relu" / "bump" (bidirectional), "causal_relu" / "causal_bump". Half inputs accumulate in
+# float32 and share its entry. Each entry is the longest measured T at which dense fwd+bwd was at least
+# as fast as sorted, at it and every shorter T (docs/benchmarks.md, "CPU: dense or sorted").
+CROSSOVER: dict[tuple[str, str, torch.dtype], int] = {
+    ("relu", "cpu", torch.float32): 64,
+    ("bump", "cpu", torch.float32): 128,
+    ("causal_relu", "cpu", torch.float32): 64,
+    ("causal_bump", "cpu", torch.float32): 384,
+    ("relu", "cpu", torch.float64): 32,
+    ("bump", "cpu", torch.float64): 96,
+    ("causal_relu", "cpu", torch.float64): 96,
+    ("causal_bump", "cpu", torch.float64): 256,
+}
+
+
+def check_path(path: str) -> str:
+    """``path`` itself, or a one-line ValueError naming the allowed values (the layers' option)."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {', '.join(map(repr, PATHS))}, got {path!r}")
+    return path
+
+
+def crossover(op: str, device: torch.device, dtype: torch.dtype) -> int:
+    """The longest T at which ``path="auto"`` runs ``op`` densely on ``device`` (0: never)."""
+    return CROSSOVER.get((op, device.type, dtype), 0)
+
+
+def choose_path(name: str, op: str, path: str, impl: str, length: int, device, dtype) -> str:
+    """``"dense"`` or ``"sorted"`` for a call of the public op ``name`` (checked here, one line each).
+
+    ``impl="triton"`` asks for the Triton kernels, which are sorted: ``auto`` then runs them and
+    ``dense`` is refused.
+    """
+    if path not in PATHS:
+        raise ValueError(f"{name}: path must be one of {', '.join(map(repr, PATHS))}, got {path!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"{name}: impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
+    if path == "dense" and impl == "triton":
+        raise ValueError(
+            f"{name}: path='dense' runs torch ops, impl='triton' the sorted Triton kernels; "
+            "use impl='auto' or impl='torch' with path='dense'"
+        )
+    if path != "auto":
+        return path
+    if impl == "triton":
+        return "sorted"
+    return "dense" if length <= crossover(op, torch.device(device), dtype) else "sorted"

@@ -1,0 +1,134 @@
+"""Causal sliced ReLU attention in O(T log² T): a hand-written autograd function over dominance sums.
+
+The shared machinery (and the derivation, precision notes) is in ``attnlab.attention.sliced_common.causal``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.attention.common.precision import accumulation_dtype, no_autocast
+from attnlab.attention.sliced_common.causal import (
+    DEFAULT_CHUNK,
+    check_chunk,
+    prefix_sum,
+    shift_scores,
+    suffix_sum,
+    tied_pairs,
+)
+from attnlab.attention.sliced_common.dominance import Query, dominance_sums, dominated_sums
+from attnlab.attention.sliced_common.merged import merged_dominance_sums, merged_dominated_sums
+from attnlab.attention.sliced_common.rows import as_rows, rowdot, take_rows, valid_rows
+
+__all__ = ["causal_sliced_relu_attention"]
+
+
+class _CausalSlicedReLU(torch.autograd.Function):
+    """Rows ``s, t (N, T)``, ``v (N, T, D)`` in the accumulation dtype; ``valid (N, T)`` or None."""
+
+    @staticmethod
+    def forward(ctx, s, t, v, valid, eps, chunk):
+        with no_autocast(v.device):
+            return _CausalSlicedReLU._forward(ctx, s, t, v, valid, eps, chunk)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        with no_autocast(grad_out.device):
+            return _CausalSlicedReLU._backward(ctx, grad_out)
+
+    @staticmethod
+    def _forward(ctx, s, t, v, valid, eps, chunk):
+        n_rows, length, dim = v.shape
+        s, t, first = shift_scores(s, t, valid)
+        v = v - take_rows(v, first[:, None])  # output is invariant to a common value shift
+        real = None if valid is None else valid.to(v.dtype)
+        if real is not None:
+            v = v * real[..., None]  # padded values (finite garbage) vanish from every sum
+        key = t if valid is None else t.masked_fill(~valid, float("inf"))
+        ones = torch.ones_like(t) if real is None else real
+        table = torch.cat([v, t[..., None] * v, ones[..., None], t[..., None]], dim=-1).contiguous()
+        below, levels = merged_dominance_sums(key, s, table, chunk)
+        del table
+        sum_v, sum_tv = below[..., :dim].contiguous(), below[..., dim : 2 * dim]  # A_i, B_i
+        count, sum_t = below[..., 2 * dim], below[..., 2 * dim + 1]  # C_i, E_i: keys below s_i
+        # #{j <= i : t_j <= s_i} (for the gradient) is #{t_j < s_i} plus the tied pairs
+        pairs = tied_pairs(s, t, valid)
+        if pairs is None:  # too many ties to list: count them in a pass of their own
+            weights = ones[..., None].contiguous()
+            count_le = dominance_sums(key, weights, [Query(s, "right")], chunk)[0][..., 0]
+        else:
+            count_le = count.contiguous()
+            count_le.view(-1).index_add_(0, pairs[0], torch.ones_like(pairs[0], dtype=count.dtype))
+        del below
+
+        n = ones.cumsum(1)  # real keys j <= i
+        n_safe = n.clamp_min(1)
+        vbar = prefix_sum(v).div_(n_safe[..., None])
+        total_t = t.cumsum(1)
+        relu_mass = s * count - sum_t  # Σ_{j≤i} ReLU(s_i − t_j)
+        # numerator Σ_{j≤i, t_j<s_i} (s_i − t_j)(v_j − vbar_i) = s A − B − vbar (s C − E)
+        num = torch.addcmul(-sum_tv, sum_v, s[..., None]).sub_(vbar * relu_mass[..., None])
+        den = s * (2 * count - n) + total_t - 2 * sum_t  # Σ_{j≤i} |s_i − t_j|
+        scale = 2.0 / den.clamp_min(eps)
+        if valid is not None:
+            scale = scale.masked_fill(~valid, 0.0)
+        out = num.mul_(scale[..., None])
+        ctx.save_for_backward(s, t, v, sum_v, vbar, count, count_le, n_safe, relu_mass, den, out)
+        ctx.valid, ctx.eps, ctx.chunk, ctx.pairs, ctx.levels = valid, eps, chunk, pairs, levels
+        return out
+
+    @staticmethod
+    def _backward(ctx, grad_out):
+        s, t, v, sum_v, vbar, count, count_le, n, relu_mass, den, out = ctx.saved_tensors
+        valid, eps, chunk, pairs = ctx.valid, ctx.eps, ctx.chunk, ctx.pairs
+        dim = v.shape[-1]
+        inv_d = 1.0 / den.clamp_min(eps)
+        a = grad_out * (2.0 * inv_d)[..., None]  # dL/dnum_i
+        grad_den = -rowdot(grad_out, out) * inv_d * (den >= eps)
+        if valid is not None:
+            a = a.masked_fill(~valid[..., None], 0.0)
+            grad_den = grad_den.masked_fill(~valid, 0.0)
+        a_vbar = rowdot(a, vbar)
+
+        # Queries: dL/ds_i = a_i·(A_i − C_i vbar_i) + dden_i (#{t_j<s_i} − #{t_j>s_i}), j ≤ i.
+        grad_s = rowdot(a, sum_v) - count * a_vbar + grad_den * (count + count_le - n)
+
+        # Keys: sums over the later queries i ≥ j with s_i > t_j (the transposed dominance sums,
+        # over the forward pass's levels).
+        table = torch.cat([a, s[..., None] * a, grad_den[..., None], a_vbar[..., None]], dim=-1)
+        key = t if valid is None else t.masked_fill(~valid, float("inf"))
+        above = merged_dominated_sums(key, s, table, chunk, ctx.levels)
+        del table
+        sum_a, sum_sa = above[..., :dim], above[..., dim : 2 * dim]
+        den_above, vbar_a_above = above[..., 2 * dim], above[..., 2 * dim + 1]
+        if pairs is None:  # Σ_{i≥j, s_i>=t_j} dden_i in a pass of its own
+            weights = grad_den[..., None].contiguous()
+            at_or_above = dominated_sums(s, weights, [Query(key, "right")], chunk)[0][..., 0]
+        else:  # Σ_{i≥j, s_i>=t_j} dden_i: the tied pairs' share added to the strict sum
+            at_or_above = den_above.contiguous()
+            at_or_above.view(-1).index_add_(0, pairs[1], grad_den.reshape(-1)[pairs[0]])
+        # dL/dv_j = Σ_{i≥j, s_i>t_j} (s_i − t_j) a_i − Σ_{i≥j} (ReLU mass_i / n_i) a_i   (vbar_i's share)
+        grad_v = sum_sa.addcmul_(sum_a, t[..., None], value=-1.0)
+        grad_v -= suffix_sum(a * (relu_mass / n)[..., None])
+        # dL/dt_j = −(v_j − vbar_i)·a_i over s_i > t_j, − dden_i over s_i > t_j, + dden_i over s_i < t_j
+        den_below = suffix_sum(grad_den) - at_or_above
+        grad_t = vbar_a_above - rowdot(v, sum_a) - den_above + den_below
+        if valid is not None:
+            grad_v.masked_fill_(~valid[..., None], 0.0)
+            grad_t = grad_t.masked_fill(~valid, 0.0)
+            grad_s = grad_s.masked_fill(~valid, 0.0)
+        return grad_s, grad_t, grad_v, None, None, None
+
+
+def causal_sliced_relu_attention(s, t, v, key_padding_mask=None, eps=1e-4, chunk=DEFAULT_CHUNK):
+    """Causal sliced ReLU attention, ``(B, H, T, D)``; inputs already checked by the public op.
+
+    ``o_i = 2 Σ_{j≤i} ReLU(s_i − t_j)(v_j − vbar_i) / max(Σ_{j≤i} |s_i − t_j|, eps)``, vbar_i the
+    mean of the real v_j, j ≤ i. ``chunk`` is the dense local block (a speed knob, not semantics).
+    """
+    check_chunk(chunk)
+    batch, heads, length, dim = v.shape
+    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
+    valid = valid_rows(key_padding_mask, heads, v.device)
+    out = _CausalSlicedReLU.apply(as_rows(s, acc), as_rows(t, acc), as_rows(v, acc), valid, float(eps), chunk)
+    return out.view(batch, heads, length, dim).to(v.dtype)

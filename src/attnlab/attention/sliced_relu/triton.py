@@ -1,0 +1,361 @@
+"""Sliced ReLU and ReLU-bump attention on Triton: the same math and exactness rules as
+``attnlab.attention.sliced_common`` (its docstring has the derivation), without prefix tables.
+
+The torch op sorts the keys, builds (T+1)×D prefix tables of the centred values (and of score ·
+value) in memory, and gathers them at each query's ``searchsorted`` rank. Here the sorts and ranks
+stay in torch ((B·H, T) tensors, 1/D of the data; two sorts per forward, which the backward reuses),
+the per-query scalars are one elementwise kernel (``kernels.relu_scalars_kernel`` for sliced ReLU)
+and the D-wide work is one *merged stream* per row and per rank rule: keys and queries in one
+ascending order, walked by ``kernels.stream_kernel`` with running sums, so that each query reads the
+sums over exactly the keys before it. The merged order comes from the two sorted lists and two
+``searchsorted`` calls (a merge, not a sort: ``kernels.merge_kernel`` places the slots), and ties go
+to the side the torch op's ``searchsorted`` puts them. Each stream reads the value rows once and
+writes the output rows once; rows split into chunks start from carried totals (a pass over the
+sources first, ``stream_totals_kernel``, which for sliced ReLU's forward also gives the mean).
+
+Sliced ReLU's backward is one walk of the forward's stream (``kernels.relu_backward_kernel``): the key
+sums below each query as in the forward, and the query sums above each key (``{i : s_i > t_j}``) as
+the queries' total minus their running sum; the mean subtraction of dL/dw is analytic
+(``Σ_j dL/dw_j = Σ_i a_i R_i g_i`` with ``R_i = Σ_{t_j<s_i} (s_i - t_j)``), from the same pass over g
+that gives the queries' totals. So v and g are read once each and dv written once.
+
+Values, outputs and gradients keep the input dtype in memory; every sum runs in the accumulation
+dtype (float32, float64 for float64 inputs), loaded and converted inside the kernels, with
+compensated carries (TwoSum: the running sum's rounding errors are kept and added back).
+ReLU-bump's kernels are of another shape (tile walks over the sorted keys,
+``attnlab.attention.sliced_relu_bump.triton``); both start with ``sliced_common.triton_scores``.
+
+Rows with a NaN or inf score are handled as by the torch op (``common.finite_rows``): their scores
+are zeroed before any sort, so every merged order is a permutation, and NaN is written afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.attention.common.precision import no_autocast
+from attnlab.attention.common.triton.runtime import interpret_mode, kernels
+from attnlab.attention.sliced_common.rows import exclusive_cumsum, first_order_only, nan_rows
+from attnlab.attention.sliced_common.triton_scores import sort_scores
+
+
+@dataclass
+class StreamTuning:
+    """Launch shape of the stream kernels. ``chunk``: entries per program (None: enough chunks to
+    give every SM several programs, at least ``min_chunk`` entries each)."""
+
+    block: int = 32  # 32 × 64 tiles at 8 warps: no register spills on sm_90 (64 spills)
+    block_d: int = 64
+    min_chunk: int = 2048
+    chunk: int | None = None
+    num_warps: int = 8
+    # the backward walk's register cap: uncapped it takes 188-197 registers a thread at 8 warps (one
+    # block of 256 threads per SM, 12.5 % occupancy); at 128 two blocks fit, for at most 8 bytes of
+    # spills (sm_80 bf16): `tests/attention/sliced_relu/test_triton_occupancy.py` reads the registers,
+    # `tests/attention/common/triton/test_compile.py` the spills
+    backward_max_registers: int = 128
+
+
+TUNING = StreamTuning()
+
+
+def _chunk_len(rows: int, length: int, d_blocks: int, device: torch.device) -> int:
+    if TUNING.chunk is not None:
+        return max(TUNING.block, -(-TUNING.chunk // TUNING.block) * TUNING.block)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    programs = 4 * sms
+    chunks = max(1, -(-programs // (rows * d_blocks)))
+    chunk = max(TUNING.min_chunk, -(-length // chunks))
+    return -(-chunk // TUNING.block) * TUNING.block
+
+
+def _layout(x: torch.Tensor, total: int) -> tuple[int, int, int, int]:
+    """``(block_d, d_blocks, chunk, n_chunks)``: a walk over ``total`` entries per row of ``x``."""
+    rows, _, dim = x.shape
+    block_d = min(TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
+    d_blocks = -(-dim // block_d)
+    chunk = _chunk_len(rows, total, d_blocks, x.device)
+    return block_d, d_blocks, chunk, -(-total // chunk)
+
+
+def _totals(order, x, score, xshift, weight, layout, *, sinks_as_sources=False, c4=None, scalars=None):
+    """Each chunk's sums ``(rows, chunks, 4, D)`` (``stream_totals_kernel``; 5 planes with ``c4``;
+    with ``scalars``, a ``(rows, chunks, 4)`` tensor, the chunks' ``Σ w``, ``Σ u w`` go there)."""
+    block_d, d_blocks, chunk, n_chunks = layout
+    rows, length, dim = x.shape
+    totals = torch.empty(rows, n_chunks, 4 if c4 is None else 5, dim, dtype=score.dtype, device=x.device)
+    kernels().stream_totals_kernel[(rows, n_chunks, d_blocks)](
+        order, x, xshift if xshift is not None else score, weight if weight is not None else score,
+        score, c4 if c4 is not None else score, totals, scalars if scalars is not None else score,
+        length, dim, order.shape[1], chunk, n_chunks,
+        HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, SINKS_AS_SOURCES=sinks_as_sources,
+        HAS_C4=c4 is not None, SCALARS=scalars is not None, BLOCK=TUNING.block, BD=block_d,
+        num_warps=TUNING.num_warps,
+    )  # fmt: skip
+    return totals
+
+
+def centred_carry(order, v, score, weight, count):
+    """The mean ``vbar (N, D)`` of the sources of ``stream(order, v, score, xshift=vbar,
+    weight=weight)`` (over ``count`` real ones) and that stream's chunk carry (None: one chunk), from
+    one pass over v. With one chunk that pass is the mean; with several, the chunks' unshifted sums
+    (compensated) and their ``Σ w``, ``Σ w u`` give both: ``Σ w (v - vbar) = Σ w v - vbar Σ w``,
+    in float64, with the very ``vbar`` the kernels will subtract."""
+    order, v, score, weight = (None if a is None else a.contiguous() for a in (order, v, score, weight))
+    acc = score.dtype
+    layout = _layout(v, order.shape[1])
+    if layout[3] == 1:
+        return _mean_rows(v, None if weight is None else weight > 0, count, acc), None
+    scalars = torch.empty(v.shape[0], layout[3], 4, dtype=acc, device=v.device)
+    totals = _totals(order, v, score, None, weight, layout, scalars=scalars)
+    raw = totals[:, :, :2].double() + totals[:, :, 2:].double()  # (N, chunks, 2, D)
+    vbar = (raw[:, :, 0].sum(dim=1) / count[:, None]).to(acc)
+    mass = scalars[:, :, :2].double() + scalars[:, :, 2:].double()  # Σ w, Σ w u per chunk
+    centred = raw - mass[..., None] * vbar.double()[:, None, None, :]
+    start = torch.zeros_like(centred)
+    torch.cumsum(centred[:, :-1], dim=1, out=start[:, 1:])
+    return vbar, _split(start, acc)
+
+
+def stream(
+    order: torch.Tensor,
+    x: torch.Tensor,
+    score: torch.Tensor,
+    *,
+    c1: torch.Tensor,
+    c2: torch.Tensor,
+    out: torch.Tensor,
+    xshift: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    carry: torch.Tensor | None = None,
+) -> None:
+    """Walk the merged stream ``order (N, 2T)`` (see ``kernels.stream_kernel``).
+
+    Sources: rows of ``x (N, T, D)``, minus ``xshift (N, D)``, times ``weight (N, T)``; ``score
+    (N, T)`` (accumulation dtype) scales the second running sum. At each sink ``out`` gets
+    ``c1 P + c2 Px``. ``carry``: the chunks' starting sums (computed here when the row has several
+    chunks and it is None; ``centred_carry`` gives them with the mean).
+    """
+    order, x, score, xshift, weight, c1, c2 = (
+        None if a is None else a.contiguous() for a in (order, x, score, xshift, weight, c1, c2)
+    )
+    rows, length, dim = x.shape
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1])
+    dummy = score
+    if n_chunks > 1 and carry is None:
+        carry = _carry(_totals(order, x, score, xshift, weight, layout))
+    kernels().stream_kernel[(rows, n_chunks, d_blocks)](
+        order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy, score,
+        c1, c2, out, carry if carry is not None else dummy,
+        rows, length, dim, order.shape[1], chunk, n_chunks,
+        HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, HAS_CARRY=carry is not None,
+        BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
+    )  # fmt: skip
+
+
+def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
+    """Sliced ReLU's backward walk (``kernels.relu_backward_kernel``) over the forward's ``order``:
+    returns dv ``(N, T, D)`` and the dots ``(3, N, T)``: g·P and g·P_t at the queries, (v - vbar)·Q
+    at the keys. One pass over g first (``stream_totals_kernel``) sums the queries ``a g`` and
+    ``s a g`` per chunk (the walk starts each chunk at minus the sum above it) and ``Σ c4 a g``,
+    the mean of dL/dw times ``count`` (``c4``: R, ``a``: the scale). ``kcarry``: the forward's
+    ``centred_carry`` (the key sums)."""
+    order, v, vbar, weight, t, g, a_scale, s, c4 = (
+        None if x is None else x.contiguous() for x in (order, v, vbar, weight, t, g, a_scale, s, c4)
+    )
+    rows, length, dim = v.shape
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1])
+    totals = _totals(order, g, s, None, a_scale, layout, sinks_as_sources=True, c4=c4)
+    mean = totals[:, :, 4].sum(dim=1) / count[:, None]
+    wide = totals[:, :, :2].double() + totals[:, :, 2:4].double()
+    above = wide.flip(1).cumsum(1).flip(1)  # Σ over this chunk and the ones after it
+    qcarry = _split(-above, s.dtype)
+    dots = torch.empty(d_blocks, 3, rows, length, dtype=s.dtype, device=v.device)
+    grad_v = torch.empty_like(v)
+    kernels().relu_backward_kernel[(rows, n_chunks, d_blocks)](
+        order, v, vbar, weight if weight is not None else s, t, g, a_scale, s, mean,
+        grad_v, dots, kcarry if kcarry is not None else s, qcarry,
+        rows, length, dim, order.shape[1], chunk, n_chunks,
+        HAS_W=weight is not None, HAS_KCARRY=kcarry is not None, BLOCK=TUNING.block, BD=block_d,
+        num_warps=TUNING.num_warps, maxnreg=TUNING.backward_max_registers,
+    )  # fmt: skip
+    return grad_v, dots.sum(dim=0) if d_blocks > 1 else dots[0]
+
+
+def _carry(totals: torch.Tensor) -> torch.Tensor:
+    """Each chunk's starting sums from the chunks' totals ``(rows, chunks, 4, D)`` (sums, then their
+    compensations), in the same layout: summed in float64 (a chunk-sized tensor, cheap), then split
+    into the accumulation dtype's nearest value and its remainder, so the kernels start exact."""
+    wide = totals[:, :, :2].double() + totals[:, :, 2:].double()
+    start = torch.zeros_like(wide)
+    torch.cumsum(wide[:, :-1], dim=1, out=start[:, 1:])
+    return _split(start, totals.dtype)
+
+
+def _split(start: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Float64 sums ``(rows, chunks, 2, D)`` as ``dtype``'s nearest values then their remainders."""
+    high = start.to(dtype)
+    return torch.cat([high, (start - high.double()).to(dtype)], dim=2).contiguous()
+
+
+def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, finite: bool = False):
+    """The merged ascending order of sinks and sources of one row, and each sink's source count.
+
+    ``*_sorted`` are ascending ``(N, T)`` values, ``*_order`` their original indices. On ties,
+    ``sinks_first`` puts a sink before equal sources (it counts ``#{src < x}``, ``searchsorted``
+    side left), else after them (``#{src <= x}``, side right). Returns ``order (N, 2T)`` int32
+    (sink ``i`` as ``i``, source ``j`` as ``T + j``) and the counts ``(N, T)`` by original sink index.
+
+    The positions form a permutation only if both lists are ordered by one total order: NaN
+    (which ``torch.sort`` puts last but compares false with everything) is read as +inf, last
+    too, so that ``searchsorted`` agrees with the sort. The callers never pass NaN
+    (``finite_rows``); this keeps the merge sound if one ever does (``finite=True``: the caller
+    vouches that there is none, and the pass is skipped). ``order`` starts at -1, which the
+    kernels skip: no slot can hold an index that was never written.
+    """
+    rows, length = sink_sorted.shape
+    if not finite:
+        sink_sorted, src_sorted = (torch.nan_to_num(x, nan=float("inf")) for x in (sink_sorted, src_sorted))
+    device = sink_sorted.device
+    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=device)
+    if device.type == "cuda" or interpret_mode():  # the slots and counts in one kernel
+        before_sink, before_src = (
+            torch.searchsorted(a, b, side=side, out_int32=True)
+            for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
+        )
+        counts = torch.empty(rows, length, dtype=torch.int64, device=device)
+        block = min(1024, max(16, 1 << (length - 1).bit_length()))
+        kernels().merge_kernel[(rows, -(-length // block))](
+            before_sink, sink_order, before_src, src_order, order, counts, length, BLOCK=block
+        )
+        return order, counts
+    before_sink, before_src = (
+        torch.searchsorted(a, b, side=side)
+        for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
+    )
+    arange = torch.arange(length, device=device)
+    order.scatter_(1, arange + before_sink, sink_order.to(torch.int32))
+    order.scatter_(1, arange + before_src, (src_order + length).to(torch.int32))
+    counts = torch.empty_like(before_sink).scatter_(1, sink_order, before_sink)
+    return order, counts
+
+
+def _merge_sides(sink_sorted, src_sorted, sinks_first):
+    """``(sorted, values, side)`` of merge's two ``searchsorted`` calls: sinks among the sources,
+    sources among the sinks, ties on the side ``sinks_first`` says."""
+    return (
+        (src_sorted, sink_sorted, "left" if sinks_first else "right"),
+        (sink_sorted, src_sorted, "right" if sinks_first else "left"),
+    )
+
+
+def _relu_scalars(s, rank, rank_le, t_sorted, count, eps, queries):
+    """``kernels.relu_scalars_kernel``: ``(c1, scale, dden, balance, R)``, each ``(N, T)``."""
+    rows, length = s.shape
+    outs = [torch.empty_like(s) for _ in range(5)]
+    block = min(1024, max(16, 1 << (length - 1).bit_length()))
+    eps = torch.full((1,), eps, dtype=s.dtype, device=s.device)
+    kernels().relu_scalars_kernel[(rows, -(-length // block))](
+        s, rank, rank_le, exclusive_cumsum(t_sorted), count, eps, queries if queries is not None else s,
+        *outs, length, HAS_QUERIES=queries is not None, BLOCK=block,
+    )  # fmt: skip
+    return outs
+
+
+def _mean_rows(values, valid, count, acc):
+    """Mean over real tokens of ``values (N, T, D)`` in the accumulation dtype, no float32 copy."""
+    if valid is not None:
+        values = values.masked_fill(~valid[..., None], 0)
+    return values.sum(dim=1, dtype=acc) / count[:, None]
+
+
+def _mask(x, valid):
+    return x if valid is None else x.masked_fill(~valid, 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Sliced ReLU
+# --------------------------------------------------------------------------------------------
+
+
+class SlicedReLUTriton(torch.autograd.Function):
+    """Rows ``s, t (N, T)`` in the accumulation dtype, ``v (N, T, D)`` in its own; ``valid`` (real keys)
+    and ``queries`` (the queries whose output is kept) or None, as in the torch op."""
+
+    @staticmethod
+    def forward(ctx, s, t, v, valid, queries, eps):
+        with no_autocast(v.device):
+            acc = s.dtype
+            count, s, t, bad, (t_search, t_sorted, k_order), (s_sorted, q_order) = sort_scores(
+                s, t, v, valid, queries
+            )
+            order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True, finite=True)
+            rank_le = torch.searchsorted(t_search, s, side="right", out_int32=True)  # #{t <= s}
+            c1, scale, dden, balance, relu_mass = _relu_scalars(
+                s, rank, rank_le, t_sorted, count, eps, queries
+            )
+            weight = None if valid is None else valid.to(acc)
+            vbar, carry = centred_carry(order, v, t, weight, count)  # carry: reused by the backward walk
+            out = torch.empty_like(v)
+            stream(order, v, t, xshift=vbar, weight=weight, c1=c1, c2=-scale, out=out, carry=carry)
+            nan_rows(out, bad, queries)
+            # for the backward pass: each key's #{s < t_j}, #{s <= t_j} among the sorted queries
+            q_lt = torch.searchsorted(s_sorted, t, side="left")
+            q_le = torch.searchsorted(s_sorted, t, side="right")
+        saved = (s, t, v, vbar, scale, dden, count, order, balance, relu_mass, q_order, q_lt, q_le, carry)
+        ctx.save_for_backward(*saved)
+        ctx.valid, ctx.queries, ctx.eps, ctx.bad = valid, queries, eps, bad
+        return out
+
+    @staticmethod
+    @first_order_only("sliced_relu_attention")
+    def backward(ctx, grad_out):
+        with no_autocast(grad_out.device):
+            return SlicedReLUTriton._backward(ctx, grad_out.contiguous())
+
+    @staticmethod
+    def _backward(ctx, g):
+        s, t, v, vbar, scale, dden, count, order, balance, relu_mass, q_order, q_lt, q_le, carry = (
+            ctx.saved_tensors
+        )
+        valid, queries = ctx.valid, ctx.queries
+        weight = None if valid is None else valid.to(s.dtype)
+
+        # One walk (``relu_backward``): at the queries g·P_w and g·P_tw, hence g·o and dL/ds; at
+        # the keys dL/dv_j = Σ_{s_i>t_j} (s_i - t_j) a_i g_i minus its mean over the real keys
+        # (Σ_i a_i R_i g_i / n) and w_j · Σ_{s_i>t_j} a_i g_i (w_j = v_j - vbar), for dL/dt.
+        grad_v, (g_below, g_scored, w_dot_a) = relu_backward(
+            order, v, vbar, weight, t, g, scale, s, relu_mass, count, carry
+        )
+        # o_i = a_i (s_i P - P_t): dL/da_i = s_i g·P - g·P_t; the scale a is 0 off the kept queries
+        grad_den = dden * (s * g_below - g_scored)
+        grad_s = scale * g_below + grad_den * balance
+
+        # dL/dt_j = Σ_{s_i<t_j} dden_i - Σ_{s_i>t_j} dden_i - w_j · Σ_{s_i>t_j} a_i g_i
+        q_den = exclusive_cumsum(torch.gather(grad_den, 1, q_order))
+        den_below = torch.gather(q_den, 1, q_lt)
+        den_above = q_den[:, -1:] - torch.gather(q_den, 1, q_le)
+        grad_t = _mask(den_below - den_above - w_dot_a, valid)
+        grad_s, grad_t = nan_rows(grad_s, ctx.bad, queries), nan_rows(grad_t, ctx.bad, valid)
+        return grad_s, grad_t, nan_rows(grad_v, ctx.bad, valid), None, None, None
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points (inputs already checked by the public ops)
+# --------------------------------------------------------------------------------------------
+
+
+def _rows(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    x = x.reshape(-1, *x.shape[2:])
+    return (x if dtype is None else x.to(dtype)).contiguous()
+
+
+def sliced_relu(s, t, v, valid, queries, eps, acc):
+    batch, heads, length, dim = v.shape
+    out = SlicedReLUTriton.apply(_rows(s, acc), _rows(t, acc), _rows(v), valid, queries, float(eps))
+    return out.view(batch, heads, length, dim)
+
+
+__all__ = ["StreamTuning", "TUNING", "merge", "sliced_relu", "stream"]

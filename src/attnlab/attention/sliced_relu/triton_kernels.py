@@ -1,0 +1,330 @@
+"""Sliced ReLU's Triton kernels, executed into the module of ``attnlab.attention.common.triton.kernels``
+by ``runtime.kernels()`` (never imported directly; they use its ``_add``, ``_two_sum`` and
+``_program_block``).
+
+``stream_kernel`` / ``stream_totals_kernel``: one *merged stream* per row, the core of sliced
+ReLU. A row's ``order`` (length L = 2T) lists entries in ascending score order: ``e >= T`` is a
+*source* (row ``e - T`` of X, weighted), ``e < T`` a *sink* (position ``e``). Walking the stream
+with running sums of the source rows ``P = Σ w (x - shift)`` and ``Px = Σ u w (x - shift)`` gives,
+at each sink, the prefix sums over exactly the sources sorted before it: what the torch op gets
+by building (T+1)×D prefix tables and gathering them at ``searchsorted`` ranks, here without any
+table in memory. At a sink the kernel writes ``c1 P + c2 Px``. Rows are split into chunks scanned
+in parallel: ``stream_totals_kernel`` sums each chunk's sources, and each chunk starts from the
+carried total.
+``relu_backward_kernel`` walks sliced ReLU's stream once for its whole backward pass (both kinds
+of entry as sources); ``merge_kernel`` builds the streams, ``relu_scalars_kernel`` the per-query
+scalars (elementwise, (N, T)).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Only triton's builtins are used, plus the jit functions of this file: triton.language's own jit
+# helpers (tl.sum, tl.cumsum, tl.cdiv, tl.zeros) are decorated when triton is first imported, for
+# the mode then in force, and would break the interpreter if triton was imported without it.
+# Sums go through tl.reduce / tl.associative_scan with triton's own sum combiner, which the
+# interpreter recognises by identity and runs as one numpy call (any other combiner is called
+# element by element in Python: minutes instead of seconds).
+
+
+_add = globals()["_add"]  # from common/triton/kernels.py, executed into the same module first
+_two_sum = globals()["_two_sum"]
+_program_block = globals()["_program_block"]
+
+
+@triton.jit
+def _weighted_rows(
+    x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype,
+    HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr,
+):  # fmt: skip
+    """Source rows ``w_j (x_j - shift)`` and ``u_j w_j (x_j - shift)`` (zero rows off the sources),
+    and the weights ``w_j`` and ``u_j w_j``."""
+    rows = tl.load(
+        x_ptr + (row * T + j)[:, None] * D + d[None, :],
+        mask=is_src[:, None] & dmask[None, :],
+        other=0.0,
+    ).to(acc_dtype)
+    if HAS_XSHIFT:
+        rows = rows - xshift[None, :]
+    if HAS_W:
+        weight = tl.load(w_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
+    else:
+        weight = tl.full(j.shape, 1.0, acc_dtype)
+    weight = tl.where(is_src, weight, 0.0)
+    rows = rows * weight[:, None]
+    score = tl.load(u_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
+    return rows, rows * score[:, None], weight, weight * score
+
+
+@triton.jit
+def _merged_entries(order_ptr, row, L, T, first, stop, BLOCK: tl.constexpr):
+    """One block of a row's merged order from ``first``: which entries are sources (``T + j``) and
+    which sinks (``i``), and their indices (0 where they are not). -1, an unwritten slot, and the
+    positions past ``stop`` are neither: skipped."""
+    p = first + tl.arange(0, BLOCK)
+    pmask = p < stop
+    e = tl.load(order_ptr + row * L + p, mask=pmask, other=-1)
+    is_src = pmask & (e >= T) & (e < 2 * T)
+    is_sink = pmask & (e >= 0) & (e < T)
+    return is_src, is_sink, tl.where(is_src, e - T, 0), tl.where(is_sink, e, 0)
+
+
+@triton.jit
+def _carried(
+    carry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD: tl.constexpr, HAS_CARRY: tl.constexpr
+):
+    """A chunk's starting sums and their compensations from a ``(rows, chunks, 4, D)`` carry; zeros
+    without one (``HAS_CARRY`` False: the walk starts at the row's beginning)."""
+    run_a = tl.full([BD], 0.0, acc_dtype)
+    run_b = tl.full([BD], 0.0, acc_dtype)
+    err_a = tl.full([BD], 0.0, acc_dtype)
+    err_b = tl.full([BD], 0.0, acc_dtype)
+    if HAS_CARRY:
+        base = carry_ptr + ((row * NCHUNK + chunk) * 4) * D + d
+        run_a = tl.load(base, mask=dmask, other=0.0).to(acc_dtype)
+        run_b = tl.load(base + D, mask=dmask, other=0.0).to(acc_dtype)
+        err_a = tl.load(base + 2 * D, mask=dmask, other=0.0).to(acc_dtype)
+        err_b = tl.load(base + 3 * D, mask=dmask, other=0.0).to(acc_dtype)
+    return run_a, run_b, err_a, err_b
+
+
+@triton.jit
+def stream_totals_kernel(
+    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr, c4_ptr, totals_ptr, scalars_ptr,
+    T, D, L, CHUNK, NCHUNK,
+    HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, SINKS_AS_SOURCES: tl.constexpr, HAS_C4: tl.constexpr,
+    SCALARS: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """``totals[row, chunk, 0/1, :]``: the chunk's sums of the source rows and score-weighted rows,
+    ``totals[row, chunk, 2/3, :]`` their compensations (the rounding errors of the block adds).
+
+    ``SINKS_AS_SOURCES``: the entries ``e < T`` are the sources (sliced ReLU's backward walk sums the
+    queries of the forward's stream). ``HAS_C4``: also ``totals[row, chunk, 4, :] = Σ c4_e w_e (x_e - shift)``
+    over the chunk's sources (a plain reduction riding on the same read). ``SCALARS``:
+    ``scalars[row, chunk, :] = Σ w, Σ u w`` and their compensations (one column of ones as source:
+    what a caller needs to shift the sums afterwards, ``Σ w (x - c) = Σ w x - c Σ w``).
+    """
+    row, chunk, dblk, d, dmask = _program_block(D, BD)
+    acc_dtype = u_ptr.dtype.element_ty
+    xshift = tl.full([BD], 0.0, acc_dtype)
+    if HAS_XSHIFT:
+        xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    sum_w = tl.full([BD], 0.0, acc_dtype)
+    sum_x = tl.full([BD], 0.0, acc_dtype)
+    err_w = tl.full([BD], 0.0, acc_dtype)
+    err_x = tl.full([BD], 0.0, acc_dtype)
+    sum_c4 = tl.full([BD], 0.0, acc_dtype)
+    one = tl.arange(0, 1)
+    count = tl.full([1], 0.0, acc_dtype)
+    count_u = tl.full([1], 0.0, acc_dtype)
+    err_count = tl.full([1], 0.0, acc_dtype)
+    err_count_u = tl.full([1], 0.0, acc_dtype)
+    start = chunk * CHUNK
+    stop = tl.minimum(start + CHUNK, L)
+    for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
+        p = start + it * BLOCK + tl.arange(0, BLOCK)
+        pmask = p < stop
+        e = tl.load(order_ptr + row * L + p, mask=pmask, other=-1)
+        if SINKS_AS_SOURCES:
+            is_src = pmask & (e >= 0) & (e < T)
+            j = tl.where(is_src, e, 0)
+        else:
+            is_src = pmask & (e >= T) & (e < 2 * T)  # never an index outside the row, written or not
+            j = tl.where(is_src, e - T, 0)
+        rows, scored, weight, weight_u = _weighted_rows(
+            x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
+        )
+        sum_w, err_w = _two_sum(sum_w, err_w, tl.reduce(rows, 0, _add))
+        sum_x, err_x = _two_sum(sum_x, err_x, tl.reduce(scored, 0, _add))
+        if HAS_C4:
+            c4 = tl.load(c4_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
+            sum_c4 += tl.reduce(rows * c4[:, None], 0, _add)
+        if SCALARS:
+            count, err_count = _two_sum(count, err_count, tl.reduce(weight, 0, _add))
+            count_u, err_count_u = _two_sum(count_u, err_count_u, tl.reduce(weight_u, 0, _add))
+    if SCALARS:  # noqa: SIM102 - a constexpr, then a runtime test: two statements for triton
+        if dblk == 0:
+            at = scalars_ptr + (row * NCHUNK + chunk) * 4 + one
+            tl.store(at, count)
+            tl.store(at + 1, count_u)
+            tl.store(at + 2, err_count)
+            tl.store(at + 3, err_count_u)
+    planes = 5 if HAS_C4 else 4
+    base = totals_ptr + ((row * NCHUNK + chunk) * planes) * D + d
+    tl.store(base, sum_w, mask=dmask)
+    tl.store(base + D, sum_x, mask=dmask)
+    tl.store(base + 2 * D, err_w, mask=dmask)
+    tl.store(base + 3 * D, err_x, mask=dmask)
+    if HAS_C4:
+        tl.store(base + 4 * D, sum_c4, mask=dmask)
+
+
+@triton.jit
+def stream_kernel(
+    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr, c1_ptr, c2_ptr, out_ptr, carry_ptr,
+    N, T, D, L, CHUNK, NCHUNK,
+    HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, HAS_CARRY: tl.constexpr,
+    BLOCK: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """One chunk of one row's stream, one block of D columns (grid: rows, chunks, D blocks).
+
+    At every sink i (with P, Px the sums over the sources before it): ``out[i] = c1 P + c2 Px``.
+    Sums run in the accumulation dtype, ``u``'s, with compensated carries.
+    """
+    row, chunk, dblk, d, dmask = _program_block(D, BD)
+    acc_dtype = u_ptr.dtype.element_ty
+    # running sums of the sources so far, each with its compensation (the rounding errors of the
+    # big adds, TwoSum): the carry stays exact to about eps² of its size however long the row
+    run_w, run_x, err_w, err_x = _carried(
+        carry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_CARRY
+    )
+    xshift = tl.full([BD], 0.0, acc_dtype)
+    if HAS_XSHIFT:
+        xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    start = chunk * CHUNK
+    stop = tl.minimum(start + CHUNK, L)
+    for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
+        is_src, is_sink, j, i = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
+        rows, scored, _, _ = _weighted_rows(
+            x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
+        )
+        # inclusive sums; a sink's own row is zero, so at a sink they are the sums strictly before it.
+        # The small parts (the block's scan, the compensation) are added first: one rounding at
+        # the size of the running sum, as when a float64 prefix table is rounded to float32.
+        pre_w = (tl.associative_scan(rows, 0, _add) + err_w[None, :]) + run_w[None, :]
+        pre_x = (tl.associative_scan(scored, 0, _add) + err_x[None, :]) + run_x[None, :]
+        run_w, err_w = _two_sum(run_w, err_w, tl.reduce(rows, 0, _add))
+        run_x, err_x = _two_sum(run_x, err_x, tl.reduce(scored, 0, _add))
+        sink2 = is_sink[:, None] & dmask[None, :]
+        c1 = tl.load(c1_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
+        c2 = tl.load(c2_ptr + row * T + i, mask=is_sink, other=0.0).to(acc_dtype)
+        value = c1[:, None] * pre_w + c2[:, None] * pre_x
+        at = (row * T + i)[:, None] * D + d[None, :]
+        tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=sink2)
+
+
+@triton.jit
+def relu_backward_kernel(
+    order_ptr, v_ptr, vbar_ptr, w_ptr, t_ptr, g_ptr, a_ptr, s_ptr, mean_ptr,
+    dv_ptr, dots_ptr, kcarry_ptr, qcarry_ptr,
+    N, T, D, L, CHUNK, NCHUNK,
+    HAS_W: tl.constexpr, HAS_KCARRY: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """Sliced ReLU's backward pass in one walk of the forward's stream (grid: rows, chunks, D blocks).
+
+    Two running sums in one ascending walk: of the keys ``w_j (v_j - vbar)`` (and times ``t_j``), which
+    each query reads as the sums below it, as in the forward; and of the queries ``a_i g_i`` (and
+    times ``s_i``), started at minus the queries' total above the chunk (``qcarry``), so that at a
+    key it is minus the sum over the queries *above* it (``s_i > t_j``: the stream puts a query
+    before equal keys). So each position is read once, v at keys and g at queries, and dv written
+    once. Writes, per D block (the caller sums the blocks):
+    ``dots[dblk, 0/1, row, i] = g_i · P, g_i · P_t`` at each query (P, P_t: the key sums below);
+    ``dots[dblk, 2, row, j] = (v_j - vbar) · Q`` at each key (Q, Q_s: the query sums above);
+    ``dv_j = w_j (Q_s - t_j Q - mean)`` (``mean``: the mean over the real keys of dL/dw, the
+    backward's ``Σ_i a_i R_i g_i / n`` from ``stream_totals_kernel``'s ``c4`` plane).
+    """
+    row, chunk, dblk, d, dmask = _program_block(D, BD)
+    acc_dtype = t_ptr.dtype.element_ty
+    run_k, run_kt, err_k, err_kt = _carried(
+        kcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_KCARRY
+    )
+    run_q, run_qs, err_q, err_qs = _carried(qcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, True)
+    vbar = tl.load(vbar_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    mean = tl.load(mean_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    plane = N.to(tl.int64) * T  # one (N, T) plane of ``dots``: its third starts past 2³¹ at B·H·T ≥ 2³⁰
+    start = chunk * CHUNK
+    stop = tl.minimum(start + CHUNK, L)
+    for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
+        is_key, is_query, j, i = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
+        key2 = is_key[:, None] & dmask[None, :]
+        query2 = is_query[:, None] & dmask[None, :]
+        v = tl.load(v_ptr + (row * T + j)[:, None] * D + d[None, :], mask=key2, other=0.0).to(acc_dtype)
+        centred = tl.where(key2, v - vbar[None, :], 0.0)
+        if HAS_W:
+            w = tl.load(w_ptr + row * T + j, mask=is_key, other=0.0).to(acc_dtype)
+        else:
+            w = tl.where(is_key, 1.0, 0.0)
+        t = tl.load(t_ptr + row * T + j, mask=is_key, other=0.0).to(acc_dtype)
+        keys = centred * w[:, None]
+        keys_t = keys * t[:, None]
+        g = tl.load(g_ptr + (row * T + i)[:, None] * D + d[None, :], mask=query2, other=0.0).to(acc_dtype)
+        a = tl.load(a_ptr + row * T + i, mask=is_query, other=0.0).to(acc_dtype)
+        s = tl.load(s_ptr + row * T + i, mask=is_query, other=0.0).to(acc_dtype)
+        queries = g * a[:, None]
+        queries_s = queries * s[:, None]
+        # inclusive sums; a position's own row is zero in the other kind's sums (as in stream_kernel)
+        pre_k = (tl.associative_scan(keys, 0, _add) + err_k[None, :]) + run_k[None, :]
+        pre_kt = (tl.associative_scan(keys_t, 0, _add) + err_kt[None, :]) + run_kt[None, :]
+        pre_q = (tl.associative_scan(queries, 0, _add) + err_q[None, :]) + run_q[None, :]
+        pre_qs = (tl.associative_scan(queries_s, 0, _add) + err_qs[None, :]) + run_qs[None, :]
+        run_k, err_k = _two_sum(run_k, err_k, tl.reduce(keys, 0, _add))
+        run_kt, err_kt = _two_sum(run_kt, err_kt, tl.reduce(keys_t, 0, _add))
+        run_q, err_q = _two_sum(run_q, err_q, tl.reduce(queries, 0, _add))
+        run_qs, err_qs = _two_sum(run_qs, err_qs, tl.reduce(queries_s, 0, _add))
+        at = dots_ptr + (dblk * 3) * plane + row * T
+        tl.store(at + i, tl.reduce(g * pre_k, 1, _add), mask=is_query)
+        tl.store(at + plane + i, tl.reduce(g * pre_kt, 1, _add), mask=is_query)
+        # at a key, -pre_q and -pre_qs are the sums over the queries above it
+        tl.store(at + 2 * plane + j, -tl.reduce(centred * pre_q, 1, _add), mask=is_key)
+        grad = w[:, None] * ((t[:, None] * pre_q - pre_qs) - mean[None, :])
+        tl.store(
+            dv_ptr + (row * T + j)[:, None] * D + d[None, :], grad.to(dv_ptr.dtype.element_ty), mask=key2
+        )
+
+
+@triton.jit
+def merge_kernel(
+    sink_before_ptr, sink_order_ptr, src_before_ptr, src_order_ptr, order_ptr, counts_ptr, T,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One merged stream per row from two sorted lists (grid: rows, blocks of T), and each sink's
+    source count: the k-th sorted sink goes to slot ``k + sink_before[k]`` as entry ``sink_order[k]``,
+    the k-th sorted source to ``k + src_before[k]`` as ``T + src_order[k]``;
+    ``counts[sink_order[k]] = sink_before[k]`` (see ``sliced.merge``)."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = k < T
+    before = tl.load(sink_before_ptr + row * T + k, mask=m, other=0)
+    sink = tl.load(sink_order_ptr + row * T + k, mask=m, other=0)
+    tl.store(order_ptr + row * 2 * T + k + before, sink.to(tl.int32), mask=m)
+    tl.store(counts_ptr + row * T + sink, before.to(counts_ptr.dtype.element_ty), mask=m)
+    before = tl.load(src_before_ptr + row * T + k, mask=m, other=0)
+    src = tl.load(src_order_ptr + row * T + k, mask=m, other=0)
+    tl.store(order_ptr + row * 2 * T + k + before, (src + T).to(tl.int32), mask=m)
+
+
+@triton.jit
+def relu_scalars_kernel(
+    s_ptr, rank_ptr, rank_le_ptr, p_t_ptr, count_ptr, eps_ptr, queries_ptr,
+    c1_ptr, scale_ptr, dden_ptr, balance_ptr, mass_ptr,
+    T, HAS_QUERIES: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Sliced ReLU's per-query scalars in one pass (grid: rows, blocks of queries), from the ranks
+    ``r_i = #{t < s_i}``, ``#{t <= s_i}`` and the exclusive prefix sums ``p_t`` of the sorted keys:
+    ``den_i = Σ_j |s_i - t_j| = s_i (2 r_i - n) + Σ t - 2 Σ_{t_j<s_i} t_j``, the scale
+    ``a_i = 2 / max(den_i, eps)`` (0 off ``queries``), ``c1 = a s`` (the forward stream's ``c2`` is
+    ``-a``); for the backward ``dden_i = da_i/dden_i = -a_i² / 2`` (0 where the clamp holds),
+    ``#{t < s} - #{t > s}`` and ``R_i = Σ_{t_j<s_i} (s_i - t_j)``."""
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = i < T
+    at = row * T + i
+    s = tl.load(s_ptr + at, mask=m, other=0.0)
+    rank = tl.load(rank_ptr + at, mask=m, other=0)
+    rank_le = tl.load(rank_le_ptr + at, mask=m, other=0)
+    below = tl.load(p_t_ptr + row * (T + 1) + rank, mask=m, other=0.0)
+    total = tl.load(p_t_ptr + row * (T + 1) + T)
+    n = tl.load(count_ptr + row)
+    eps = tl.load(eps_ptr)
+    r = rank.to(s.dtype)
+    den = s * (2 * r - n) + total - 2 * below
+    scale = 2.0 / tl.maximum(den, eps)
+    if HAS_QUERIES:
+        scale = tl.where(tl.load(queries_ptr + at, mask=m, other=0) != 0, scale, 0.0)
+    tl.store(c1_ptr + at, scale * s, mask=m)
+    tl.store(scale_ptr + at, scale, mask=m)
+    tl.store(dden_ptr + at, tl.where(den >= eps, -0.5 * scale * scale, 0.0), mask=m)
+    tl.store(balance_ptr + at, (rank + rank_le).to(s.dtype) - n, mask=m)
+    tl.store(mass_ptr + at, s * r - below, mask=m)

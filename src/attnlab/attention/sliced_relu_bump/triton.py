@@ -1,0 +1,290 @@
+"""Sliced ReLU-bump attention on Triton: ``o_i = (1/(n b)) Σ_j max(0, b - |s_i - t_j|) v_j`` with
+the torch op's exactness rules (``attnlab.attention.sliced_common``), forward + backward moving 3.54 /
+3.89 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
+
+The window of query i is the run of sorted keys between its ranks ``#{t <= s - b}`` and
+``#{t < s + b}``; since b is one number per row, these ranks are monotone in the sorted order of s,
+so a block of consecutive sorted queries has its window edges in three short runs of sorted keys
+(about as many keys as the block holds queries, each). Forward (``bump_walk_kernel``, mode 0):
+one program per block of sorted queries keeps their outputs in registers and walks the key tiles
+of those runs (and of the tied keys), with the exact weights ``b - |s - t|`` summed by
+``tl.dot``: nothing cancels. Between two runs every key lies on the same side of every query of
+the block (below them, tied, or above), so there the weights are linear,
+``b ∓ ((s - τ) - (t - τ))``, and the sum over the keys in between is ``(b ∓ (s - τ)) Σ v ± Σ (t - τ) v``:
+two rows of a float64 prefix table over the sorted keys (one pass over v, ``bump_table_kernel``;
+rows every ``table`` keys, the walk runs on to the nearest row), differenced in float64 with
+τ = the first key's score of the run, so the terms are of the window's own size. Reads: about
+three passes over v, the table pass, one write of o.
+
+Backward: the same walk gives at each query ``Σ_j π v_j`` (π = +1 below s, -1 above, 0 tied: dL/ds)
+and ``Σ_j |s - t| v_j`` (dL/db), reading g once, and writes the prefix table of g over the sorted
+queries as it goes (mode 1); the same kernel with keys as sinks and queries as sources (mode 2)
+gives ``Σ_i W g_i`` (dL/dv) and ``Σ_i π g_i`` (dL/dt, dotted with v_j). The forward's two sorts
+serve both passes. Sums run in the accumulation dtype (float32 for half inputs; float64 inputs in
+float64), the tables in float64, and dL/db's per-query sums too: dL/db adds every query's term, and
+they cancel, so a float32 ``tl.dot``'s rounding inside a tile showed (3 times the float64 error
+in ``test_triton_bump_precision``), so mode 1 adds the tile as BK float64 rank-1 updates (more
+arithmetic, no more bytes) on blocks of 128 queries (at 256 the float64 accumulator spills).
+float64 *inputs* never reach these kernels on CUDA (``dispatch.triton_takes_dtype``): the key walk
+spills kilobytes of stack per thread in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.attention.common.precision import no_autocast
+from attnlab.attention.common.triton.runtime import kernels
+from attnlab.attention.sliced_common.rows import first_order_only, nan_rows
+from attnlab.attention.sliced_common.triton_scores import sort_scores
+
+
+@dataclass
+class BumpTuning:
+    """Launch shape of the bump's kernels: ``sinks`` sorted positions per program (``query_sinks``
+    on the backward's query side, whose float64 accumulator would spill at 256; both multiples of
+    ``table``), ``sources`` per tile (16: ``tl.dot``'s least), a prefix-table row every ``table``
+    sources (a multiple of ``sources``), D in blocks of ``block_d``."""
+
+    sinks: int = 256
+    sources: int = 16
+    table: int = 32
+    block_d: int = 64
+    num_warps: int = 8
+    query_sinks: int = 128
+
+
+BUMP = BumpTuning()
+
+
+def _check_tuning() -> None:
+    tiles, table = BUMP.sources, BUMP.table
+    if tiles < 16 or table % tiles or BUMP.sinks % table or BUMP.query_sinks % table:
+        raise ValueError(f"BumpTuning: sources >= 16, dividing table, dividing both sinks; got {BUMP}")
+
+
+def _real(mask: torch.Tensor | None, rows: int, length: int, device) -> torch.Tensor:
+    """How many positions of each row are real ``(N,)`` int32 (they sort first)."""
+    if mask is None:
+        return torch.full((rows,), length, dtype=torch.int32, device=device)
+    return mask.sum(dim=1, dtype=torch.int32)
+
+
+def _block_d(dim: int) -> tuple[int, int]:
+    block = min(BUMP.block_d, max(16, 1 << (dim - 1).bit_length()))
+    return block, -(-dim // block)
+
+
+def _bounds(sorted_scores, real, sinks):
+    """The scores of each block's first and last real sink ``(N, blocks · 2)`` and whether it has
+    any ``(N, blocks)``, for blocks of ``sinks`` sorted positions."""
+    rows, length = sorted_scores.shape
+    blocks = -(-length // sinks)
+    first = (torch.arange(blocks, device=real.device) * sinks).expand(rows, blocks)
+    last = torch.minimum(first + sinks, real[:, None].long()) - 1
+    live = last >= first
+    positions = torch.stack([first, last.clamp_min(0)], dim=2).reshape(rows, 2 * blocks)
+    return torch.gather(sorted_scores, 1, positions), live
+
+
+def _plan(ranks: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """``ranks (N, blocks, 2, 4)``: each block's four window edges among the sorted sources at its
+    first and last sink, ascending. Returns the walk ``(N, blocks, 16)`` int32: tile ranges
+    ``[start_e, end_e)`` and after each the table rows ``[j0_e, j1_e)`` jumped over (see
+    ``bump_walk_kernel``). The tiles holding the edges are walked; a gap between two edges' tiles
+    is jumped from the first table row after it starts to the last before it ends."""
+    per_row = BUMP.table // BUMP.sources
+    first, last = ranks[:, :, 0] // BUMP.sources, ranks[:, :, 1] // BUMP.sources
+    ends = torch.cummax(last + 1, dim=2).values  # tiles walked up to edge e (exclusive)
+    after = torch.cat([first[..., :1], ends[..., :-1]], dim=2)  # where edge e's tiles may start
+    j0, j1 = -(-after // per_row), first // per_row
+    jump = j1 > j0
+    jump[..., 0] = False
+    start = torch.where(jump, j1 * per_row, after)
+    end = torch.cat(
+        [torch.where(jump[..., 1:], j0[..., 1:] * per_row, ends[..., :-1]), ends[..., -1:]], dim=2
+    )
+    none = torch.zeros_like(first[..., :1])
+    runs = [torch.cat([torch.where(jump, j, 0)[..., 1:], none], dim=2) for j in (j0, j1)]
+    plan = torch.cat([start, end, *runs], dim=2).masked_fill(~live[..., None], 0)
+    return plan.to(torch.int32).contiguous()
+
+
+def _query_plan(s_search, t_search, width, n_query, sinks):
+    """The walk of each block of ``sinks`` sorted queries over the sorted keys: edges
+    ``#{t <= s - b}``, ``#{t < s}``, ``#{t <= s}``, ``#{t < s + b}`` (as ``hat_windows``)."""
+    centres, live = _bounds(s_search, n_query, sinks)
+    edges = torch.stack([_above(centres - width), centres, _above(centres), centres + width], dim=2)
+    ranks = torch.searchsorted(t_search, edges.view(edges.shape[0], -1), side="left")  # one call: #{t < x}
+    return _plan(ranks.view(*live.shape, 2, 4), live)
+
+
+def _key_plan(t_search, s_search, width, n_key):
+    """The walk of each block of sorted keys over the sorted queries: the queries with
+    ``s + b <= t``, ``s < t``, ``s <= t``, ``s - b < t`` (the same pairs as ``_query_plan``)."""
+    keys, live = _bounds(t_search, n_key, BUMP.sinks)
+    both = torch.stack([keys, _above(keys)], dim=2).view(keys.shape[0], -1)
+    below, tied = torch.searchsorted(s_search, both, side="left").view(*keys.shape, 2).unbind(2)
+    edges = [
+        torch.searchsorted(s_search + width, _above(keys), side="left"),
+        below,
+        tied,
+        torch.searchsorted(s_search - width, keys, side="left"),
+    ]
+    return _plan(torch.stack(edges, dim=2).view(*live.shape, 2, 4), live)
+
+
+def _above(x: torch.Tensor) -> torch.Tensor:
+    """The next float up: ``#{y <= x}`` is ``#{y < _above(x)}`` (one ``searchsorted`` side for all)."""
+    return torch.nextafter(x, torch.full_like(x, float("inf")))
+
+
+def _table_buffers(x: torch.Tensor, blocks: int, sinks: int):
+    """Empty prefix-table rows ``(N, blocks · rows per block + 1, 2, D)`` float64 (the last, past
+    every block, zero) and block totals ``(N, blocks, 2, D)``."""
+    rows, _, dim = x.shape
+    local = torch.empty(
+        rows, blocks * (sinks // BUMP.table) + 1, 2, dim, dtype=torch.float64, device=x.device
+    )
+    local[:, -1].zero_()
+    return local, torch.empty(rows, blocks, 2, dim, dtype=torch.float64, device=x.device)
+
+
+def _carry(totals: torch.Tensor) -> torch.Tensor:
+    """Each block's carry ``(N, blocks + 1, 2, D)``: the sums over the blocks before it."""
+    carry = torch.zeros(
+        totals.shape[0], totals.shape[1] + 1, *totals.shape[2:], dtype=totals.dtype, device=totals.device
+    )
+    torch.cumsum(totals, dim=1, out=carry[:, 1:])
+    return carry
+
+
+def _key_table(k_order, t_search, v, n_key):
+    """The prefix table of v over the sorted keys (``bump_table_kernel``): ``(local, carry)``."""
+    rows, length, dim = v.shape
+    blocks = -(-length // BUMP.sinks)
+    local, totals = _table_buffers(v, blocks, BUMP.sinks)
+    block_d, d_blocks = _block_d(dim)
+    kernels().bump_table_kernel[(rows, blocks, d_blocks)](
+        k_order, t_search, v, n_key, local, totals, length, dim, local.shape[1], blocks,
+        BS=BUMP.sinks, TB=BUMP.table, BD=block_d, num_warps=BUMP.num_warps,
+    )  # fmt: skip
+    return local, _carry(totals)
+
+
+def _walk(
+    mode, sinks, sources, x, table, plan, width, coef, *, y=None, out=None, scal=None, part=None, write=None
+):
+    """``bump_walk_kernel`` in ``mode``: ``sinks``/``sources`` are ``(sorted scores, order, real
+    count)``; ``table`` the sources' ``(local, carry)``; ``write`` the sinks' table buffers."""
+    rows, length, dim = x.shape
+    block_d, d_blocks = _block_d(dim)
+    blocks = plan.shape[1]
+    (sink_score, sink_order, n_sink), (src_score, src_order, n_src) = sinks, sources
+    local, carry = table
+    dummy = width
+    tloc, ttot = write if write is not None else (dummy, dummy)
+    kernels().bump_walk_kernel[(rows, blocks, d_blocks)](
+        sink_score, sink_order, src_score, src_order, x, y if y is not None else x,
+        local, carry, plan, width, coef, n_sink, n_src,
+        out if out is not None else dummy, scal if scal is not None else dummy,
+        part if part is not None else dummy, tloc, ttot,
+        rows, length, dim, blocks, local.shape[1], carry.shape[1], tloc.shape[1] if write is not None else 0,
+        MODE=mode, KEY_SINKS=mode == 2, RPB=(BUMP.query_sinks if mode == 2 else BUMP.sinks) // BUMP.table,
+        BS=BUMP.query_sinks if mode == 1 else BUMP.sinks, BK=BUMP.sources,
+        TB=BUMP.table, BD=block_d, num_warps=BUMP.num_warps,
+    )  # fmt: skip
+
+
+class SlicedReLUBumpTriton(torch.autograd.Function):
+    """Rows ``s, t (N, T)``, ``v (N, T, D)``, per-row bandwidth ``b (N, 1)``; ``valid`` (real keys)
+    and ``queries`` (the queries whose output is kept) or None, as in ``SlicedReLUTriton``."""
+
+    @staticmethod
+    def forward(ctx, s, t, v, b, valid, queries):
+        _check_tuning()
+        with no_autocast(v.device):
+            rows, length, _ = v.shape
+            count, s, t, bad, (t_search, _, k_order), (s_search, q_order) = sort_scores(
+                s, t, v, valid, queries
+            )
+            # int32 orders: every walked tile reads them (the conversion costs less than it saves)
+            q_order, k_order = q_order.to(torch.int32), k_order.to(torch.int32)
+            width = b.to(s.dtype).contiguous()
+            coef = 1.0 / (count[:, None].double() * width)  # 1 / (n b), float64 (see the kernel)
+            n_key = _real(valid, rows, length, v.device)
+            n_query = _real(queries, rows, length, v.device)
+            table = _key_table(k_order, t_search, v, n_key)
+            plan = _query_plan(s_search, t_search, width, n_query, BUMP.sinks)
+            out = torch.empty_like(v)
+            queries_, keys = (s_search, q_order, n_query), (t_search, k_order, n_key)
+            _walk(0, queries_, keys, v, table, plan, width, coef, out=out)
+            nan_rows(out, bad, queries)
+        ctx.save_for_backward(v, s_search, q_order, t_search, k_order, width, coef, n_query, n_key, *table)
+        ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
+        return out
+
+    @staticmethod
+    @first_order_only("sliced_relu_bump_attention")
+    def backward(ctx, grad_out):
+        with no_autocast(grad_out.device):
+            return SlicedReLUBumpTriton._backward(ctx, grad_out.contiguous())
+
+    @staticmethod
+    def _backward(ctx, g):
+        v, s_search, q_order, t_search, k_order, width, coef, n_query, n_key, local, carry = ctx.saved_tensors
+        rows, length, dim = v.shape
+        acc = width.dtype
+        _, d_blocks = _block_d(dim)
+        queries, keys = (s_search, q_order, n_query), (t_search, k_order, n_key)
+
+        # Queries: dL/ds and dL/db from one walk over v (the forward's table; blocks of
+        # ``query_sinks``), which also writes the prefix table of g over the sorted queries.
+        plan = _query_plan(s_search, t_search, width, n_query, BUMP.query_sinks)
+        grad_s = torch.empty(d_blocks, rows, length, dtype=acc, device=v.device)
+        grad_b = torch.empty(rows, plan.shape[1], d_blocks, dtype=torch.float64, device=v.device)
+        g_local, g_totals = _table_buffers(g, plan.shape[1], BUMP.query_sinks)
+        _walk(1, queries, keys, v, (local, carry), plan, width, coef, y=g, scal=grad_s, part=grad_b,
+              write=(g_local, g_totals))  # fmt: skip
+
+        # Keys: dL/dv and dL/dt from one walk over g, keys as sinks.
+        grad_v = torch.empty_like(v)
+        grad_t = torch.empty(d_blocks, rows, length, dtype=acc, device=v.device)
+        key_plan = _key_plan(t_search, s_search, width, n_key)
+        _walk(
+            2,
+            keys,
+            queries,
+            g,
+            (g_local, _carry(g_totals)),
+            key_plan,
+            width,
+            coef,
+            y=v,
+            out=grad_v,
+            scal=grad_t,
+        )
+
+        grad_s, grad_t = (x.sum(dim=0) if d_blocks > 1 else x[0] for x in (grad_s, grad_t))
+        grad_b = grad_b.sum(dim=(1, 2))[:, None].to(acc)
+        bad, valid, queries_mask = ctx.bad, ctx.valid, ctx.queries
+        grad_s = nan_rows(grad_s, bad, queries_mask)
+        grad_t = nan_rows(grad_t, bad, valid)
+        grad_v = nan_rows(grad_v, bad, valid)
+        return grad_s, grad_t, grad_v, nan_rows(grad_b, bad), None, None
+
+
+def _rows(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    x = x.reshape(-1, *x.shape[2:])
+    return (x if dtype is None else x.to(dtype)).contiguous()
+
+
+def sliced_relu_bump(s, t, v, width, valid, queries, acc):
+    batch, heads, length, dim = v.shape
+    out = SlicedReLUBumpTriton.apply(_rows(s, acc), _rows(t, acc), _rows(v), width, valid, queries)
+    return out.view(batch, heads, length, dim)
+
+
+__all__ = ["BUMP", "BumpTuning", "SlicedReLUBumpTriton", "sliced_relu_bump"]

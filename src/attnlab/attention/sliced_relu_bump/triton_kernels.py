@@ -1,0 +1,221 @@
+"""ReLU-bump's Triton kernels, executed into the module of ``attnlab.attention.common.triton.kernels``
+by ``runtime.kernels()`` (they use its ``_add`` and ``_program_block``); the op and the derivation
+are in ``triton.py`` beside this file.
+
+The walk (``bump_walk_kernel``) sees *sinks* (a block of ``BS`` consecutive sorted positions
+whose results a program keeps in registers) and *sources* (the other side's sorted rows, ``x``,
+walked in tiles of ``BK``). A pair's weight comes from the two scores alone: with
+``u = sink - source``, the pair is in the window when the key ``t`` lies in ``(s - b, s + b)``,
+written as the torch op's ``searchsorted`` ranks decide it (``fl(s - b) < t < fl(s + b)``, ties
+``t = s`` included), and then ``W = b - |u|`` (the hat times b), ``M = |u|`` and the sign ``π``
+(+1 when the source is below the sink, -1 above, 0 tied). Tiles are summed with ``tl.dot``;
+between the tiles that hold some sink's window edge, every source of a run lies inside the window
+of every sink and on the same side of it (or tied with it), so its weights are linear in the two
+scores and the run's sum comes from two prefix-table rows (``Σ x`` and ``Σ score · x`` in
+float64, ``bump_table_kernel``): the walk jumps over it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+_add = globals()["_add"]  # from common/triton/kernels.py, executed into the same module first
+_program_block = globals()["_program_block"]
+
+
+@triton.jit
+def _bump_weights(sink, src, width, KEY_SINKS: tl.constexpr):
+    """``(W, M, π)`` for a (sinks × sources) tile: ``sink (BS,)``, ``src (BK,)`` (NaN where not a
+    position: no pair). ``KEY_SINKS``: the sinks are keys, the sources queries."""
+    if KEY_SINKS:
+        s = src[None, :]
+        t = sink[:, None]
+    else:
+        s = sink[:, None]
+        t = src[None, :]
+    below = (t > s - width) & (t < s)  # key below the query, inside the window
+    above = (t > s) & (t < s + width)
+    inside = below | above | (t == s)
+    u = tl.abs(sink[:, None] - src[None, :])
+    weight = tl.where(inside, width - u, 0.0)
+    dist = tl.where(inside, u, 0.0)
+    if KEY_SINKS:
+        sign = tl.where(above, 1.0, 0.0) - tl.where(below, 1.0, 0.0)
+    else:
+        sign = tl.where(below, 1.0, 0.0) - tl.where(above, 1.0, 0.0)
+    return weight, dist, sign
+
+
+@triton.jit
+def _outer_sum64(acc, w, x, BK: tl.constexpr):
+    """``acc + w @ x`` in float64 as BK rank-1 updates: dL/db's sums cancel, a float32 ``tl.dot``
+    loses digits inside the tile, and a float64 ``tl.dot`` does not build on every target."""
+    w = w.to(tl.float64)
+    x = x.to(tl.float64)
+    k = tl.arange(0, BK)
+    for c in tl.static_range(BK):
+        column = tl.reduce(tl.where(k[None, :] == c, w, 0.0), 1, _add)  # exact: one term, zeros
+        row = tl.reduce(tl.where(k[:, None] == c, x, 0.0), 0, _add)
+        acc += column[:, None] * row[None, :]
+    return acc
+
+
+@triton.jit
+def _table_row(loc_ptr, carry_ptr, row, j, NT, NC, RPB: tl.constexpr, d, mask, D):
+    """Prefix-table row ``j``: ``(Σ x, Σ score · x)`` over the first ``j · TB`` sources, float64,
+    as a block's local row plus the block's carry (see ``bump_table_kernel``)."""
+    at = loc_ptr + ((row * NT + j) * 2) * D + d
+    carry = carry_ptr + ((row * NC + j // RPB) * 2) * D + d
+    p1 = tl.load(at, mask=mask, other=0.0) + tl.load(carry, mask=mask, other=0.0)
+    p2 = tl.load(at + D, mask=mask, other=0.0) + tl.load(carry + D, mask=mask, other=0.0)
+    return p1, p2
+
+
+@triton.jit
+def _write_table(x64, score64, loc_ptr, tot_ptr, row, blk, NT, NB, d, dmask, D,
+                 BS: tl.constexpr, TB: tl.constexpr, BD: tl.constexpr):  # fmt: skip
+    """A block's rows of a prefix table: ``loc[j]`` = sums over the block's sources before
+    ``j · TB`` (``x64 (BS, BD)``, zero off the sources; ``score64 (BS,)``), and the block's totals
+    ``tot[blk]`` (the caller turns them into each block's carry)."""
+    R: tl.constexpr = BS // TB
+    for plane in tl.static_range(2):
+        rows = x64
+        if plane == 1:
+            rows = x64 * score64[:, None]
+        sums = tl.reduce(tl.reshape(rows, (R, TB, BD)), 1, _add)  # (R, BD)
+        before = tl.associative_scan(sums, 0, _add) - sums
+        j = blk * R + tl.arange(0, R)
+        at = loc_ptr + ((row * NT + j)[:, None] * 2 + plane) * D + d[None, :]
+        tl.store(at, before, mask=dmask[None, :])
+        tl.store(tot_ptr + ((row * NB + blk) * 2 + plane) * D + d, tl.reduce(sums, 0, _add), mask=dmask)
+
+
+@triton.jit
+def bump_table_kernel(
+    order_ptr, score_ptr, x_ptr, n_ptr, loc_ptr, tot_ptr, T, D, NT, NB,
+    BS: tl.constexpr, TB: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """The sources' prefix table in blocks of ``BS`` sorted positions (grid: rows, blocks, D blocks):
+    each block writes its local rows and its totals (``_write_table``); the first ``n`` positions
+    of a row are sources (``order``: their rows in ``x``, ``score``: their sorted scores)."""
+    row, blk, _, d, dmask = _program_block(D, BD)
+    p = blk * BS + tl.arange(0, BS)
+    valid = p < tl.load(n_ptr + row)
+    idx = tl.load(order_ptr + row * T + p, mask=valid, other=0)
+    x = tl.load(
+        x_ptr + (row * T + idx)[:, None] * D + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0
+    )
+    score = tl.load(score_ptr + row * T + p, mask=valid, other=0.0)
+    _write_table(
+        x.to(tl.float64), score.to(tl.float64), loc_ptr, tot_ptr, row, blk, NT, NB, d, dmask, D, BS, TB, BD
+    )
+
+
+@triton.jit
+def bump_walk_kernel(
+    sink_score_ptr, sink_order_ptr, src_score_ptr, src_order_ptr, x_ptr, y_ptr,
+    loc_ptr, carry_ptr, plan_ptr, width_ptr, coef_ptr, n_sink_ptr, n_src_ptr,
+    out_ptr, scal_ptr, part_ptr, tloc_ptr, ttot_ptr,
+    N, T, D, NB, NT, NC, TNT,
+    MODE: tl.constexpr, KEY_SINKS: tl.constexpr, RPB: tl.constexpr,
+    BS: tl.constexpr, BK: tl.constexpr, TB: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """One block of ``BS`` sorted sinks, one block of D columns (grid: rows, blocks, D blocks).
+
+    Sums ``acc1 = Σ F1 x``, ``acc2 = Σ F2 x`` over the sources in the order ``plan[row, blk]``
+    gives: four walked tile ranges ``[start_e, end_e)``, and after each a jump over the table rows
+    ``[j0_e, j1_e)``, whose sources lie below (e = 0), tied with (1) or above (2) every sink.
+    ``MODE`` 0, forward (sinks: queries, x = v): F1 = W; ``out[sink] = coef · acc1``.
+    1, query side of the backward (x = v, y = g at the sinks): F1 = π, F2 = M;
+    ``scal[dblk, row, sink] = -coef g · acc1`` (dL/ds), ``part[row, blk, dblk] = Σ coef/b g · acc2``
+    (dL/db), and the prefix table of the sinks' g (``tloc``, ``ttot``) for the key side.
+    2, key side (sinks: keys, x = g, y = v at the sinks): F1 = W, F2 = π; ``out[sink] = coef ·
+    acc1`` (dL/dv), ``scal[dblk, row, sink] = -coef v · acc2`` (dL/dt).
+    """
+    row, blk, dblk, d, dmask = _program_block(D, BD)
+    acc_dtype = width_ptr.dtype.element_ty
+    width = tl.load(width_ptr + row)
+    coef64 = tl.load(coef_ptr + row)  # float64: dL/db's factor 1 / (n b²) must not round twice
+    coef = coef64.to(acc_dtype)
+    n_src = tl.load(n_src_ptr + row)
+    p = blk * BS + tl.arange(0, BS)
+    pmask = p < T
+    valid = p < tl.load(n_sink_ptr + row)
+    sink = tl.load(sink_score_ptr + row * T + p, mask=valid, other=0.0).to(acc_dtype)
+    sink_nan = tl.where(valid, sink, float("nan"))
+    acc1 = tl.full([BS, BD], 0.0, acc_dtype)
+    # dL/db sums every query's Σ |s - t| v_j · g_i: they cancel, so acc2 is float64 in mode 1
+    acc2 = tl.full([BS, BD], 0.0, tl.float64 if MODE == 1 else acc_dtype)
+    plan = plan_ptr + (row * NB + blk) * 16
+    for e in range(0, 4):
+        for kt in range(tl.load(plan + e), tl.load(plan + 4 + e)):
+            k = kt * BK + tl.arange(0, BK)
+            kmask = k < n_src
+            idx = tl.load(src_order_ptr + row * T + k, mask=kmask, other=0)
+            src = tl.load(src_score_ptr + row * T + k, mask=kmask, other=0.0).to(acc_dtype)
+            x = tl.load(
+                x_ptr + (row * T + idx)[:, None] * D + d[None, :],
+                mask=kmask[:, None] & dmask[None, :],
+                other=0.0,
+            ).to(acc_dtype)
+            weight, dist, sign = _bump_weights(sink_nan, tl.where(kmask, src, float("nan")), width, KEY_SINKS)
+            if MODE == 1:
+                acc1 += tl.dot(sign.to(acc_dtype), x, input_precision="ieee")
+                acc2 = _outer_sum64(acc2, dist, x, BK)
+            else:
+                acc1 += tl.dot(weight, x, input_precision="ieee")
+                if MODE == 2:
+                    acc2 += tl.dot(sign.to(acc_dtype), x, input_precision="ieee")
+        # the jump: the run's Σ x and Σ (score - τ) x from the table, τ its first source's score
+        j0 = tl.load(plan + 8 + e)
+        j1 = tl.load(plan + 12 + e)
+        jump = j1 > j0
+        a1, a2 = _table_row(loc_ptr, carry_ptr, row, j0, NT, NC, RPB, d, dmask & jump, D)
+        b1, b2 = _table_row(loc_ptr, carry_ptr, row, j1, NT, NC, RPB, d, dmask & jump, D)
+        tau = tl.load(src_score_ptr + row * T + j0 * TB, mask=jump, other=0.0).to(tl.float64)
+        run1_64 = b1 - a1
+        run_u64 = (b2 - a2) - tau * run1_64
+        run1, run_u = run1_64.to(acc_dtype), run_u64.to(acc_dtype)
+        side = (1 - e) * 1.0  # π of the run: +1 below the sinks, 0 tied, -1 above
+        on = tl.where(valid, 1.0, 0.0).to(acc_dtype)
+        if MODE == 1:
+            acc1 += (on * side)[:, None] * run1[None, :]
+            # dL/db's jump term in float64 too: rounded to float32 first, it would undo acc2's care
+            du64 = tl.where(valid, sink.to(tl.float64) - tau, 0.0)
+            on64 = on.to(tl.float64)
+            acc2 += side * (du64[:, None] * run1_64[None, :] - on64[:, None] * run_u64[None, :])
+        else:
+            du = tl.where(valid, sink - tau.to(acc_dtype), 0.0)
+            slope = (on * side)[:, None] * run_u[None, :]
+            acc1 += (on * (width - side * du))[:, None] * run1[None, :] + slope
+            if MODE == 2:
+                acc2 += (on * side)[:, None] * run1[None, :]
+    idx = tl.load(sink_order_ptr + row * T + p, mask=pmask, other=0)
+    at = (row * T + idx)[:, None] * D + d[None, :]
+    both = pmask[:, None] & dmask[None, :]
+    value = coef * acc1
+    if out_ptr.dtype.element_ty != acc_dtype:  # via float32, as torch converts float64
+        value = value.to(tl.float32)
+    if MODE == 0:
+        tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=both)
+    else:
+        y = tl.load(y_ptr + at, mask=valid[:, None] & dmask[None, :], other=0.0).to(acc_dtype)
+        if MODE == 1:
+            scal_at = scal_ptr + (dblk * N.to(tl.int64) + row) * T + idx  # 64-bit: N·T can pass 2³¹
+            tl.store(scal_at, -coef * tl.reduce(y * acc1, 1, _add), mask=pmask)
+            # dL/db sums over every query and column with cancellation: in float64
+            y64 = y.to(tl.float64)
+            part = tl.reduce(tl.reduce(y64 * acc2, 1, _add), 0, _add)
+            tl.store(
+                part_ptr + (row * NB + blk) * tl.num_programs(2) + dblk,
+                part * (coef64 / width.to(tl.float64)),
+            )
+            _write_table(
+                y64, tl.where(valid, sink, 0.0).to(tl.float64), tloc_ptr, ttot_ptr,
+                row, blk, TNT, NB, d, dmask, D, BS, TB, BD,
+            )  # fmt: skip
+        else:
+            tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=both)
+            scal_at = scal_ptr + (dblk * N.to(tl.int64) + row) * T + idx
+            tl.store(scal_at, -coef * tl.reduce(y * acc2, 1, _add), mask=pmask)
