@@ -4,7 +4,7 @@ page-faulting it in afresh.
 glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and
 returns it with ``munmap`` when freed, and it trims the top of its heap whenever more than the trim
 threshold is free. An attention op at long sequences allocates and frees buffers of tens of MiB on
-every call, so each call faulted all their pages in again: the sliced ReLU op ran up to 2.6 times
+every call, so each call faulted all their pages in again: the sliced ReLU op ran 1.26-1.28 times
 slower than with the same buffers kept (docs/benchmarks.md, "CPU: the allocator"). ``configure()``
 sets, through ``mallopt``, what ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...`` would: no mmap'd
 chunks, and a trim threshold of 2 GiB (``mallopt`` takes an ``int``), so freed buffers stay in the

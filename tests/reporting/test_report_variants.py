@@ -118,3 +118,29 @@ def test_plots_hold_one_configuration_per_panel_and_count_a_seed_once(tmp_path, 
     assert set(panels) == {"listops [task.max_steps=1500]", "listops [task.max_steps=5]"}
     (point,) = [line.get_ydata()[0] for line in panels["listops [task.max_steps=1500]"].lines[:1]]
     assert point == pytest.approx(100 * (0.35 + 0.50) / 2)  # over distinct seeds, not (0.3+0.4+0.5)/3
+
+
+def test_a_length_sweep_is_one_line_in_the_throughput_plot(tmp_path, monkeypatch):
+    from attnlab.reporting import plots
+
+    figures = []
+    grid = plots.panel_grid
+
+    def keep(n, title):
+        fig, axes = grid(n, title)
+        figures.append((title, axes))
+        return fig, axes
+
+    monkeypatch.setattr(plots, "panel_grid", keep)
+    for length in (256, 512, 1024):
+        name = f"len{length}"
+        _run(tmp_path, name, task__data__seq_len=length)
+        summary = tmp_path / name / "summary.json"
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "seq_len": length}))
+    report = make_report([tmp_path], out_dir=tmp_path / "report")
+    _, axes = next((title, axes) for title, axes in figures if "vs sequence length" in title)
+    panels = [ax for ax in axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["listops"]
+    assert list(panels[0].lines[0].get_xdata()) == [256, 512, 1024]
+    header = next(line for line in report.accuracy_md.splitlines() if line.startswith("| backend"))
+    assert "task.data.seq_len=256" in header  # the tables still keep each length apart

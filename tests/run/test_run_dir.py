@@ -85,19 +85,25 @@ def test_a_refused_resume_leaves_the_runs_config_as_it_was(train_config, finishe
     assert (finished_run / "config.yaml").read_bytes() == config
 
 
-def test_a_refused_resume_on_the_command_line_leaves_hydras_record_and_log_as_they_were(tmp_path):
+@pytest.mark.parametrize(
+    ("checkpoint", "said"),
+    [("last.ckpt", "task.model.dim: 16 -> 32"), ("lats.ckpt", "does not exist")],
+    ids=["changes-the-model", "misspelt-checkpoint"],
+)
+def test_a_refused_resume_on_the_command_line_leaves_hydras_record_and_log_as_they_were(
+    tmp_path, checkpoint, said
+):
     """Hydra writes ``.hydra/`` and appends to ``train.log`` before attnlab's code runs: the refusal
     comes first (`attnlab.run.hydra_callbacks.ResumeCheckBeforeRun`), so nothing of the run changes."""
     run_dir = tmp_path / "run"
     first = train_main(*SHORT, "logger=none", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     before = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    last = run_dir / "checkpoints" / "last.ckpt"
-    again = train_main(*SHORT, "logger=none", "task.model.dim=32", f"ckpt_path={last}", cwd=tmp_path)
+    resume = run_dir / "checkpoints" / checkpoint
+    again = train_main(*SHORT, "logger=none", "task.model.dim=32", f"ckpt_path={resume}", cwd=tmp_path)
     assert again.returncode == 1
     lines = [line for line in again.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ckpt_path ")
-    assert "task.model.dim: 16 -> 32" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], lines
     after = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     assert after == before
 

@@ -63,7 +63,7 @@ def write_report(
     write_csv(files["throughput.csv"], *throughput_csv_rows(thr, baseline))
     write_csv(files["runs.csv"], *runs_csv_rows(runs, [v.task for v in variants]))
     plot_acc_vs_throughput(variants, files["acc_vs_throughput.png"], metric)
-    plot_throughput_vs_seqlen(variants, files["throughput_vs_seqlen.png"])
+    plot_throughput_vs_seqlen(label_variants(runs, across_lengths=True), files["throughput_vs_seqlen.png"])
     if any(r.task == MQAR_TASK for r in runs):
         files["mqar_vs_width.png"] = plot_mqar_vs_width(runs, out / "mqar_vs_width.png", metric)
         files["mqar_vs_seqlen.png"] = plot_mqar_vs_seqlen(runs, out / "mqar_vs_seqlen.png", metric)

@@ -66,15 +66,20 @@ def _settings(run: RunSummary) -> dict[str, Any] | None:
     }
 
 
-def label_variants(runs: Sequence[RunSummary]) -> list[RunSummary]:
+def label_variants(runs: Sequence[RunSummary], across_lengths: bool = False) -> list[RunSummary]:
     """``runs`` with each task renamed ``<task> [key=value, ...]`` where the task's runs differ in
-    their configs; unchanged where they do not."""
+    their configs; unchanged where they do not.
+
+    ``across_lengths``: keys whose values go one-to-one with the runs' ``seq_len`` (the length itself,
+    a model's ``max_len`` set to it) make no configuration, so a length sweep stays one configuration
+    (a plot against length)."""
     settings = {id(r): _settings(r) for r in runs}
-    peers: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    peers: dict[tuple[str, ...], list[tuple[Any, dict[str, Any]]]] = defaultdict(list)
     for run in runs:
         if settings[id(run)] is not None:
-            peers[(run.task,)].append(settings[id(run)])
-            peers[(run.task, run.attn)].append(settings[id(run)])
+            entry = (run.get("seq_len"), settings[id(run)])
+            peers[(run.task,)].append(entry)
+            peers[(run.task, run.attn)].append(entry)
     labelled = []
     for run in runs:
         mine = settings[id(run)]
@@ -82,8 +87,10 @@ def label_variants(runs: Sequence[RunSummary]) -> list[RunSummary]:
             labelled.append(run)
             continue
         # the task's runs for the model, data and training keys; the backend's own runs for its options
-        differing = [k for k in _differing(peers[(run.task,)]) if not k.startswith("attn.")] + [
-            k for k in _differing(peers[(run.task, run.attn)]) if k.startswith("attn.")
+        task_keys = _differing(peers[(run.task,)], across_lengths)
+        attn_keys = _differing(peers[(run.task, run.attn)], across_lengths)
+        differing = [k for k in task_keys if not k.startswith("attn.")] + [
+            k for k in attn_keys if k.startswith("attn.")
         ]
         if not differing:
             labelled.append(run)
@@ -94,11 +101,21 @@ def label_variants(runs: Sequence[RunSummary]) -> list[RunSummary]:
     return labelled
 
 
-def _differing(configs: list[dict[str, Any]]) -> list[str]:
-    if len(configs) < 2:
+def _differing(entries: list[tuple[Any, dict[str, Any]]], across_lengths: bool = False) -> list[str]:
+    if len(entries) < 2:
         return []
+    configs = [config for _, config in entries]
     keys = sorted({k for s in configs for k in s})
-    return [k for k in keys if len({s.get(k) for s in configs}) > 1]
+    differing = [k for k in keys if len({s.get(k) for s in configs}) > 1]
+    if across_lengths:
+        differing = [k for k in differing if not _follows_length(entries, k)]
+    return differing
+
+
+def _follows_length(entries: list[tuple[Any, dict[str, Any]]], key: str) -> bool:
+    """Whether ``key``'s values and the runs' lengths determine each other."""
+    pairs = {(length, config.get(key)) for length, config in entries}
+    return len(pairs) == len({length for length, _ in pairs}) == len({value for _, value in pairs})
 
 
 def per_seed(runs: Sequence[RunSummary], metric: str) -> tuple[list[float], dict[Any, int]]:

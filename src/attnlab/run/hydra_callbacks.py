@@ -39,11 +39,14 @@ class MultirunHydraConfig(Callback):
 
 
 class ResumeCheckBeforeRun(Callback):
-    """Hydra callback: refuse ``ckpt_path=<run>/...`` under a config that changes the run's model or
-    recipe before Hydra writes into ``<run>`` (`attnlab.run.resume.check_resume_config`, which the pipeline
-    runs again for every other way in). Registered under ``hydra.callbacks.resume_check`` (conf/train.yaml).
+    """Hydra callback: refuse ``ckpt_path=<run>/...`` before Hydra writes into ``<run>`` when the
+    checkpoint is missing or unreadable, or when the command changes the run's model or recipe
+    (`attnlab.run.resume.check_resume_config`, which the pipeline runs again for every other way in).
+    Registered under ``hydra.callbacks.resume_check`` (conf/train.yaml).
 
-    Anything else wrong with the checkpoint is left to the pipeline, which names it in one line.
+    Single runs only: Hydra calls no hook before it writes a multirun job's ``.hydra/``, so a sweep's
+    job is refused by the pipeline, after Hydra's record of it is written. A config that does not
+    resolve is left to the pipeline too, which names the problem in one line.
     """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -54,14 +57,12 @@ class ResumeCheckBeforeRun(Callback):
             return
         try:
             job, ckpt_path = _job_and_checkpoint(config)
+            if ckpt_path is not None:
+                check_resume_config(ckpt_path, job)
+        except CheckpointError as err:  # a missing, unreadable or mismatched checkpoint: one line
+            raise SystemExit(f"error: {err}") from None
         except Exception:  # Hydra would only warn; the pipeline names the problem in one line
             return
-        if ckpt_path is None:
-            return
-        try:
-            check_resume_config(ckpt_path, job)
-        except CheckpointError as err:
-            raise SystemExit(f"error: {err}") from None
 
 
 def _job_and_checkpoint(config: DictConfig) -> tuple[DictConfig, str | None]:
