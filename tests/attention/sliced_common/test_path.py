@@ -8,12 +8,15 @@ fast), the two paths agree on non-finite scores, and bad ``path`` values get one
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from attnlab.attention import build_attention
+from attnlab.attention.common.dispatch import Request, accepting
 from attnlab.attention.ops import sliced_relu_attention, sliced_relu_bump_attention
-from attnlab.attention.sliced_common.path import CROSSOVER, PATHS, choose_path, crossover
+from attnlab.attention.sliced_common.path import CROSSOVER, DENSE_MAX_LENGTH, PATHS, crossover
 from attnlab.attention.sliced_relu import ops as relu_ops
 from attnlab.attention.sliced_relu_bump import ops as bump_ops
 
@@ -93,10 +96,38 @@ def test_every_crossover_entry_names_a_known_op_and_a_positive_length():
         assert isinstance(length, int) and length > 0
 
 
-def test_auto_on_an_unmeasured_device_stays_sorted_and_triton_means_sorted():
-    assert choose_path("op", "relu", "auto", "auto", 8, "meta", torch.float32) == "sorted"
-    assert choose_path("op", "relu", "auto", "triton", 8, "cpu", torch.float32) == "sorted"
-    assert choose_path("op", "relu", "dense", "torch", 10**6, "cpu", torch.float32) == "dense"
+def accepted(kind, device, impl, path, length, causal=False):
+    """The implementations of ``kind`` that accept such a call, in the order they are tried."""
+    implementations = relu_ops.IMPLEMENTATIONS if kind == "relu" else bump_ops.IMPLEMENTATIONS
+    call = Request("op", torch.device(device), device, torch.float32, impl, path, causal, 8, length)
+    return [i.name for i in accepting(implementations, call)]
+
+
+@pytest.mark.parametrize("kind", ["relu", "bump"])
+def test_auto_on_an_unmeasured_device_stays_sorted_and_triton_means_sorted(kind, monkeypatch):
+    assert accepted(kind, "meta", "auto", "auto", 8) == ["sorted"]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert accepted(kind, "cpu", "triton", "auto", 8) == ["triton"]  # the sorted kernels, never dense
+    assert accepted(kind, "cpu", "torch", "dense", DENSE_MAX_LENGTH) == ["dense"]
+    assert accepted(kind, "cpu", "torch", "auto", 8, causal=True) == ["dense", "causal"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("kind", ["relu", "bump"])
+def test_dense_beyond_its_range_is_one_line_naming_each_implementation(kind, causal):
+    """``path="dense"`` past ``DENSE_MAX_LENGTH``: every implementation declines, in one line."""
+    length = DENSE_MAX_LENGTH + 1
+    s, t, v, b = (x[..., :1] if x.dim() == 4 else x for x in inputs(1, 1, length, 1))
+    with pytest.raises(ValueError) as err:
+        call(kind, s, t, v, b[:1], path="dense", causal=causal)
+    message = str(err.value)
+    assert message.startswith(f"{OPS[kind]}: no implementation accepts this call (impl='auto', path='dense'")
+    assert "\n" not in message
+    assert re.search(
+        rf"dense \[torch, O\(T²\)[^]]*\]: runs T up to {DENSE_MAX_LENGTH}, got T={length}", message
+    )
+    for name in ("triton", "causal", "sorted"):
+        assert re.search(rf"{name} \[[^]]*\]: is path='sorted'", message), name
 
 
 @pytest.mark.parametrize("kind", ["relu", "bump"])
@@ -104,7 +135,9 @@ def test_bad_path_values_are_named(kind):
     s, t, v, b = inputs(1, 1, 4, 2)
     with pytest.raises(ValueError, match=r"path must be one of 'auto', 'dense', 'sorted', got 'fast'"):
         call(kind, s, t, v, b, path="fast")
-    with pytest.raises(ValueError, match=r"path='dense' runs torch ops, impl='triton'"):
+    with pytest.raises(
+        ValueError, match=r"dense \[torch, [^]]*\]: is impl='torch' \| triton \[[^]]*\]: is path='sorted'"
+    ):
         call(kind, s, t, v, b, path="dense", impl="triton")
     with pytest.raises(ValueError, match=r"impl must be one of"):
         call(kind, s, t, v, b, path="dense", impl="cuda")

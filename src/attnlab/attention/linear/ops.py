@@ -14,18 +14,83 @@ mix signs through v and lose relative precision at very large T in float32.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
 from attnlab.attention.common.checks import check_qkv
+from attnlab.attention.common.dispatch import Implementation, Request, check_choice, device_type, run_first
 from attnlab.attention.common.padding import check_padded_queries
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
-from attnlab.attention.common.triton import selfcheck
-from attnlab.attention.common.triton.runtime import launch, resolve_impl
+from attnlab.attention.common.triton import runtime, selfcheck
 from attnlab.attention.linear.chunked import (
     DEFAULT_CHUNK_SIZE,
     elu_feature_map,
     linear_attention_from_features,
+)
+from attnlab.attention.linear.triton import MAX_HEAD_DIM
+
+__all__ = ["IMPLEMENTATIONS", "linear_attention"]
+
+OP = "linear_attention"
+
+
+class _Call(NamedTuple):
+    """A checked call, as every implementation takes it."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    key_padding_mask: torch.Tensor | None
+    causal: bool
+    eps: float
+    chunk_size: int
+    padded_queries: str
+    impl: str
+
+
+def _triton(c: _Call) -> torch.Tensor | None:
+    def call():
+        from attnlab.attention.linear import triton  # imported when used: triton loads slowly
+
+        return triton.causal_linear_attention(c.q, c.k, c.v, c.key_padding_mask, c.eps)
+
+    check = lambda: selfcheck.trusted(OP, c.q.device, c.v.dtype, lambda: _case(c.v))  # noqa: E731
+    # None: `auto`, and Triton could not build a kernel here or failed its first check (warned)
+    return runtime.launch(OP, c.impl, c.q.device, call, check=check)
+
+
+def _torch(c: _Call) -> torch.Tensor:
+    with no_autocast(c.q.device):
+        acc = accumulation_dtype(c.q.dtype)
+        phi_q = elu_feature_map(c.q.to(acc))
+        phi_k = elu_feature_map(c.k.to(acc))
+        out = linear_attention_from_features(
+            phi_q, phi_k, c.v.to(acc), c.key_padding_mask, c.causal, c.eps, c.chunk_size, c.padded_queries
+        )
+    return out.to(c.v.dtype)
+
+
+#: in the order they are preferred: the first that accepts a call runs it
+IMPLEMENTATIONS: tuple[Implementation, ...] = (
+    Implementation(
+        "triton",
+        "O(T·D·Dv) time, the (D, Dv) state on chip",
+        _triton,
+        impl="triton",
+        devices=("cuda",),
+        dtypes=(torch.float32,),
+        causal=(True,),
+        max_head_dim=MAX_HEAD_DIM,
+        interpreted=True,
+        available=lambda r: runtime.triton_problem(r.op, r.impl, r.device, cuda=r.device_type == "cuda"),
+        notes={
+            "dtype": "the kernels keep float32 states",
+            "causal": "the non-causal form is two matmuls, run by torch",
+            "head_dim": "a wider (D, Dv) state spills registers",
+        },
+    ),
+    Implementation("chunked", "O(T·D·Dv) time, chunk × chunk blocks", _torch),
 )
 
 
@@ -45,47 +110,23 @@ def linear_attention(
     Padded keys (`key_padding_mask` False) contribute nothing; outputs at padded queries are zero
     (`padded_queries="attend"`: they attend to the real keys, `attnlab.attention.common.padding`).
     With `causal`, S and z only sum keys j <= i, computed chunk by chunk (`chunk_size` tokens).
-    `impl` ("auto", "triton", "torch") chooses the causal form's code: "auto" runs the Triton
-    kernel (`attnlab.attention.linear.triton`, its own chunk size) on CUDA tensors other than
-    float64, torch otherwise; the non-causal form is two matmuls and always runs in torch.
+    `impl` ("auto", "triton", "torch") narrows `IMPLEMENTATIONS`, of which the first that accepts
+    the call runs: "auto" runs the causal form's Triton kernel (`attnlab.attention.linear.triton`,
+    its own chunk size) on CUDA tensors other than float64 with head dims up to 64, the torch code
+    otherwise; the non-causal form is two matmuls and runs in torch only, so "triton" refuses it. A
+    call no implementation accepts is one ValueError naming each and why it declined.
     """
     check_qkv(q, k, v, key_padding_mask)
-    check_padded_queries("linear_attention", padded_queries, causal)
-    use = resolve_impl("linear_attention", impl, q, k, v)
-    if use == "triton" and causal:
-        from attnlab.attention.linear.triton import MAX_HEAD_DIM
-
-        if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:  # the kernels' state would spill registers
-            if impl == "triton":
-                raise ValueError(
-                    f"linear_attention: impl='triton' runs head dims up to {MAX_HEAD_DIM}, got q/k "
-                    f"{q.shape[-1]} and v {v.shape[-1]}; use impl='auto' or 'torch'"
-                )
-        elif torch.float64 not in (q.dtype, k.dtype, v.dtype):
-            from attnlab.attention.linear.triton import causal_linear_attention
-
-            out = launch(
-                "linear_attention",
-                impl,
-                q.device,
-                lambda: causal_linear_attention(q, k, v, key_padding_mask, eps),
-                check=lambda: selfcheck.trusted("linear_attention", q.device, v.dtype, lambda: _case(v)),
-            )
-            if out is not None:  # None: `auto`, and Triton could not build a kernel here (warned)
-                return out
-        if impl == "triton" and torch.float64 in (q.dtype, k.dtype, v.dtype):
-            raise TypeError(
-                "linear_attention: impl='triton' has no float64 kernel; use impl='torch' or 'auto' "
-                f"for float64 inputs (got {q.dtype}, {k.dtype}, {v.dtype})"
-            )
-    with no_autocast(q.device):
-        acc = accumulation_dtype(q.dtype)
-        phi_q = elu_feature_map(q.to(acc))
-        phi_k = elu_feature_map(k.to(acc))
-        out = linear_attention_from_features(
-            phi_q, phi_k, v.to(acc), key_padding_mask, causal, eps, chunk_size, padded_queries
-        )
-    return out.to(v.dtype)
+    check_padded_queries(OP, padded_queries, causal)
+    check_choice(OP, impl)
+    batch, heads, length, dim = q.shape
+    acc = accumulation_dtype(q.dtype, k.dtype, v.dtype)
+    width = max(dim, v.shape[-1])
+    request = Request(
+        OP, q.device, device_type(q, k, v), acc, impl, "auto", causal, width, length, padded_queries
+    )
+    call = _Call(q, k, v, key_padding_mask, causal, eps, chunk_size, padded_queries, impl)
+    return run_first(IMPLEMENTATIONS, request, call)
 
 
 def _case(like: torch.Tensor):

@@ -1,12 +1,20 @@
-"""What the two public sliced ops share around their implementations: results back in v's layout,
-empty batches, the Triton path with its first-use check, and the refusals of what has no kernel."""
+"""What the two public sliced ops share around their implementations: the declarations of the dense
+and the Triton implementations (the same limits for both families), the Triton launch with its
+first-use check, results back in v's layout, and empty batches."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from attnlab.attention.common.triton import selfcheck
-from attnlab.attention.common.triton.runtime import IMPLS, launch, resolve_impl
+from attnlab.attention.common.dispatch import Implementation, Request
+from attnlab.attention.common.triton import runtime, selfcheck
+from attnlab.attention.sliced_common.path import DENSE_MAX_LENGTH, crossover
+
+#: the sorted ops' cost (time, memory), bidirectional and causal
+SORTED_COST = "O(T log T) time, O(T·D) memory"
+CAUSAL_COST = "O(T log² T) time, O(T·D) memory"
 
 
 def like_v(rows: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -20,38 +28,50 @@ def empty_batch(v: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
     return v * 0 + sum(x.sum() for x in inputs) * 0
 
 
-def run_triton(op: str, impl: str, s, t, v, acc: torch.dtype, call, case) -> torch.Tensor | None:
-    """``call(kernels)`` on the Triton kernels when ``impl`` picks them for these tensors; None when
-    the torch code is to run (not CUDA, ``impl="torch"``, float64 on CUDA under ``auto``, or ``auto``
-    and either Triton could not build a kernel here, which `launch` has warned about, or the kernels
-    failed their first-use check against the torch code, which `selfcheck` has warned about)."""
-    if resolve_impl(op, impl, s, t, v) != "triton" or not triton_takes_dtype(op, impl, v.device, acc):
-        return None
+def dense(kind: str, run: Callable) -> Implementation:
+    """The dense O(T²) evaluation of ``kind`` ("relu" or "bump"): any device and dtype, both forms;
+    ``path="auto"`` takes it up to the measured crossover (``attnlab.attention.sliced_common.path``)."""
+
+    def auto_length(request: Request) -> int:
+        return crossover(("causal_" if request.causal else "") + kind, request.device_type, request.dtype)
+
+    return Implementation(
+        "dense",
+        "O(T²) time and memory",
+        run,
+        path="dense",
+        max_length=DENSE_MAX_LENGTH,
+        auto_length=auto_length,
+        notes={"length": "it holds T×T numbers per row"},
+    )
+
+
+def triton(run: Callable) -> Implementation:
+    """The sorted Triton kernels: CUDA tensors (CPU ones under the interpreter), bidirectional only,
+    float32 accumulation on CUDA (float64 in the interpreter, which the exactness tests use)."""
+    return Implementation(
+        "triton",
+        "O(T log T) time, O(T·D) memory, fused",
+        run,
+        impl="triton",
+        path="sorted",
+        devices=("cuda",),
+        dtypes_on={"cuda": (torch.float32,)},
+        causal=(False,),
+        interpreted=True,
+        available=lambda r: runtime.triton_problem(r.op, r.impl, r.device, cuda=r.device_type == "cuda"),
+        notes={
+            # the ReLU-bump key walk spills 4-13 KB of stack per thread in float64 (sm_70-90), and
+            # fp64 units are a fraction of the GPU: the torch op is the better float64 path
+            "dtype": "its float64 key walk spills kilobytes of stack; the torch op runs float64 on the GPU",
+            "causal": "no causal Triton kernel yet",
+        },
+    )
+
+
+def launch_triton(op: str, impl: str, v: torch.Tensor, call, case) -> torch.Tensor | None:
+    """``call()`` (the Triton launcher) under ``impl``; None when ``auto`` finds that the kernels
+    cannot build here (``runtime.launch`` has warned) or fail their first-use check against the
+    torch code (``selfcheck`` has warned): the torch code then runs."""
     check = lambda: selfcheck.trusted(op, v.device, v.dtype, lambda: case(v))  # noqa: E731
-    return launch(op, impl, v.device, call, check=check)
-
-
-def triton_takes_dtype(op: str, impl: str, device: torch.device, acc: torch.dtype) -> bool:
-    """Whether the sliced Triton kernels run in the accumulation dtype ``acc`` on ``device``.
-
-    float64 on CUDA does not: the compiled ReLU-bump key walk spills 4-13 KB of stack per thread in
-    float64 (sm_70-90), and fp64 units are a fraction of the GPU, so the torch op is the better
-    float64 path; ``auto`` takes it, ``triton`` is refused by name. The interpreter (CPU tensors)
-    runs float64, which the exactness tests use.
-    """
-    if acc != torch.float64 or device.type != "cuda":
-        return True
-    if impl == "triton":
-        raise TypeError(
-            f"{op}: impl='triton' has no float64 kernel on CUDA; use impl='auto' or impl='torch' "
-            "for float64 inputs (the torch op runs them on the GPU)"
-        )
-    return False
-
-
-def torch_only_causal(op: str, impl: str) -> None:
-    """The causal ops have no Triton kernel yet: ``auto`` runs the torch code, ``triton`` is refused."""
-    if impl not in IMPLS:
-        raise ValueError(f"{op}: impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
-    if impl == "triton":
-        raise ValueError(f"{op}: causal=True has no Triton kernel yet; use impl='auto' or impl='torch'")
+    return runtime.launch(op, impl, v.device, call, check=check)

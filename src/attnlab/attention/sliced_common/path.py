@@ -2,7 +2,9 @@
 
 ``path="dense"`` evaluates the kernel on all T×T pairs (``attnlab.attention.sliced_common.dense``),
 ``"sorted"`` runs the sorted ops (torch or Triton, as ``impl`` says), ``"auto"`` takes dense for
-``T <= crossover`` and sorted above. Both give the same function to float rounding, outputs and
+``T <= crossover`` and sorted above: the dense implementations declare the crossover as the length
+range ``auto`` takes them in, and ``DENSE_MAX_LENGTH`` as the one they run at all
+(``attnlab.attention.common.dispatch``). Both give the same function to float rounding, outputs and
 gradients; only speed and memory differ (dense keeps O(B·H·T²) for the backward).
 
 The crossovers were measured, not guessed (docs/benchmarks.md has the runs). Where none was measured
@@ -13,9 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.attention.common.triton.runtime import IMPLS
+from attnlab.attention.common.dispatch import PATHS
 
-PATHS = ("auto", "dense", "sorted")
+#: the longest T the dense path runs, whatever ``path`` says: it holds several (T × T) tensors per
+#: (batch, head) row, over 1 GiB each in float32 beyond Path-X's 16,384 tokens (the longest task)
+DENSE_MAX_LENGTH = 16384
 
 # (op, device type, accumulation dtype) -> the longest T at which ``auto`` takes the dense path.
 # op: "relu" / "bump" (bidirectional), "causal_relu" / "causal_bump". Half inputs accumulate in
@@ -40,28 +44,7 @@ def check_path(path: str) -> str:
     return path
 
 
-def crossover(op: str, device: torch.device, dtype: torch.dtype) -> int:
-    """The longest T at which ``path="auto"`` runs ``op`` densely on ``device`` (0: never)."""
-    return CROSSOVER.get((op, device.type, dtype), 0)
-
-
-def choose_path(name: str, op: str, path: str, impl: str, length: int, device, dtype) -> str:
-    """``"dense"`` or ``"sorted"`` for a call of the public op ``name`` (checked here, one line each).
-
-    ``impl="triton"`` asks for the Triton kernels, which are sorted: ``auto`` then runs them and
-    ``dense`` is refused.
-    """
-    if path not in PATHS:
-        raise ValueError(f"{name}: path must be one of {', '.join(map(repr, PATHS))}, got {path!r}")
-    if impl not in IMPLS:
-        raise ValueError(f"{name}: impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
-    if path == "dense" and impl == "triton":
-        raise ValueError(
-            f"{name}: path='dense' runs torch ops, impl='triton' the sorted Triton kernels; "
-            "use impl='auto' or impl='torch' with path='dense'"
-        )
-    if path != "auto":
-        return path
-    if impl == "triton":
-        return "sorted"
-    return "dense" if length <= crossover(op, torch.device(device), dtype) else "sorted"
+def crossover(op: str, device: torch.device | str, dtype: torch.dtype) -> int:
+    """The longest T at which ``path="auto"`` runs ``op`` densely on ``device`` (a device or its
+    type; 0: never)."""
+    return CROSSOVER.get((op, torch.device(device).type, dtype), 0)

@@ -1,29 +1,81 @@
-"""The public sliced ReLU op: input checks, then which implementation runs.
+"""The public sliced ReLU op: input checks, then the first implementation that accepts the call.
 
-``path`` (``auto``/``dense``/``sorted``, ``attnlab.attention.sliced_common.path``) chooses between the
-dense O(T²) evaluation (``dense``, short sequences) and the sorted ops; on the sorted path
-``causal=True`` → ``causal``, and ``impl`` (``auto``/``triton``/``torch``,
-``attnlab.attention.common.triton``) chooses between the Triton kernels (``triton``) and the sorted
-torch op (``sorted``).
+``IMPLEMENTATIONS`` lists them in the order they are preferred, each with what it accepts
+(``attnlab.attention.common.dispatch``): ``dense`` (O(T²), short sequences: ``path="auto"`` takes
+it up to the measured crossover), ``triton`` (CUDA tensors), ``causal`` and ``sorted`` (the torch
+ops). ``impl`` (``auto``/``triton``/``torch``) and ``path`` (``auto``/``dense``/``sorted``) narrow
+the list.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
+from attnlab.attention.common.dispatch import Implementation, Request, check_choice, device_type, run_first
 from attnlab.attention.common.padding import check_padded_queries, query_mask
 from attnlab.attention.common.precision import accumulation_dtype
 from attnlab.attention.common.triton import selfcheck
-from attnlab.attention.sliced_common.dispatch import empty_batch, like_v, run_triton, torch_only_causal
-from attnlab.attention.sliced_common.path import choose_path
+from attnlab.attention.sliced_common import dispatch
 from attnlab.attention.sliced_common.rows import as_rows, check_scores_inputs, valid_rows
 from attnlab.attention.sliced_relu.causal import causal_sliced_relu_attention
 from attnlab.attention.sliced_relu.dense import dense_causal_sliced_relu, dense_sliced_relu
 from attnlab.attention.sliced_relu.sorted import SlicedReLU
 
-__all__ = ["sliced_relu_attention"]
+__all__ = ["IMPLEMENTATIONS", "sliced_relu_attention"]
+
+OP = "sliced_relu_attention"
+
+
+class _Call(NamedTuple):
+    """A checked call, as every implementation takes it."""
+
+    s: torch.Tensor
+    t: torch.Tensor
+    v: torch.Tensor
+    key_padding_mask: torch.Tensor | None
+    valid: torch.Tensor | None  # (B·H, T) real keys
+    queries: torch.Tensor | None  # (B·H, T) the queries whose output is kept
+    eps: float
+    causal: bool
+    impl: str
+    acc: torch.dtype
+
+
+def _dense(c: _Call) -> torch.Tensor:
+    s, t, v = (as_rows(x, c.acc) for x in (c.s, c.t, c.v))
+    if c.causal:
+        return dispatch.like_v(dense_causal_sliced_relu(s, t, v, c.valid, c.eps), c.v)
+    return dispatch.like_v(dense_sliced_relu(s, t, v, c.valid, c.queries, c.eps), c.v)
+
+
+def _triton(c: _Call) -> torch.Tensor | None:
+    def call():
+        from attnlab.attention.sliced_relu import triton  # imported when used: triton loads slowly
+
+        return triton.sliced_relu(c.s, c.t, c.v, c.valid, c.queries, c.eps, c.acc)
+
+    return dispatch.launch_triton(OP, c.impl, c.v, call, _check_case)
+
+
+def _causal(c: _Call) -> torch.Tensor:
+    return causal_sliced_relu_attention(c.s, c.t, c.v, c.key_padding_mask, c.eps)
+
+
+def _sorted(c: _Call) -> torch.Tensor:
+    s, t, v = (as_rows(x, c.acc) for x in (c.s, c.t, c.v))
+    return dispatch.like_v(SlicedReLU.apply(s, t, v, c.valid, c.queries, c.eps), c.v)
+
+
+#: in the order they are preferred: the first that accepts a call runs it
+IMPLEMENTATIONS: tuple[Implementation, ...] = (
+    dispatch.dense("relu", _dense),
+    dispatch.triton(_triton),
+    Implementation("causal", dispatch.CAUSAL_COST, _causal, path="sorted", causal=(True,)),
+    Implementation("sorted", dispatch.SORTED_COST, _sorted, path="sorted", causal=(False,)),
+)
 
 
 def sliced_relu_attention(
@@ -46,51 +98,29 @@ def sliced_relu_attention(
     (``"attend"``, bidirectional only; ``attnlab.attention.common.padding``). Differentiable in ``s``, ``t``
     and ``v``.
     ``causal=True``: keys j <= i only, every statistic over that prefix, in O(T log² T)
-    (``attnlab.attention.sliced_common.causal``; torch code only, no Triton kernel yet). ``impl``:
+    (``attnlab.attention.sliced_relu.causal``; torch code only, no Triton kernel yet). ``impl``:
     ``"auto"`` (Triton kernels for CUDA tensors, this torch code otherwise), ``"triton"`` or
-    ``"torch"`` (see ``attnlab.attention.common.triton``). ``path``: ``"auto"`` (dense O(T²) evaluation up
-    to a measured crossover length, sorted above), ``"dense"`` or ``"sorted"``
-    (``attnlab.attention.sliced_common.path``); the same function either way.
+    ``"torch"``; ``path``: ``"auto"`` (dense O(T²) evaluation up to a measured crossover length,
+    sorted above), ``"dense"`` or ``"sorted"`` (``attnlab.attention.sliced_common.path``); the same
+    function either way. They narrow ``IMPLEMENTATIONS``, of which the first that accepts the call
+    runs; a call none accepts is one ValueError naming each and why it declined.
     """
-    check_scores_inputs("sliced_relu_attention", s, t, v, key_padding_mask)
+    check_scores_inputs(OP, s, t, v, key_padding_mask)
     if not eps > 0:
-        raise ValueError(f"sliced_relu_attention: eps must be > 0, got {eps}")
-    check_padded_queries("sliced_relu_attention", padded_queries, causal)
-    _, heads, length, _ = v.shape
-    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
-    op = "causal_relu" if causal else "relu"
-    dense = choose_path("sliced_relu_attention", op, path, impl, length, v.device, acc) == "dense"
-    if causal:
-        torch_only_causal("sliced_relu_attention", impl)
+        raise ValueError(f"{OP}: eps must be > 0, got {eps}")
+    check_padded_queries(OP, padded_queries, causal)
+    check_choice(OP, impl, path)
     if v.numel() == 0:
-        return empty_batch(v, s, t)
-    if causal:
-        if dense:
-            valid = valid_rows(key_padding_mask, heads, v.device)
-            out = dense_causal_sliced_relu(
-                as_rows(s, acc), as_rows(t, acc), as_rows(v, acc), valid, float(eps)
-            )
-            return like_v(out, v)
-        return causal_sliced_relu_attention(s, t, v, key_padding_mask, eps)
+        return dispatch.empty_batch(v, s, t)
+    _, heads, length, dim = v.shape
+    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
+    request = Request(
+        OP, v.device, device_type(s, t, v), acc, impl, path, causal, dim, length, padded_queries
+    )
     valid = valid_rows(key_padding_mask, heads, v.device)
     queries = valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
-    if dense:
-        out = dense_sliced_relu(as_rows(s, acc), as_rows(t, acc), as_rows(v, acc), valid, queries, float(eps))
-        return like_v(out, v)
-    out = run_triton(
-        "sliced_relu_attention",
-        impl,
-        s,
-        t,
-        v,
-        acc,
-        lambda: _triton().sliced_relu(s, t, v, valid, queries, eps, acc),
-        _check_case,
-    )
-    if out is not None:
-        return out
-    out = SlicedReLU.apply(as_rows(s, acc), as_rows(t, acc), as_rows(v, acc), valid, queries, float(eps))
-    return like_v(out, v)
+    call = _Call(s, t, v, key_padding_mask, valid, queries, float(eps), causal, impl, acc)
+    return run_first(IMPLEMENTATIONS, request, call)
 
 
 def _check_case(like: torch.Tensor):
@@ -103,10 +133,3 @@ def _check_case(like: torch.Tensor):
         functools.partial(sliced_relu_attention, impl="torch"),
     )
     return fast, slow, inputs, keywords
-
-
-def _triton():
-    """The Triton launcher, imported when used: triton loads slowly."""
-    from attnlab.attention.sliced_relu import triton
-
-    return triton

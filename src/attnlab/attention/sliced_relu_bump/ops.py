@@ -1,24 +1,82 @@
-"""The public sliced ReLU-bump op: input checks, then which implementation runs (as
-``attnlab.attention.sliced_relu.ops``: dense, causal, Triton or the sorted torch op)."""
+"""The public sliced ReLU-bump op: input checks, then the first implementation that accepts the call
+(``IMPLEMENTATIONS``, as in ``attnlab.attention.sliced_relu.ops``: dense, Triton, causal, sorted)."""
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
+from attnlab.attention.common.dispatch import Implementation, Request, check_choice, device_type, run_first
 from attnlab.attention.common.padding import check_padded_queries, query_mask
 from attnlab.attention.common.precision import accumulation_dtype
 from attnlab.attention.common.triton import selfcheck
-from attnlab.attention.sliced_common.dispatch import empty_batch, like_v, run_triton, torch_only_causal
-from attnlab.attention.sliced_common.path import choose_path
+from attnlab.attention.sliced_common import dispatch
 from attnlab.attention.sliced_common.rows import as_rows, check_scores_inputs, valid_rows
 from attnlab.attention.sliced_relu_bump.causal import causal_sliced_relu_bump_attention
 from attnlab.attention.sliced_relu_bump.dense import dense_causal_sliced_relu_bump, dense_sliced_relu_bump
 from attnlab.attention.sliced_relu_bump.normaliser import check_bump_normaliser
 from attnlab.attention.sliced_relu_bump.sorted import SlicedReLUBump
 
-__all__ = ["sliced_relu_bump_attention"]
+__all__ = ["IMPLEMENTATIONS", "sliced_relu_bump_attention"]
+
+OP = "sliced_relu_bump_attention"
+
+
+class _Call(NamedTuple):
+    """A checked call, as every implementation takes it."""
+
+    s: torch.Tensor
+    t: torch.Tensor
+    v: torch.Tensor
+    bandwidth: torch.Tensor  # (H,)
+    width: torch.Tensor  # (B·H, 1): row n = (b, h) → b_h, in the accumulation dtype
+    key_padding_mask: torch.Tensor | None
+    valid: torch.Tensor | None  # (B·H, T) real keys
+    queries: torch.Tensor | None  # (B·H, T) the queries whose output is kept
+    causal: bool
+    normaliser: str
+    mass_eps: float
+    impl: str
+    acc: torch.dtype
+
+
+def _dense(c: _Call) -> torch.Tensor:
+    s, t, v = (as_rows(x, c.acc) for x in (c.s, c.t, c.v))
+    if c.causal:
+        mass = None if c.normaliser == "count" else float(c.mass_eps)
+        return dispatch.like_v(dense_causal_sliced_relu_bump(s, t, v, c.width, c.valid, mass), c.v)
+    return dispatch.like_v(dense_sliced_relu_bump(s, t, v, c.width, c.valid, c.queries), c.v)
+
+
+def _triton(c: _Call) -> torch.Tensor | None:
+    def call():
+        from attnlab.attention.sliced_relu_bump import triton  # imported when used: triton loads slowly
+
+        return triton.sliced_relu_bump(c.s, c.t, c.v, c.width, c.valid, c.queries, c.acc)
+
+    return dispatch.launch_triton(OP, c.impl, c.v, call, _check_case)
+
+
+def _causal(c: _Call) -> torch.Tensor:
+    return causal_sliced_relu_bump_attention(
+        c.s, c.t, c.v, c.bandwidth, c.key_padding_mask, normaliser=c.normaliser, mass_eps=c.mass_eps
+    )
+
+
+def _sorted(c: _Call) -> torch.Tensor:
+    s, t, v = (as_rows(x, c.acc) for x in (c.s, c.t, c.v))
+    return dispatch.like_v(SlicedReLUBump.apply(s, t, v, c.width, c.valid, c.queries), c.v)
+
+
+#: in the order they are preferred: the first that accepts a call runs it
+IMPLEMENTATIONS: tuple[Implementation, ...] = (
+    dispatch.dense("bump", _dense),
+    dispatch.triton(_triton),
+    Implementation("causal", dispatch.CAUSAL_COST, _causal, path="sorted", causal=(True,)),
+    Implementation("sorted", dispatch.SORTED_COST, _sorted, path="sorted", causal=(False,)),
+)
 
 
 def sliced_relu_bump_attention(
@@ -45,70 +103,43 @@ def sliced_relu_bump_attention(
     keys with their exact weights and keeps float32's own precision. The scores' offset does not
     matter (the op centres them).
     ``causal=True``: keys j <= i only, n_i = real keys j <= i, in O(T log² T) (torch code only).
-    ``impl`` as in ``sliced_relu_attention``.
+    ``impl`` and ``path`` as in ``sliced_relu_attention``: they narrow ``IMPLEMENTATIONS``.
     ``normaliser``: ``"count"`` (divide by n or n_i, the authors' code's bump) or, with ``causal=True``,
     ``"mass"``: divide by the hat weight seen, ``Σ_{j≤i} hat(s_i − t_j) + mass_eps``, so a causal
     output does not shrink like 1/i with its position i. ``mass_eps`` is relative to one fully
     matching key (hat = 1); it bounds the ratio's gradient (about 1 / (4 b mass_eps)) where a query's
-    window holds almost no weight. ``padded_queries`` and ``path`` as in ``sliced_relu_attention``.
+    window holds almost no weight. ``padded_queries`` as in ``sliced_relu_attention``.
     """
-    check_scores_inputs("sliced_relu_bump_attention", s, t, v, key_padding_mask)
+    check_scores_inputs(OP, s, t, v, key_padding_mask)
     batch, heads, length, _ = v.shape
     if not isinstance(bandwidth, torch.Tensor) or tuple(bandwidth.shape) != (heads,):
         shape = tuple(bandwidth.shape) if isinstance(bandwidth, torch.Tensor) else type(bandwidth).__name__
-        raise ValueError(
-            f"sliced_relu_bump_attention: bandwidth must have shape (H,) = ({heads},), got {shape}"
-        )
+        raise ValueError(f"{OP}: bandwidth must have shape (H,) = ({heads},), got {shape}")
     if not bandwidth.is_floating_point():
-        raise TypeError(
-            f"sliced_relu_bump_attention: bandwidth must be a float tensor, got {bandwidth.dtype}"
-        )
+        raise TypeError(f"{OP}: bandwidth must be a float tensor, got {bandwidth.dtype}")
     # b = inf would be the plain mean of v, but the window formula turns it into inf - inf = NaN
-    positive = "sliced_relu_bump_attention: bandwidth must be finite and > 0 everywhere"
+    positive = f"{OP}: bandwidth must be finite and > 0 everywhere"
     good = ((bandwidth > 0) & torch.isfinite(bandwidth)).all()
     if bandwidth.is_cuda:  # checked on the device: a host-side check would stall every layer call
         torch._assert_async(good, positive)
     elif not bool(good):
         raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
-    check_bump_normaliser("sliced_relu_bump_attention", normaliser, mass_eps, causal)
-    check_padded_queries("sliced_relu_bump_attention", padded_queries, causal)
-    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
-    op = "causal_bump" if causal else "bump"
-    dense = choose_path("sliced_relu_bump_attention", op, path, impl, length, v.device, acc) == "dense"
-    valid = valid_rows(key_padding_mask, heads, v.device)
-    if causal:
-        torch_only_causal("sliced_relu_bump_attention", impl)
+    check_bump_normaliser(OP, normaliser, mass_eps, causal)
+    check_padded_queries(OP, padded_queries, causal)
+    check_choice(OP, impl, path)
     if v.numel() == 0:
-        return empty_batch(v, s, t, bandwidth)
-    width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
-    if causal:
-        if dense:
-            mass = None if normaliser == "count" else float(mass_eps)
-            out = dense_causal_sliced_relu_bump(
-                as_rows(s, acc), as_rows(t, acc), as_rows(v, acc), width, valid, mass
-            )
-            return like_v(out, v)
-        return causal_sliced_relu_bump_attention(
-            s, t, v, bandwidth, key_padding_mask, normaliser=normaliser, mass_eps=mass_eps
-        )
-    queries = valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
-    if dense:
-        out = dense_sliced_relu_bump(as_rows(s, acc), as_rows(t, acc), as_rows(v, acc), width, valid, queries)
-        return like_v(out, v)
-    out = run_triton(
-        "sliced_relu_bump_attention",
-        impl,
-        s,
-        t,
-        v,
-        acc,
-        lambda: _triton().sliced_relu_bump(s, t, v, width, valid, queries, acc),
-        _check_case,
+        return dispatch.empty_batch(v, s, t, bandwidth)
+    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
+    request = Request(
+        OP, v.device, device_type(s, t, v), acc, impl, path, causal, v.shape[-1], length, padded_queries
     )
-    if out is not None:
-        return out
-    out = SlicedReLUBump.apply(as_rows(s, acc), as_rows(t, acc), as_rows(v, acc), width, valid, queries)
-    return like_v(out, v)
+    width = bandwidth.to(device=v.device, dtype=acc).repeat(batch)[:, None]  # row n = (b, h) → b_h
+    valid = valid_rows(key_padding_mask, heads, v.device)
+    queries = valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
+    call = _Call(
+        s, t, v, bandwidth, width, key_padding_mask, valid, queries, causal, normaliser, mass_eps, impl, acc
+    )
+    return run_first(IMPLEMENTATIONS, request, call)
 
 
 def _check_case(like: torch.Tensor):
@@ -121,10 +152,3 @@ def _check_case(like: torch.Tensor):
         functools.partial(sliced_relu_bump_attention, impl="torch"),
     )
     return fast, slow, inputs, keywords
-
-
-def _triton():
-    """The Triton launcher, imported when used: triton loads slowly."""
-    from attnlab.attention.sliced_relu_bump import triton
-
-    return triton

@@ -23,10 +23,11 @@ gives ``Σ_i W g_i`` (dL/dv) and ``Σ_i π g_i`` (dL/dt, dotted with v_j). The f
 serve both passes. Sums run in the accumulation dtype (float32 for half inputs; float64 inputs in
 float64), the tables in float64, and dL/db's per-query sums too: dL/db adds every query's term, and
 they cancel, so a float32 ``tl.dot``'s rounding inside a tile showed (3 times the float64 error
-in ``test_triton_bump_precision``), so mode 1 adds the tile as BK float64 rank-1 updates (more
-arithmetic, no more bytes) on blocks of 128 queries (at 256 the float64 accumulator spills).
-float64 *inputs* never reach these kernels on CUDA (``dispatch.triton_takes_dtype``): the key walk
-spills kilobytes of stack per thread in float64.
+in ``tests/attention/sliced_relu_bump/test_triton_precision.py``), so mode 1 adds the tile as BK
+float64 rank-1 updates (more arithmetic, no more bytes) on blocks of 128 queries (at 256 the float64
+accumulator spills).
+float64 *inputs* never reach these kernels on CUDA (``sliced_common.dispatch.triton`` declares it):
+the key walk spills kilobytes of stack per thread in float64.
 """
 
 from __future__ import annotations

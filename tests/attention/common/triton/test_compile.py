@@ -61,14 +61,17 @@ def test_heads_wider_than_the_kernels_fit_run_on_torch_or_are_refused(monkeypatc
     from attnlab.attention.linear.triton import MAX_HEAD_DIM
 
     q, k, v = (torch.randn(1, 1, 20, MAX_HEAD_DIM + 1) for _ in range(3))
-    with pytest.raises(ValueError, match=f"impl='triton' runs head dims up to {MAX_HEAD_DIM}, got q/k 65"):
+    said = rf"triton \[triton, [^]]*\]: runs head dims up to {MAX_HEAD_DIM}, got 65 \(a wider \(D, Dv\) state"
+    with pytest.raises(ValueError, match=said):
         ops.linear_attention(q, k, v, causal=True, impl="triton")
     expected = ops.linear_attention(q, k, v, causal=True, impl="torch")
     from attnlab.attention.linear import ops as linear
 
-    # as on a GPU, `auto` resolves to Triton (and trusts it: no first-use check); the width check
-    # must then choose torch
-    monkeypatch.setattr(linear, "resolve_impl", lambda op, impl, *tensors: "triton")
+    # as on a GPU (CUDA tensors, a device Triton runs on), `auto` takes Triton where it accepts the
+    # call (and trusts it: no first-use check); the width declared must then leave it to torch
+    monkeypatch.setattr(runtime, "on_cuda", lambda tensors: True)
+    monkeypatch.setattr(runtime, "_probe", lambda device: None)
+    monkeypatch.setattr(runtime, "_PROBED", {})
     monkeypatch.setattr(linear.selfcheck, "trusted", lambda *args: True)
     monkeypatch.setattr(runtime.kernels(), "linear_causal_fwd_kernel", None)  # never reached
     assert torch.equal(ops.linear_attention(q, k, v, causal=True, impl="auto"), expected)

@@ -8,22 +8,49 @@ import pytest
 import torch
 
 from attnlab.attention import ops
-from attnlab.attention.sliced_common.dispatch import triton_takes_dtype
+from attnlab.attention.common.dispatch import NoImplementationError, Request, accepting, run_first
+from attnlab.attention.sliced_relu.ops import IMPLEMENTATIONS as RELU
+from attnlab.attention.sliced_relu_bump.ops import IMPLEMENTATIONS as BUMP
 
 CUDA = torch.device("cuda")
+FAMILIES = {"sliced_relu_attention": RELU, "sliced_relu_bump_attention": BUMP}
 
 
-@pytest.mark.parametrize("op", ["sliced_relu_attention", "sliced_relu_bump_attention"])
+def request(op, dtype, impl="auto"):
+    """A call on CUDA (declared: no GPU is needed to ask the declarations) at T = 1,000."""
+    return Request(op, CUDA, "cuda", dtype, impl, "auto", False, 16, 1000)
+
+
+def triton_reasons(op, dtype, impl="auto"):
+    (triton,) = [i for i in FAMILIES[op] if i.name == "triton"]
+    return triton.not_supported_reasons(request(op, dtype, impl))
+
+
+@pytest.mark.parametrize("op", sorted(FAMILIES))
 def test_float64_on_cuda_goes_to_torch_under_auto_and_is_refused_under_triton(op):
-    assert triton_takes_dtype(op, "auto", CUDA, torch.float64) is False
-    with pytest.raises(TypeError, match=f"^{op}: impl='triton' has no float64 kernel on CUDA; use impl="):
-        triton_takes_dtype(op, "triton", CUDA, torch.float64)
+    assert [i.name for i in accepting(FAMILIES[op], request(op, torch.float64))] == ["sorted"]
+    assert triton_reasons(op, torch.float64) == [
+        "no float64 kernel on CUDA (its float64 key walk spills kilobytes of stack; the torch op runs "
+        "float64 on the GPU)"
+    ]
+    with pytest.raises(
+        NoImplementationError, match=f"^{op}: no implementation accepts this call .*float64"
+    ) as err:
+        run_first(FAMILIES[op], request(op, torch.float64, "triton"), None)
+    assert "triton [triton, " in str(err.value) and "no float64 kernel on CUDA" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
-def test_float32_accumulation_and_the_interpreter_keep_the_kernels():
-    """Half and float32 inputs accumulate in float32: the kernels take them on CUDA."""
-    assert triton_takes_dtype("sliced_relu_attention", "triton", CUDA, torch.float32)
-    assert triton_takes_dtype("sliced_relu_attention", "triton", torch.device("cpu"), torch.float64)
+def test_float32_accumulation_and_the_interpreter_keep_the_kernels(monkeypatch):
+    """Half and float32 inputs accumulate in float32: the kernels take them on CUDA (once Triton
+    can run there); the interpreter (CPU tensors) takes float64."""
+    from attnlab.attention.common.triton import runtime
+
+    monkeypatch.setattr(runtime, "triton_problem", lambda *args, **kwargs: None)
+    assert triton_reasons("sliced_relu_attention", torch.float32, "triton") == []
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    on_cpu = Request("sliced_relu_attention", torch.device("cpu"), "cpu", torch.float64, "triton", "sorted")
+    assert [i.name for i in RELU if not i.not_supported_reasons(on_cpu)] == ["triton"]
 
 
 def test_float64_through_the_op_under_the_interpreter_runs_triton(monkeypatch):
@@ -51,5 +78,5 @@ def test_float64_on_a_gpu_auto_equals_torch_and_triton_is_refused():
         ops.sliced_relu_bump_attention(s, t, v, width, path="sorted"),
         ops.sliced_relu_bump_attention(s, t, v, width, impl="torch", path="sorted"),
     )
-    with pytest.raises(TypeError, match="no float64 kernel on CUDA"):
+    with pytest.raises(ValueError, match="triton .*: no float64 kernel on CUDA"):
         ops.sliced_relu_bump_attention(s, t, v, width, impl="triton")

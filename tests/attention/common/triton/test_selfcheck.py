@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from attnlab.attention import ops
-from attnlab.attention.common.triton import selfcheck
-from attnlab.attention.linear import ops as linear
-from attnlab.attention.sliced_common import dispatch
+from attnlab.attention.common.triton import runtime, selfcheck
 
 pytest.importorskip("triton")
 
@@ -36,14 +34,12 @@ def test_compare_accepts_the_same_function_and_names_what_differs():
 
 @pytest.fixture
 def as_on_a_gpu(monkeypatch):
-    """`auto` resolves to Triton as on CUDA; the kernels run in the interpreter on CPU tensors."""
+    """`auto` takes Triton as on CUDA (the tensors count as CUDA tensors, the device probe passes);
+    the kernels run in the interpreter on CPU tensors."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(
-        dispatch, "resolve_impl", lambda op, impl, *tensors: "torch" if impl == "torch" else "triton"
-    )
-    monkeypatch.setattr(
-        linear, "resolve_impl", lambda op, impl, *tensors: "torch" if impl == "torch" else "triton"
-    )
+    monkeypatch.setattr(runtime, "on_cuda", lambda tensors: True)
+    monkeypatch.setattr(runtime, "_probe", lambda device: None)
+    monkeypatch.setattr(runtime, "_PROBED", {})
 
 
 def _scores(length=40, dim=8):

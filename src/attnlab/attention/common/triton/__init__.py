@@ -10,6 +10,6 @@ the kernels are tested without a GPU). Nothing here imports triton until a kerne
 
 from __future__ import annotations
 
-from attnlab.attention.common.triton.runtime import IMPLS, TritonUnavailableError, resolve_impl
+from attnlab.attention.common.triton.runtime import TritonUnavailableError, triton_problem
 
-__all__ = ["IMPLS", "TritonUnavailableError", "resolve_impl"]
+__all__ = ["TritonUnavailableError", "triton_problem"]

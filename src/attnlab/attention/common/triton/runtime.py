@@ -1,9 +1,11 @@
-"""Which implementation runs (``impl``), whether Triton can run on a device, and loading the kernels.
+"""Whether Triton can run on a device, launching its kernels, and loading them.
 
-``auto`` on CUDA tensors asks once per device whether Triton can build and launch a kernel there
-(``device_problem``: a tiny probe kernel, compiled for the device and run). If not, or if a kernel
-later fails to build (``launch``), ``auto`` warns once with the reason and runs the torch code;
-``triton`` raises ``TritonUnavailableError`` with the reason instead.
+The Triton implementations of the ops ask ``triton_problem`` (``attnlab.attention.common.dispatch``):
+on CUDA tensors, once per device, whether Triton can build and launch a kernel there
+(``device_problem``: a tiny probe kernel, compiled for the device and run). If not, they decline
+(``auto`` warns once with the reason and the torch code runs; ``triton`` is refused with it). If a
+kernel later fails to build (``launch``), ``auto`` warns once and runs the torch code, ``triton``
+raises ``TritonUnavailableError`` with the reason.
 
 ``triton.jit`` reads ``TRITON_INTERPRET`` when a kernel is *decorated*, not when it is launched:
 kernels decorated for the GPU cannot run in the interpreter and vice versa. So the kernel module is
@@ -25,7 +27,6 @@ from typing import TypeVar
 
 import torch
 
-IMPLS = ("auto", "triton", "torch")
 _KERNEL_FILE = Path(__file__).with_name("kernels.py")  # the shared helpers and the device probe
 # each family's kernels, executed into the same module after it (they use its helpers)
 _FAMILIES = Path(__file__).parents[2]
@@ -59,49 +60,26 @@ def _triton_importable() -> bool:
     return True
 
 
-def resolve_impl(op: str, impl: str, *tensors: torch.Tensor) -> str:
-    """``"triton"`` or ``"torch"`` for a call of ``op`` on ``tensors`` (all on one device).
-
-    ``auto``: Triton for CUDA tensors when triton is installed and can run on their device
-    (``device_problem``; otherwise one warning with the reason), torch otherwise (CPU tensors never
-    reach Triton). ``triton`` on CPU tensors needs ``TRITON_INTERPRET=1``, and on CUDA tensors a
-    device Triton can run on; the error says which is missing.
-    """
-    if impl not in IMPLS:
-        raise ValueError(f"{op}: impl must be one of {', '.join(map(repr, IMPLS))}, got {impl!r}")
-    on_cuda = _on_cuda(tensors)
-    if impl == "torch":
-        return "torch"
-    if impl == "auto":
-        if not (on_cuda and _triton_importable()):
-            return "torch"
-        problem = device_problem(tensors[0].device)
-        if problem is not None:
-            _warn_fallback(op, problem)
-            return "torch"
-        return "triton"
+def triton_problem(op: str, impl: str, device: torch.device, cuda: bool) -> str | None:
+    """Why the Triton kernels cannot run ``op`` on ``device`` (None: they can): triton missing, or a
+    CUDA device (``cuda``) Triton cannot build and launch a kernel on (``device_problem``, asked
+    once). Under ``impl="auto"`` a device problem is also warned about, once: the torch code runs
+    instead."""
     if not _triton_importable():
-        raise TritonUnavailableError(
-            f"{op}: impl='triton' needs the triton package (part of torch's CUDA wheels); "
-            "it is not installed: use impl='torch' or impl='auto'"
-        )
-    if not on_cuda and not interpret_mode():
-        devices = sorted({str(x.device) for x in tensors})
-        raise TritonUnavailableError(
-            f"{op}: impl='triton' got tensors on {', '.join(devices)}: the Triton kernels run on CUDA "
-            "tensors, or on CPU tensors under Triton's interpreter (set TRITON_INTERPRET=1; slow, "
-            "for tests); use impl='auto' or impl='torch' for the CPU path"
-        )
-    problem = device_problem(tensors[0].device) if on_cuda else None
-    if problem is not None:
-        raise TritonUnavailableError(f"{op}: impl='triton' cannot run: {problem}; {_WAY_OUT}", problem)
-    return "triton"
+        return "the triton package is not installed (it comes with torch's CUDA wheels)"
+    if not cuda:
+        return None
+    problem = device_problem(device)
+    if problem is not None and impl == "auto":
+        _warn_fallback(op, problem)
+    return problem
 
 
 _WAY_OUT = "impl='auto' falls back to the torch code, impl='torch' asks for it"
 
 
-def _on_cuda(tensors) -> bool:
+def on_cuda(tensors) -> bool:
+    """Whether a call's tensors are CUDA tensors (they share one device)."""
     return all(x.is_cuda for x in tensors)
 
 
