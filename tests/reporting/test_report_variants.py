@@ -96,7 +96,10 @@ def test_runs_csv_names_each_runs_configuration(tmp_path):
     assert by_path["short"]["task"] == "listops"  # the raw field stays
 
 
-def test_plots_hold_one_configuration_per_panel_and_count_a_seed_once(tmp_path, monkeypatch):
+@pytest.fixture
+def visible_panels(monkeypatch):
+    """``visible_panels(word)``: the shown axes of the report's figure whose title holds ``word``
+    (every figure's axes are kept as `attnlab.reporting.plots.panel_grid` makes them)."""
     from attnlab.reporting import plots
 
     figures = []
@@ -108,38 +111,29 @@ def test_plots_hold_one_configuration_per_panel_and_count_a_seed_once(tmp_path, 
         return fig, axes
 
     monkeypatch.setattr(plots, "panel_grid", keep)
+    return lambda word: [ax for title, axes in figures if word in title for ax in axes if ax.get_visible()]
+
+
+def test_plots_hold_one_configuration_per_panel_and_count_a_seed_once(tmp_path, visible_panels):
     _run(tmp_path, "a", seed=0, acc=0.30)
     _run(tmp_path, "a_again", seed=0, acc=0.40)  # seed 0 twice: one value, 0.35
     _run(tmp_path, "b", seed=1, acc=0.50)
     _run(tmp_path, "short", seed=0, acc=0.10, task__max_steps=5)
     make_report([tmp_path], out_dir=tmp_path / "report")
-    _, axes = next((title, axes) for title, axes in figures if "vs train throughput" in title)
-    panels = {ax.get_title(): ax for ax in axes if ax.get_visible()}
+    panels = {ax.get_title(): ax for ax in visible_panels("vs train throughput")}
     assert set(panels) == {"listops [task.max_steps=1500]", "listops [task.max_steps=5]"}
     (point,) = [line.get_ydata()[0] for line in panels["listops [task.max_steps=1500]"].lines[:1]]
     assert point == pytest.approx(100 * (0.35 + 0.50) / 2)  # over distinct seeds, not (0.3+0.4+0.5)/3
 
 
-def test_a_length_sweep_is_one_line_in_the_throughput_plot(tmp_path, monkeypatch):
-    from attnlab.reporting import plots
-
-    figures = []
-    grid = plots.panel_grid
-
-    def keep(n, title):
-        fig, axes = grid(n, title)
-        figures.append((title, axes))
-        return fig, axes
-
-    monkeypatch.setattr(plots, "panel_grid", keep)
+def test_a_length_sweep_is_one_line_in_the_throughput_plot(tmp_path, visible_panels):
     for length in (256, 512, 1024):
         name = f"len{length}"
         _run(tmp_path, name, task__data__seq_len=length)
         summary = tmp_path / name / "summary.json"
         summary.write_text(json.dumps({**json.loads(summary.read_text()), "seq_len": length}))
     report = make_report([tmp_path], out_dir=tmp_path / "report")
-    _, axes = next((title, axes) for title, axes in figures if "vs sequence length" in title)
-    panels = [ax for ax in axes if ax.get_visible()]
+    panels = visible_panels("vs sequence length")
     assert [ax.get_title() for ax in panels] == ["listops"]
     assert list(panels[0].lines[0].get_xdata()) == [256, 512, 1024]
     header = next(line for line in report.accuracy_md.splitlines() if line.startswith("| backend"))
