@@ -51,6 +51,11 @@ def documented_commands() -> list[tuple[str, str]]:
 COMMANDS = documented_commands()
 
 
+def first_point(words: list[str]) -> list[str]:
+    """A sweep's words as its first run: ``-m`` dropped, ``key=a,b,c`` as ``key=a``."""
+    return [re.sub(r"=([^,=]+),\S+$", r"=\1", w) for w in words if w not in ("-m", "--multirun")]
+
+
 def test_the_docs_show_commands():
     assert len(COMMANDS) > 40  # the extraction still finds the docs' commands
 
@@ -63,10 +68,9 @@ def test_documented_command_parses_and_composes(doc, command, tmp_path):
     while words and (re.fullmatch(r"\w+=\S*", words[0]) or words[0] == "time"):
         words.pop(0)  # environment settings (WANDB_MODE=online) and `time`
     if words[:2] == ["python", "train.py"]:
-        args = [w for w in words[2:] if w not in ("-m", "--multirun")]
-        if "--cfg" in args or "--help" in args:
+        if "--cfg" in words or "--help" in words:
             return
-        first = [re.sub(r"=([^,=]+),\S+$", r"=\1", a) for a in args]  # a sweep: its first point
+        first = first_point(words[2:])
         assert check_attention_options(first, REPO_ROOT / "conf") is None
         cfg = compose_train_config([a for a in first if not a.startswith("hydra/")], tmp_path)
         if "logger=wandb" in first and importlib.util.find_spec("wandb") is None:

@@ -11,14 +11,13 @@ a sweep's first point),
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from docs.test_docs_commands import COMMANDS, PLACEHOLDER
+from docs.test_docs_commands import COMMANDS, PLACEHOLDER, first_point
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ACTIVATE = REPO_ROOT / ".venv" / "bin" / "activate"
@@ -45,7 +44,7 @@ def _stopped_before_work(command: str) -> str:
         if "--cfg" in words or "--help" in words:
             return command
         if "-m" in words or "--multirun" in words:  # Hydra takes one mode: the sweep's first point
-            words = [re.sub(r"=([^,=]+),\S+$", r"=\1", w) for w in words if w not in ("-m", "--multirun")]
+            words = first_point(words)
         return shlex.join([*words, "--cfg", "job"])
     return command if "--help" in words else f"{command} --help"
 
