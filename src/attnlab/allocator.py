@@ -44,14 +44,18 @@ class AllocatorSettings:
     applied: bool
     reason: str
 
+    @property
+    def summary(self) -> str:
+        """What applies, in a few words (a benchmark's title line)."""
+        return "memory: glibc keeps freed buffers for reuse" if self.applied else "memory: malloc as it is"
+
     def describe(self) -> str:
         if self.applied:
             return (
-                "memory: glibc keeps freed buffers for reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=2 GiB; "
-                f"attnlab); set MALLOC_MMAP_MAX_ / MALLOC_TRIM_THRESHOLD_ to choose, {SWITCH}=off for "
-                "glibc's defaults"
+                f"{self.summary} (M_MMAP_MAX=0, M_TRIM_THRESHOLD=2 GiB; attnlab); set MALLOC_MMAP_MAX_ / "
+                f"MALLOC_TRIM_THRESHOLD_ to choose, {SWITCH}=off for glibc's defaults"
             )
-        return f"memory: malloc as it is ({self.reason})"
+        return f"{self.summary} ({self.reason})"
 
 
 _applied: AllocatorSettings | None = None

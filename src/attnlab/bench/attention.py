@@ -389,7 +389,7 @@ def main(args: argparse.Namespace) -> int:
     if args.device == "cpu":
         tuning = "".join(f", {k}={os.environ[k]}" for k in ALLOCATOR_SETTINGS if k in os.environ)
         malloc = malloc_settings()
-        tuning += f", {malloc.describe().split(' (')[0]}" if malloc else ""
+        tuning += f", {malloc.summary}" if malloc else ""
         title += f" ({torch.get_num_threads()} threads{tuning})"
     print(title)
     print(_HEADER)
