@@ -35,12 +35,14 @@ from attnlab.allocator import applied as malloc_settings
 from attnlab.attention.common.gpu_check import check_gpus
 from attnlab.callbacks.checkpoint import Interrupt, SlurmRequeue
 from attnlab.callbacks.divergence import TrainingDiverged
+from attnlab.callbacks.threads import CpuThreads
 from attnlab.callbacks.throughput import ThroughputMonitor
 from attnlab.config.validation import check_config
 from attnlab.errors import ConfigError
 from attnlab.files import file_lock, sigterm_raises
 from attnlab.run.attempt_clock import AttemptClock
 from attnlab.run.claim import LOCK_NAME, claim_for_fresh_run, locked_by_another, run_dir_lock
+from attnlab.run.compilation import CompileLog, compile_model
 from attnlab.run.csv_history import HistoryCSVLogger
 from attnlab.run.resume import (
     best_checkpoint_in_run,
@@ -233,6 +235,8 @@ def _build(cfg: DictConfig, ckpt_path: str | None, saved: dict[str, Any], run_di
     model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), **datamodule.model_kwargs())
     module = instantiate(cfg.task.module, model=model)
     _check_lengths_fit(model, datamodule)  # before the fit, not at the first batch that is too long
+    if cfg.get("compile", False):  # in place: the state_dict keys, checkpoints and resumes stay eager's
+        compile_model(model, cfg.get("compile_mode", "default"))
     if ckpt_path is not None:  # another task's or size's checkpoint: one line, not a state_dict traceback
         check_checkpoint_fits(ckpt_path, module.state_dict(), run_description(cfg), saved)
         if rank_zero_only.rank == 0:
@@ -243,6 +247,10 @@ def _build(cfg: DictConfig, ckpt_path: str | None, saved: dict[str, Any], run_di
 def _trainer(cfg: DictConfig, loggers: list, clock: AttemptClock, ckpt_path: str | None) -> L.Trainer:
     """The trainer with the configured callbacks and the run's clock; a resumed run's CSV keeps its rows."""
     callbacks = [instantiate(c) for c in cfg.get("callbacks", {}).values() if c is not None] + [clock]
+    if cfg.get("compile", False):
+        callbacks.append(CompileLog())
+        for threads in (c for c in callbacks if isinstance(c, CpuThreads)):
+            threads.hold("compile=true: a compiled graph is specialised to the thread count")
     if ckpt_path is not None:  # one run across attempts: keep the metric rows up to the checkpoint
         for logger in loggers:
             if isinstance(logger, HistoryCSVLogger):

@@ -126,3 +126,35 @@ def test_the_sliced_variants_build_their_projection():
     assert hidden == {"sliced_relu": {64}, "sliced_relu_linear": {None}, "sliced_relu_h16": {16}}
     defaults = bench_training_args([], "task").backends
     assert defaults == list(bench_training.BACKENDS) and "sliced_relu_h16" not in defaults
+
+
+def test_compiled_rows_run_beside_the_eager_ones_and_compare_with_compiled_softmax(
+    tmp_path, capsys, monkeypatch
+):
+    """``--compile both``: every backend eager and through ``compile_model`` (recorded here, not
+    compiled: tests/run/test_compilation.py compiles), each compiled row against compiled softmax."""
+    from attnlab.run import compilation
+
+    compiled = []
+    monkeypatch.setattr(compilation, "compile_model", lambda model: compiled.append(model) or model)
+    monkeypatch.setitem(bench_training.TASKS, "t64", (12, 2, "rope"))
+    out = tmp_path / "training.json"
+    argv = [
+        "bench",
+        "training",
+        "--tasks",
+        "t64",
+        "--backends",
+        "softmax",
+        "sliced_relu",
+        "--compile",
+        "both",
+    ]
+    assert main([*argv, "--steps", "1", "--warmup", "0", "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["backend"], r["compiled"]) for r in rows] == [
+        ("softmax", False), ("sliced_relu", False), ("softmax+compile", True), ("sliced_relu+compile", True)
+    ]  # fmt: skip
+    assert len(compiled) == 2 and all(r["samples_per_s"] > 0 for r in rows)
+    printed = capsys.readouterr().out
+    assert "| sliced_relu / softmax | sliced_relu+compile / softmax+compile |" in printed

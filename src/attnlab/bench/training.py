@@ -21,7 +21,12 @@ nothing. The sliced backends take ``--path`` (``attnlab.attention.sliced_common.
 training uses); ``sliced_relu`` has the authors' MLP Π, ``sliced_relu_linear`` the linear Π (both are
 the paper's ViT variants).
 
-A second table gives each backend's matmul FLOPs per training sample, counted on one real step
+``--compile on`` times every backend's model under ``torch.compile`` (as ``compile=true`` trains it:
+`attnlab.run.compilation.compile_model`, inductor), ``--compile both`` the eager and compiled models
+interleaved; a compiled row (``<backend>+compile``) is compared with compiled softmax, an eager row
+with eager softmax. The compile happens in an untimed first step (``--warmup`` is at least 1 there).
+
+A second table gives each (eager) backend's matmul FLOPs per training sample, counted on one real step
 (``step_flops``), and softmax's FLOPs over each backend's: the speed-up its arithmetic allows if it ran
 its matmuls as fast as softmax runs its own. A ratio the samples/s fall short of is element-wise work
 and overhead; one below a goal means the model's matmuls alone rule it out on this path (element-wise
@@ -66,8 +71,15 @@ KNOWN_BACKENDS = (*BACKENDS, "sliced_relu_h16")
 SLICED = ("sliced_relu", "sliced_relu_bump")
 
 
-def build(backend: str, length: int, path: str, seed: int = 0, positions: str = "rope"):
-    """The shared encoder with ``backend`` attention and ``positions``, and its AdamW optimizer."""
+COMPILED = "+compile"  # the suffix of a compiled row's name
+COMPILE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
+def build(
+    backend: str, length: int, path: str, seed: int = 0, positions: str = "rope", compiled: bool = False
+):
+    """The shared encoder with ``backend`` attention and ``positions``, and its AdamW optimizer;
+    ``compiled``: the model under ``torch.compile`` as ``compile=true`` compiles it."""
     import functools
 
     import torch
@@ -83,6 +95,10 @@ def build(backend: str, length: int, path: str, seed: int = 0, positions: str = 
         vocab_size=256, num_classes=10, dim=64, depth=2, num_heads=2, mlp_dim=128, max_len=length,
         positions=positions, pooling="mean", dropout=0.0, attention=attention,
     )  # fmt: skip
+    if compiled:
+        from attnlab.run.compilation import compile_model
+
+        compile_model(model)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
@@ -165,31 +181,46 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
         f"T={cross['bump']} for sliced_relu_bump); {args.steps} steps (+{args.warmup} warm-up) per run, "
         f"{args.repeats} interleaved repeats, {args.stat} of runs"
     )
+    modes = COMPILE_CHOICES[getattr(args, "compile", "off")]
+    labels = [name + (COMPILED if compiled else "") for compiled in modes for name in args.backends]
+    warmup = max(args.warmup, 1) if True in modes else args.warmup  # the compile, untimed
     rows = []
     for task in args.tasks:
         length, batch, positions = TASKS[task]
         positions = positions if args.positions == "task" else args.positions
-        built = {name: build(name, length, args.path, positions=positions) for name in args.backends}
-        flops = {name: step_flops(*built[name], batch, length) for name in args.backends}  # untimed
-        runs: dict[str, list[float]] = {name: [] for name in args.backends}
+        built = {
+            name + (COMPILED if compiled else ""): build(
+                name, length, args.path, positions=positions, compiled=compiled
+            )
+            for compiled in modes
+            for name in args.backends
+        }
+        # counted on the eager model (the compiled one runs the same matmuls, some inside custom ops)
+        eager = {
+            name: built.get(name) or build(name, length, args.path, positions=positions)
+            for name in args.backends
+        }
+        flops = {name: step_flops(*eager[name], batch, length) for name in args.backends}
+        runs: dict[str, list[float]] = {label: [] for label in labels}
         for _ in range(args.repeats):
-            for name in args.backends:
-                seconds = run_steps(*built[name], batch, length, args.steps, args.warmup, args.max_seconds)
-                runs[name].append(seconds)
-                log(f"  {task:>12} T={length:<6} B={batch:<4} {name:>17}: {1000 * seconds:9.1f} ms/step")
+            for label in labels:
+                seconds = run_steps(*built[label], batch, length, args.steps, warmup, args.max_seconds)
+                runs[label].append(seconds)
+                log(f"  {task:>12} T={length:<6} B={batch:<4} {label:>25}: {1000 * seconds:9.1f} ms/step")
         del built
         pick = min if args.stat == "best" else statistics.median
-        for name in args.backends:
-            seconds = pick(runs[name])
+        for label in labels:
+            seconds = pick(runs[label])
             rows.append(
-                {"task": task, "length": length, "batch": batch, "positions": positions, "backend": name,
-                 "ms_per_step": 1000 * seconds, "samples_per_s": batch / seconds,
-                 "matmul_flops_per_sample": flops[name] / batch,
-                 "runs_ms": [1000 * x for x in runs[name]]}
+                {"task": task, "length": length, "batch": batch, "positions": positions, "backend": label,
+                 "compiled": label.endswith(COMPILED), "ms_per_step": 1000 * seconds,
+                 "samples_per_s": batch / seconds,
+                 "matmul_flops_per_sample": flops[label.removesuffix(COMPILED)] / batch,
+                 "runs_ms": [1000 * x for x in runs[label]]}
             )  # fmt: skip
     log(f"load average after {load_average()}")
     log("")
-    log(table(rows, args.backends))
+    log(table(rows, labels))
     log("")
     log(flop_table(rows, args.backends))
     if args.out:
@@ -200,9 +231,15 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
 
 
 def _tasks_and_others(rows: list[dict], backends) -> tuple[list[str], list[str]]:
-    """The tasks in run order, and the backends compared with softmax (none when it did not run)."""
+    """The tasks in run order, and the rows compared with softmax (eager with eager, compiled with
+    compiled; none where that softmax did not run)."""
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    return tasks, [b for b in backends if b != "softmax"] if "softmax" in backends else []
+    return tasks, [b for b in backends if _softmax_of(b) in backends and b != _softmax_of(b)]
+
+
+def _softmax_of(label: str) -> str:
+    """The softmax row a row is compared with: compiled softmax for a compiled row."""
+    return "softmax" + (COMPILED if label.endswith(COMPILED) else "")
 
 
 def table(rows: list[dict], backends) -> str:
@@ -210,14 +247,16 @@ def table(rows: list[dict], backends) -> str:
     by = {(r["task"], r["backend"]): r for r in rows}
     tasks, others = _tasks_and_others(rows, backends)
     head = ["task", "T", "batch", "positions"]
-    head += [*(f"{b} samples/s" for b in backends), *(f"{b} / softmax" for b in others)]
+    head += [*(f"{b} samples/s" for b in backends), *(f"{b} / {_softmax_of(b)}" for b in others)]
     lines = []
     for task in tasks:
         first = by[(task, backends[0])]
         cells = [task, str(first["length"]), str(first["batch"]), first["positions"]]
         cells += [_rate(by[(task, b)]["samples_per_s"]) for b in backends]
-        soft = by[(task, "softmax")]["samples_per_s"] if others else None
-        cells += [f"{by[(task, b)]['samples_per_s'] / soft:.2f}x" for b in others]
+        cells += [
+            f"{by[(task, b)]['samples_per_s'] / by[(task, _softmax_of(b))]['samples_per_s']:.2f}x"
+            for b in others
+        ]
         lines.append(cells)
     return markdown_table(head, lines).rstrip("\n")
 
@@ -225,7 +264,7 @@ def table(rows: list[dict], backends) -> str:
 def flop_table(rows: list[dict], backends) -> str:
     """Markdown: matmul MFLOPs per training sample (``step_flops``) per backend, and softmax's FLOPs
     over each backend's: the speed-up its arithmetic allows at softmax's FLOP rate."""
-    by = {(r["task"], r["backend"]): r["matmul_flops_per_sample"] for r in rows}
+    by = {(r["task"], r["backend"].removesuffix(COMPILED)): r["matmul_flops_per_sample"] for r in rows}
     tasks, others = _tasks_and_others(rows, backends)
     head = ["task", *(f"{b} MFLOP/sample" for b in backends), *(f"softmax / {b} FLOPs" for b in others)]
     lines = []

@@ -17,13 +17,19 @@ class CpuThreads(Callback):
 
     Active only when an entry point applied attnlab's thread defaults with an adaptive count (not the
     user's ``OMP_NUM_THREADS``), on a CPU device, outside deterministic mode (a thread count that
-    moves can change float sums in the last bit, and deterministic runs promise the same bits).
+    moves can change float sums in the last bit, and deterministic runs promise the same bits) and
+    unless held (`hold`).
     """
 
     def __init__(self, interval_s: float = 1.0):
         self.interval_s = interval_s
         self.governor: ThreadGovernor | None = None
         self._said_fixed = False  # setup runs for fit and again for test: say it once
+        self._held: str | None = None
+
+    def hold(self, reason: str) -> None:
+        """Keep the thread count where it is for the whole run, for ``reason`` (said in the log)."""
+        self._held = reason
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         settings = applied()
@@ -31,9 +37,10 @@ class CpuThreads(Callback):
             return
         if trainer.strategy.root_device.type != "cpu":
             return
-        if torch.are_deterministic_algorithms_enabled():
+        held = "deterministic mode" if torch.are_deterministic_algorithms_enabled() else self._held
+        if held is not None:
             if not self._said_fixed:
-                log.info("CPU threads: fixed at %d (deterministic mode)", torch.get_num_threads())
+                log.info("CPU threads: fixed at %d (%s)", torch.get_num_threads(), held)
                 self._said_fixed = True
             return
         self.governor = ThreadGovernor(settings.cap, torch.set_num_threads, self.interval_s)

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from attnlab.errors import ConfigError
+from attnlab.run.compilation import COMPILE_MODES
 
 Check = Callable[[Any], bool]
 
@@ -78,6 +79,8 @@ NON_NEGATIVE = integer(minimum=0)
 FRACTION = number(0.0, 1.0)
 CHECKS: dict[str, tuple[Check, str]] = {
     "seed": integer(),
+    "compile": (lambda v: isinstance(v, bool), "true or false"),
+    "compile_mode": choice(*COMPILE_MODES),
     "task.max_steps": integer(minimum=1, also=(-1,)),
     "task.val_check_interval": (
         lambda v: (_is_int(v) and v >= 1) or (isinstance(v, float) and 0.0 < v <= 1.0),

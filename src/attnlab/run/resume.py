@@ -285,6 +285,8 @@ def run_description(cfg) -> dict[str, Any]:
 MAY_CHANGE_ON_RESUME = (
     "ckpt_path",
     "overwrite",
+    "compile",
+    "compile_mode",
     "test",
     "paths.",
     "logger.",

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from attnlab.attention.common import compiler
 from attnlab.attention.common.padding import COMMON_PADDED_QUERIES
 from attnlab.attention.common.triton import runtime
 
@@ -85,7 +86,9 @@ class Implementation:
     ``interpreted``: CPU tensors also run under Triton's interpreter (``TRITON_INTERPRET=1``) when
     the call names it. ``available`` says why it cannot run here (a missing package, a device it
     cannot build for); it is asked last. ``notes`` add the reason behind a declared limit to the
-    line that reports it (keys: "device", "dtype", "causal", "head_dim", "length"). ``run(args)``
+    line that reports it (keys: "device", "dtype", "causal", "head_dim", "length"). ``traceable``:
+    ``torch.compile`` can trace ``run`` (plain torch code); the others run there as the op's
+    custom op (``attnlab.attention.common.compiler``). ``run(args)``
     returns the output, or None when it found at run time that it cannot run (and warned): the next
     implementation that accepts then runs.
     """
@@ -107,6 +110,7 @@ class Implementation:
     interpreted: bool = False
     available: Callable[[Request], str | None] | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    traceable: bool = False
 
     def not_supported_reasons(self, request: Request) -> list[str]:
         """Why this implementation declines ``request`` (empty: it accepts)."""
@@ -179,13 +183,23 @@ def accepting(implementations: Sequence[Implementation], request: Request) -> li
     return [i for i in implementations if not i.not_supported_reasons(request)]
 
 
-def run_first(implementations: Sequence[Implementation], request: Request, args: Any) -> torch.Tensor:
+def run_first(
+    implementations: Sequence[Implementation],
+    request: Request,
+    args: Any,
+    opaque: Callable[[], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Run the first implementation that accepts ``request`` on ``args``; when one returns None (it
-    could not run after all, and warned), the next that accepts. None left: `NoImplementationError`."""
+    could not run after all, and warned), the next that accepts. None left: `NoImplementationError`.
+
+    Under ``torch.compile``, an implementation that is not ``traceable`` is not traced: ``opaque()``
+    (the whole op as one custom op, which dispatches again when it runs) takes its place."""
     tried = []
     for implementation in implementations:
         reasons = implementation.not_supported_reasons(request)
         if not reasons:
+            if opaque is not None and not implementation.traceable and compiler.compiling():
+                return opaque()
             out = implementation.run(args)
             if out is not None:
                 return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnlab.attention.common import compiler
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """(x1, x2) -> (-x2, x1) on the two halves of the last axis: a 90° turn of every channel pair."""
@@ -42,18 +44,24 @@ class RotaryEmbedding(nn.Module):
         self, length: int, device: torch.device, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape (length, D) for positions 0..length-1."""
+        if compiler.compiling():  # in the graph, where inductor fuses them: a cache would recompile
+            return self._compute(length, device, dtype)
         key = (torch.device(device), dtype)
         cached = self._cache.get(key)
         if cached is None or cached[0].shape[0] < length:
             size = max(length, 2 * cached[0].shape[0]) if cached is not None else length
-            inv_freq = self.base ** (
-                -torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim
-            )
-            angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
-            angles = torch.cat((angles, angles), dim=-1)
-            cached = (angles.cos().to(dtype), angles.sin().to(dtype))
-            self._cache[key] = cached
+            cached = self._cache[key] = self._compute(size, device, dtype)
         return cached[0][:length], cached[1][:length]
+
+    def _compute(
+        self, size: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = self.base ** (
+            -torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim
+        )
+        angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q, k (B, H, T, D) as if their first token sat at position `offset` (for decoding)."""

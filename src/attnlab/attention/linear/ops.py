@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+from attnlab.attention.common import compiler
 from attnlab.attention.common.checks import check_qkv
 from attnlab.attention.common.dispatch import Implementation, Request, check_choice, device_type, run_first
 from attnlab.attention.common.padding import check_padded_queries
@@ -90,7 +91,7 @@ IMPLEMENTATIONS: tuple[Implementation, ...] = (
             "head_dim": "a wider (D, Dv) state spills registers",
         },
     ),
-    Implementation("chunked", "O(T·D·Dv) time, chunk × chunk blocks", _torch),
+    Implementation("chunked", "O(T·D·Dv) time, chunk × chunk blocks", _torch, traceable=True),
 )
 
 
@@ -126,7 +127,18 @@ def linear_attention(
         OP, q.device, device_type(q, k, v), acc, impl, "auto", causal, width, length, padded_queries
     )
     call = _Call(q, k, v, key_padding_mask, causal, eps, chunk_size, padded_queries, impl)
-    return run_first(IMPLEMENTATIONS, request, call)
+    opaque = lambda: _OPAQUE(q, k, v, key_padding_mask, causal, float(eps), chunk_size, impl, padded_queries)  # noqa: E731
+    return run_first(IMPLEMENTATIONS, request, call, opaque)
+
+
+#: the op as ``torch.compile`` calls its Triton kernels (``attnlab.attention.common.compiler``)
+_OPAQUE = compiler.opaque_op(
+    OP,
+    linear_attention,
+    "Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, bool causal, float eps, int chunk_size, "
+    "str impl, str padded_queries",
+    differentiable=3,
+)
 
 
 def _case(like: torch.Tensor):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.attention.common import compiler
 from attnlab.attention.sliced_common.rows import score_centre
 
 
@@ -51,7 +52,7 @@ def clean_scores(s, t, valid, queries, causal=False):
     if queries is not None:
         s = s.masked_fill(~queries, 0.0)
     bad = ~(torch.isfinite(s).all(dim=1) & torch.isfinite(t).all(dim=1))
-    if s.is_cuda or bool(bad.any()):
+    if not compiler.host_reads_allowed(s) or bool(bad.any()):
         s, t = s.masked_fill(bad[:, None], 0.0), t.masked_fill(bad[:, None], 0.0)
     return s, t, bad
 
@@ -64,7 +65,7 @@ def poison_rows(out, bad, s, t, v, b, valid, queries):
     exactly them; the other rows take ``out`` through ``where`` untouched (their factor is 0, not
     NaN: the ``where`` sends them a zero gradient, and 0 · NaN would poison them).
     """
-    if not out.is_cuda and not bool(bad.any()):
+    if compiler.host_reads_allowed(out) and not bool(bad.any()):
         return out
     s_kept = s if queries is None else s.masked_fill(~queries, 0.0)
     t_real = t if valid is None else t.masked_fill(~valid, 0.0)
@@ -106,7 +107,7 @@ def tie_correction(diff, s, t, real):
     """
     # on a CPU, skip the term cheaply when no pair in the whole call is tied: the scores are finite
     # here, so a tie is |r| = 0, and one min over |r| costs a sixth of scanning the bool ``r == 0``
-    if not diff.is_cuda:
+    if compiler.host_reads_allowed(diff):
         with torch.no_grad():
             if diff.numel() == 0 or bool(diff.abs().amin() > 0):
                 return None

@@ -43,6 +43,7 @@ def dense(kind: str, run: Callable) -> Implementation:
         max_length=DENSE_MAX_LENGTH,
         auto_length=auto_length,
         notes={"length": "it holds T×T numbers per row"},
+        traceable=True,
     )
 
 

@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from attnlab.attention.common import compiler
 from attnlab.attention.common.precision import FLOAT_DTYPES
 
 
@@ -209,7 +210,7 @@ def nan_rows(x, bad, keep=None):
     flow to (kept queries for s, real keys for t and v); the bandwidth's ``(N, 1)`` at the bad rows.
     In place. On CPU the pass is skipped when no row is bad; on CUDA asking would stall the stream.
     """
-    if not x.is_cuda and not bool(bad.any()):
+    if compiler.host_reads_allowed(x) and not bool(bad.any()):
         return x
     where = bad[:, None] if keep is None else bad[:, None] & keep
     if x.dim() == 3:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 
+from attnlab.attention.common import compiler
 from attnlab.attention.common.dispatch import Implementation, Request, check_choice, device_type, run_first
 from attnlab.attention.common.padding import check_padded_queries, query_mask
 from attnlab.attention.common.precision import accumulation_dtype
@@ -120,7 +121,18 @@ def sliced_relu_attention(
     valid = valid_rows(key_padding_mask, heads, v.device)
     queries = valid_rows(query_mask(key_padding_mask, padded_queries), heads, v.device)
     call = _Call(s, t, v, key_padding_mask, valid, queries, float(eps), causal, impl, acc)
-    return run_first(IMPLEMENTATIONS, request, call)
+    opaque = lambda: _OPAQUE(s, t, v, key_padding_mask, float(eps), causal, impl, padded_queries, path)  # noqa: E731
+    return run_first(IMPLEMENTATIONS, request, call, opaque)
+
+
+#: the op as ``torch.compile`` calls its sorted and Triton forms (``attnlab.attention.common.compiler``)
+_OPAQUE = compiler.opaque_op(
+    OP,
+    sliced_relu_attention,
+    "Tensor s, Tensor t, Tensor v, Tensor? key_padding_mask, float eps, bool causal, str impl, "
+    "str padded_queries, str path",
+    differentiable=3,
+)
 
 
 def _check_case(like: torch.Tensor):

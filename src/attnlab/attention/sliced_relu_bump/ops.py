@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import torch
 
+from attnlab.attention.common import compiler
 from attnlab.attention.common.dispatch import Implementation, Request, check_choice, device_type, run_first
 from attnlab.attention.common.padding import check_padded_queries, query_mask
 from attnlab.attention.common.precision import accumulation_dtype
@@ -120,7 +121,7 @@ def sliced_relu_bump_attention(
     # b = inf would be the plain mean of v, but the window formula turns it into inf - inf = NaN
     positive = f"{OP}: bandwidth must be finite and > 0 everywhere"
     good = ((bandwidth > 0) & torch.isfinite(bandwidth)).all()
-    if bandwidth.is_cuda:  # checked on the device: a host-side check would stall every layer call
+    if not compiler.host_reads_allowed(bandwidth):  # checked on the device: no stall, no graph break
         torch._assert_async(good, positive)
     elif not bool(good):
         raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
@@ -139,7 +140,20 @@ def sliced_relu_bump_attention(
     call = _Call(
         s, t, v, bandwidth, width, key_padding_mask, valid, queries, causal, normaliser, mass_eps, impl, acc
     )
-    return run_first(IMPLEMENTATIONS, request, call)
+    opaque = lambda: _OPAQUE(  # noqa: E731
+        s, t, v, bandwidth, key_padding_mask, causal, impl, normaliser, float(mass_eps), padded_queries, path
+    )
+    return run_first(IMPLEMENTATIONS, request, call, opaque)
+
+
+#: the op as ``torch.compile`` calls its sorted and Triton forms (``attnlab.attention.common.compiler``)
+_OPAQUE = compiler.opaque_op(
+    OP,
+    sliced_relu_bump_attention,
+    "Tensor s, Tensor t, Tensor v, Tensor bandwidth, Tensor? key_padding_mask, bool causal, str impl, "
+    "str normaliser, float mass_eps, str padded_queries, str path",
+    differentiable=4,
+)
 
 
 def _check_case(like: torch.Tensor):

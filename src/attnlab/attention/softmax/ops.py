@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from attnlab.attention.common import compiler
 from attnlab.attention.common.checks import check_qkv
 from attnlab.attention.common.padding import PADDED_QUERIES, check_padded_queries, query_mask
 
@@ -43,7 +44,9 @@ def softmax_attention(
     """
     check_qkv(q, k, v, key_padding_mask)
     check_padded_queries("softmax_attention", padded_queries, causal, allowed=PADDED_QUERIES)
-    if q.is_cuda:  # asking would stall the stream, in the baseline every speed-up is measured against
+    # on CUDA asking would stall the stream, in the baseline every speed-up is measured against;
+    # under torch.compile it would break the graph: the fused kernels' own rules apply there
+    if not compiler.host_reads_allowed(q):
         return _softmax_attention(q, k, v, key_padding_mask, causal, dropout_p, padded_queries)
     bad_q = ~torch.isfinite(q).all(dim=-1)  # (B, H, T)
     bad_k, bad_v = ~torch.isfinite(k).all(dim=-1), ~torch.isfinite(v)  # (B, H, T), (B, H, T, Dv)
