@@ -11,7 +11,7 @@ check against the torch code). Under compile they run as ``torch.library`` custo
 second custom op. A custom op keeps no Python state between its forward and its backward, so that
 backward recomputes the op's forward with autograd on and differentiates it: one extra forward of
 the op per training step, the price of compiling the layer around it in one graph
-(docs/benchmarks.md, "torch.compile").
+(docs/benchmarks.md, "CPU: torch.compile").
 """
 
 from __future__ import annotations
