@@ -123,5 +123,7 @@ def shut_down_loader_workers() -> None:
 
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-    for iterator in [o for o in gc.get_objects() if isinstance(o, _MultiProcessingDataLoaderIter)]:
+    # ``type``, not ``isinstance``: a dead weak proxy among the objects (torch.compile leaves some)
+    # raises ReferenceError on any attribute lookup, and isinstance looks up ``__class__``
+    for iterator in [o for o in gc.get_objects() if issubclass(type(o), _MultiProcessingDataLoaderIter)]:
         iterator._shutdown_workers()

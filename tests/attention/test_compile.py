@@ -72,9 +72,9 @@ def _inputs():
     return x, mask
 
 
-def _check_equal(backend: str, compile_backend: str, tolerance: float, every: bool = False):
-    model = _Cases(backend, every)
-    x, mask = _inputs()
+def _check_equal(backend: str, compile_backend: str, tolerance: float, every: bool = False, device="cpu"):
+    model = _Cases(backend, every).to(device)
+    x, mask = (tensor.to(device) for tensor in _inputs())
     eager = _run(model, model, x, mask)
     compiled = _run(model, torch.compile(model, backend=compile_backend, fullgraph=True), x, mask)
     for case, want, got in zip(model.cases, eager[0], compiled[0], strict=True):
@@ -101,6 +101,14 @@ def test_compiled_layer_equals_eager_in_every_case(backend, compile_backend):
     _check_equal(
         backend, compile_backend, tolerance=1e-6 if compile_backend == "aot_eager" else 1e-5, every=True
     )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inductor_compiled_layer_equals_eager_on_cuda(backend):
+    """On CUDA the sorted paths are the Triton kernels, called whole as the custom ops."""
+    torch._dynamo.reset()
+    _check_equal(backend, "inductor", tolerance=1e-4, every=True, device="cuda")
 
 
 def test_each_custom_op_passes_torch_opcheck():

@@ -20,6 +20,7 @@ from attnlab.pipeline import train
 from attnlab.run import compilation
 from attnlab.run.compilation import compile_model, compile_report
 from tasks.test_lm_tasks import VOCAB
+from tasks.test_lra_tasks import lra_data  # noqa: F401  (the fixture: files in the official formats)
 from tiny_runs import QUIET, TINY_LISTOPS
 
 
@@ -124,12 +125,26 @@ TASKS = {
 }  # fmt: skip
 
 
+# and the LRA tasks on small files in the official formats (the dual-encoder Retrieval model included)
+LRA_FILES = {
+    task: [f"task={task}", *QUIET, "task.data.num_workers=0", "task.data.batch_size=4",
+           "task.data.eval_batch_size=8", "task.model.dim=16", "task.model.mlp_dim=32", *extra]
+    for task, extra in {
+        "text": ["task.data.source.max_length=64"],
+        "retrieval": ["task.data.source.max_length=48"],
+        "image": [],
+    }.items()
+}  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("task", TASKS)
-def test_each_task_trains_with_compile_true(task, train_config, corpus_data_dir, caplog):
-    overrides = [*TASKS[task], "logger=none", "trainer.max_steps=4", "compile=true"]
+@pytest.mark.parametrize("task", [*TASKS, *LRA_FILES])
+def test_each_task_trains_with_compile_true(task, train_config, corpus_data_dir, lra_data, caplog):  # noqa: F811
+    overrides = [*TASKS.get(task, LRA_FILES.get(task)), "logger=none", "trainer.max_steps=4", "compile=true"]
     if task in ("lm", "mlm"):
         overrides.append(f"paths.data_dir={corpus_data_dir}")
+    if task in LRA_FILES:
+        overrides.append(f"paths.data_dir={lra_data}")
     torch._dynamo.reset()
     with caplog.at_level(logging.INFO):
         summary = train(train_config(*overrides))
