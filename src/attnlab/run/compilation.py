@@ -8,8 +8,8 @@ sorted paths, `attnlab.attention.sliced_common.path`) and for evaluation (no aut
 The CPU thread count is held fixed (`attnlab.callbacks.threads`): the graphs are specialised to it.
 
 `CompileLog` reports the frames compiled, the recompiles and their reasons, and the seconds spent,
-after the first training step (where the first compile happens) and at the end of the fit. It reads
-``torch._dynamo.utils.get_compilation_metrics``, which torch keeps for exactly this report.
+after the first training step (where the first compile happens) and at the end of the fit, from
+torch's own record of each compile (``torch._dynamo.utils.get_compilation_metrics``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def compile_model(model: nn.Module, mode: str = "default", backend: str = "induc
     model.compile(mode=mode, backend=backend, dynamic=True)
     log.info(
         "compile=true: %s compiled with torch.compile (mode=%s, backend=%s, dynamic shapes); "
-        "the first steps of each shape compile",
+        "the first training and evaluation steps compile",
         type(model).__name__,
         mode,
         backend,
@@ -63,7 +63,7 @@ class CompileReport:
     def line(self) -> str:
         text = f"{self.graphs} graph(s) compiled in {self.seconds:.1f} s"
         if self.recompile_reasons:
-            text += f"; {len(self.recompile_reasons)} recompile(s), for: " + "; ".join(self.recompile_reasons)
+            text += "; recompiled for: " + "; ".join(self.recompile_reasons)
         return text
 
 
