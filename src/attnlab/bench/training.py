@@ -183,10 +183,11 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
         f"{args.repeats} interleaved repeats, {args.stat} of runs"
     )
     modes = COMPILE_CHOICES[getattr(args, "compile", "off")]
-    labels = [name + (COMPILED if compiled else "") for compiled in modes for name in args.backends]
-    warmup = max(args.warmup, 1) if True in modes else args.warmup  # the compile, untimed
+    labels = [_label(name, compiled) for compiled in modes for name in args.backends]
+    compiles = True in modes
+    warmup = max(args.warmup, 1) if compiles else args.warmup  # the compile, untimed
     rows = []
-    with _compiler_settings(len(args.backends)) if True in modes else contextlib.nullcontext():
+    with _compiler_settings(len(args.backends)) if compiles else contextlib.nullcontext():
         for task in args.tasks:
             rows += _run_task(args, task, modes, labels, warmup, log)
     log(f"load average after {load_average()}")
@@ -210,9 +211,7 @@ def _run_task(args, task: str, modes, labels: list[str], warmup: int, log) -> li
     length, batch, positions = TASKS[task]
     positions = positions if args.positions == "task" else args.positions
     built = {
-        name + (COMPILED if compiled else ""): build(
-            name, length, args.path, positions=positions, compiled=compiled
-        )
+        _label(name, compiled): build(name, length, args.path, positions=positions, compiled=compiled)
         for compiled in modes
         for name in args.backends
     }
@@ -241,6 +240,11 @@ def _run_task(args, task: str, modes, labels: list[str], warmup: int, log) -> li
              "runs_ms": [1000 * x for x in runs[label]]}
         )  # fmt: skip
     return rows
+
+
+def _label(backend: str, compiled: bool) -> str:
+    """A row's name: the backend's, with ``COMPILED`` after it for its compiled model."""
+    return backend + (COMPILED if compiled else "")
 
 
 def _compiler_settings(models: int):
