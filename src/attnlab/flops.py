@@ -73,15 +73,23 @@ class FlopCounter:
     the hooks. Attention layers of an unknown backend count their projections only. The sliced
     layers that fold Π into their projection do not call those modules (``SlicedAttentionLayer.fold``):
     their own hook counts the folded matmuls they run instead.
+
+    A model under ``torch.compile`` is not counted (``counting`` is False): its hooks would run
+    inside the compiled graph, whose guards would then hold the running count's value (a recompile
+    at every new value) and whose shapes the count's arithmetic would fix.
     """
 
     def __init__(self) -> None:
         self.forward_flops = 0.0
+        self.counting = False
         self._handles: list = []
 
     def attach(self, model: nn.Module) -> FlopCounter:
         from attnlab.attention import AttentionLayer
 
+        if any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()):
+            return self
+        self.counting = True
         for module in model.modules():
             if isinstance(module, nn.Linear):
                 self._handles.append(module.register_forward_hook(self._linear))

@@ -154,3 +154,58 @@ def test_host_reads_are_off_only_while_compiling():
 
     torch.compile(record, backend="eager", fullgraph=True)(x)
     assert seen == [False]
+
+
+class _Layers(nn.Module):
+    """A layer of each of ``backends`` (``path="auto"``), called on the same input."""
+
+    def __init__(self, backends):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(build_attention(backend, DIM, HEADS) for backend in backends)
+
+    def forward(self, x, mask):
+        return sum(layer(x, mask).sum() for layer in self.layers)
+
+
+def _graphs_over_lengths(backends, lengths) -> int:
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = torch.compile(_Layers(backends), backend="eager", dynamic=True)
+    generator = torch.Generator().manual_seed(0)
+    for length in lengths:
+        x = torch.randn(2, length, DIM, generator=generator)
+        mask = torch.ones(2, length, dtype=torch.bool)
+        mask[1, length // 2 :] = False
+        with torch.no_grad():
+            model(x, mask)
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def test_new_lengths_reuse_the_compiled_graphs():
+    """With dynamic shapes a new length compiles nothing new; only the sliced ops' dense/sorted
+    crossover (T = 64 for sliced ReLU on the CPU) splits the graph. (A length formatted into a
+    dispatch message, or the Performer's call counter read as a constant, once made every length
+    or call a new graph.) Guards are dynamo's: the ``eager`` backend finds them."""
+    assert _graphs_over_lengths(("sliced_relu", "performer"), (40, 71, 45, 90, 87)) == 2
+
+
+@pytest.mark.slow
+def test_every_backend_reuses_the_compiled_graphs():
+    """Every backend, on either side of both crossovers (64 for ReLU, 128 for ReLU-bump): 3 graphs."""
+    assert _graphs_over_lengths(BACKENDS, (40, 71, 150, 45, 90, 161, 87)) == 3
+
+
+def test_performer_redraws_on_schedule_under_compile():
+    """The redraw schedule runs inside the compiled graph (a custom op) and keeps eager's draws."""
+    torch._dynamo.reset()
+    eager = build_attention("performer", DIM, HEADS, redraw_interval=2)
+    compiled_layer = build_attention("performer", DIM, HEADS, redraw_interval=2)
+    compiled_layer.load_state_dict(eager.state_dict())
+    compiled = torch.compile(compiled_layer, backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, LENGTH, DIM, generator=torch.Generator().manual_seed(0))
+    for _ in range(5):
+        assert torch.allclose(compiled(x), eager(x), rtol=0, atol=1e-6)
+    maps = (eager.feature_map, compiled_layer.feature_map)
+    assert [(m.calls, m.draws) for m in maps] == [(5, 2), (5, 2)]
+    assert torch.equal(maps[0].projection, maps[1].projection)

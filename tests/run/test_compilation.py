@@ -150,3 +150,30 @@ def test_each_task_trains_with_compile_true(task, train_config, corpus_data_dir,
         summary = train(train_config(*overrides))
     assert summary["steps"] == 4 and summary["test_acc"] is not None, summary
     assert "torch.compile, whole fit:" in caplog.text
+
+
+def test_reaching_the_recompile_limit_is_a_warning(monkeypatch, caplog):
+    """Past torch's recompile limit a function runs eagerly for every new shape, which torch says
+    only once on stderr: the log says it too, naming the function."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    monkeypatch.setattr(torch._dynamo.config, "automatic_dynamic_shapes", False)
+    torch._dynamo.reset()
+    start = compilation.time.time()
+
+    def doubled(x):
+        return x * 2
+
+    compiled = torch.compile(doubled, backend="eager", dynamic=False)
+    callback = compilation.CompileLog()
+    callback.since = start
+    with caplog.at_level(logging.INFO):
+        compiled(torch.ones(1))
+        callback.on_train_batch_end(None, None, None, None, 0)  # the first step: within the limit
+        assert "recompile limit" not in caplog.text
+        for n in range(2, 5):
+            compiled(torch.ones(n))
+        callback.on_train_batch_end(None, None, None, None, 1)
+        callback.on_fit_end(None, None)
+    warnings = [r for r in caplog.records if "recompile limit" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING  # once, not every step
+    assert "recompile limit (2 graphs) for doubled (" in warnings[0].getMessage()

@@ -15,7 +15,8 @@ each rank measured, not the per-device rate times the world size: ranks differ, 
 FLOPs and MFU (``attnlab.flops``): the model's forward FLOPs are counted on every training step by
 forward hooks (analytic, per backend), a step counts 3 × its forward, and ``perf/train_tflops_per_sec``
 and ``perf/mfu`` (achieved / peak FLOP/s) are logged when a peak is known: ``peak_flops`` (FLOP/s per
-device, the override) or, on CUDA, the device table for the trainer's precision.
+device, the override) or, on CUDA, the device table for the trainer's precision. A compiled model
+(``compile=true``) is not counted: samples/s and tokens/s only.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ class ThroughputMonitor(L.Callback):
         self._device = trainer.strategy.root_device  # the model may not be on it yet
         if stage == "fit" and self.flop_counter is None:
             self.flop_counter = FlopCounter().attach(pl_module)
+            if not self.flop_counter.counting:
+                rank_zero_info("FLOPs and MFU are not counted under compile=true (attnlab.flops.FlopCounter)")
+                self.flop_counter = None
             if self.peak_flops is None and pl_module.device.type == "cuda":
                 name = torch.cuda.get_device_name(pl_module.device)
                 self.peak_flops = peak_flops(name, precision_dtype(trainer.precision))

@@ -136,7 +136,9 @@ class Implementation:
             reasons.append(self._noted("causal", f"no {form} form"))
         if self.max_head_dim is not None and request.head_dim > self.max_head_dim:
             reasons.append(
-                self._noted("head_dim", f"runs head dims up to {self.max_head_dim}, got {request.head_dim}")
+                self._noted(
+                    "head_dim", f"runs head dims up to {self.max_head_dim}, got {_shown(request.head_dim)}"
+                )
             )
         if (problem := self._length_problem(request)) is not None:
             reasons.append(problem)
@@ -159,7 +161,7 @@ class Implementation:
     def _length_problem(self, request: Request) -> str | None:
         limit = math.inf if self.max_length is None else self.max_length
         if request.length > limit:
-            return self._noted("length", f"runs T up to {limit}, got T={request.length}")
+            return self._noted("length", f"runs T up to {limit}, got T={_shown(request.length)}")
         if request.path == "auto" and self.auto_length is not None:
             crossover = self.auto_length(request)
             if request.length > crossover:
@@ -167,7 +169,7 @@ class Implementation:
                 where = f"{request.device_type} {dtype}"
                 if crossover == 0:
                     return f"path='auto' never takes it on {where} (no crossover measured)"
-                return f"path='auto' takes it up to T={crossover} on {where}, got T={request.length}"
+                return f"path='auto' takes it up to T={crossover} on {where}, got T={_shown(request.length)}"
         return None
 
     def _noted(self, key: str, reason: str) -> str:
@@ -176,6 +178,13 @@ class Implementation:
 
     def __str__(self) -> str:
         return f"{self.name} [{self.impl}, {self.cost}]"
+
+
+def _shown(size: int) -> str:
+    """A size as a reason states it. Under ``torch.compile`` a size is a symbol, and formatting it
+    would fix the graph to that one value (a recompile at every new length), so the reason says so
+    instead: a reason is read only when no implementation accepts, which fails the call anyway."""
+    return "a traced size" if compiler.compiling() else str(size)
 
 
 def accepting(implementations: Sequence[Implementation], request: Request) -> list[Implementation]:

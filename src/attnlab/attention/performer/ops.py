@@ -203,12 +203,46 @@ def _causal_favor(phi_q, logits_k, v, key_padding_mask, eps, stabilizer_eps, chu
     return out
 
 
+def _seeded_draw(seed: int, index: int, num_features: int, head_dim: int) -> torch.Tensor:
+    """Draw number ``index`` of the sequence seeded with ``seed``: the same (M, D) on every device."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+    return orthogonal_gaussian_projection(num_features, head_dim, generator).float()
+
+
+def _schedule_step(projection: torch.Tensor, schedule: torch.Tensor, seed: int, interval: int) -> None:
+    """One training call of a feature map: redraw ``projection`` in place when the schedule says
+    so, then count the call. ``schedule`` is the (calls, draws) pair, an int64 CPU tensor."""
+    calls, draws = schedule.tolist()
+    if interval > 0 and calls > 0 and calls % interval == 0:
+        draws += 1
+        with torch.no_grad():
+            projection.copy_(_seeded_draw(seed, draws, *projection.shape).to(projection.dtype))
+    schedule.copy_(torch.tensor([calls + 1, draws]))
+
+
+def _registered_schedule_step():
+    """`_schedule_step` as the custom op ``attnlab::performer_schedule_step``: ``torch.compile``
+    calls it in the graph (no break) and never reads the counters, so the graph does not depend on
+    them (as plain ints on the module they were guarded: a recompile at every call)."""
+    name = "performer_schedule_step"
+    if hasattr(torch.ops.attnlab, name):  # the module imported again
+        return getattr(torch.ops.attnlab, name).default
+    op = torch.library.custom_op(f"attnlab::{name}", mutates_args=("projection", "schedule"))(_schedule_step)
+    op.register_fake(lambda projection, schedule, seed, interval: None)
+    return op
+
+
+_SCHEDULE_STEP = _registered_schedule_step()
+
+
 class PerformerFeatureMap(nn.Module):
     """Holds the random projection and redraws it every `redraw_interval` training forward calls.
 
     Redrawing stops the model from overfitting one particular draw. Draw number n uses a generator
     seeded with (seed, n), so a run is reproducible and a checkpoint (projection buffer, counters as
     extra state) resumes the same schedule. `redraw_interval=None` (or 0) keeps the first draw forever.
+    The counters live in a CPU tensor that a custom op advances (`_registered_schedule_step`): no
+    device sync per step, and one compiled graph for every call.
     """
 
     def __init__(
@@ -229,28 +263,32 @@ class PerformerFeatureMap(nn.Module):
         self.num_features = num_features
         self.redraw_interval = redraw_interval or None
         self.seed = seed
-        self.calls = 0  # training forward calls so far; plain ints: no device sync per step
-        self.draws = 0
-        self.register_buffer("projection", self._draw(0))
+        self.schedule = torch.zeros(
+            2, dtype=torch.int64
+        )  # (training calls so far, draws); not a buffer: stays on the CPU
+        self.register_buffer("projection", _seeded_draw(seed, 0, num_features, head_dim))
 
-    def _draw(self, index: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-        return orthogonal_gaussian_projection(self.num_features, self.head_dim, generator).float()
+    @property
+    def calls(self) -> int:
+        """Training forward calls so far."""
+        return int(self.schedule[0])
+
+    @property
+    def draws(self) -> int:
+        """Redraws so far (the projection is draw number ``draws``)."""
+        return int(self.schedule[1])
 
     @torch.no_grad()
     def redraw(self) -> None:
         """Replace the projection by the next draw of this module's seeded sequence."""
-        self.draws += 1
-        new = self._draw(self.draws)
+        self.schedule[1] += 1
+        new = _seeded_draw(self.seed, self.draws, self.num_features, self.head_dim)
         self.projection.copy_(new.to(self.projection.dtype))
 
     def forward(self) -> torch.Tensor:
         """Count one call (in training mode), redraw when the schedule says so, return (M, D)."""
         if self.training:
-            interval = self.redraw_interval
-            if interval is not None and self.calls > 0 and self.calls % interval == 0:
-                self.redraw()
-            self.calls += 1
+            _SCHEDULE_STEP(self.projection, self.schedule, self.seed, self.redraw_interval or 0)
         return self.projection
 
     def get_extra_state(self) -> dict:
@@ -258,7 +296,8 @@ class PerformerFeatureMap(nn.Module):
         return {"calls": self.calls, "draws": self.draws, "seed": self.seed}
 
     def set_extra_state(self, state: dict) -> None:
-        self.calls, self.draws, self.seed = int(state["calls"]), int(state["draws"]), int(state["seed"])
+        self.schedule = torch.tensor([int(state["calls"]), int(state["draws"])])
+        self.seed = int(state["seed"])
 
     def extra_repr(self) -> str:
         return (
