@@ -124,9 +124,8 @@ class CompileLog(L.Callback):
         if not self.first_step_logged:
             self.first_step_logged = True
             self._log("first training step")
-        elif not self.limit_warned and (warning := compile_report(self.since).limit_warning()):
-            self.limit_warned = True
-            log.warning(warning)
+        elif not self.limit_warned:
+            self._warn_at_limit(compile_report(self.since))
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._log("whole fit")
@@ -134,6 +133,9 @@ class CompileLog(L.Callback):
     def _log(self, when: str) -> None:
         report = compile_report(self.since)
         log.info("torch.compile, %s: %s", when, report.line())
+        self._warn_at_limit(report)
+
+    def _warn_at_limit(self, report: CompileReport) -> None:
         if not self.limit_warned and (warning := report.limit_warning()):
             self.limit_warned = True
             log.warning(warning)

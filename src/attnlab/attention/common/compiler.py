@@ -55,6 +55,12 @@ def _autograd_back_on():
     return torch._C._ForceDispatchKeyGuard(included, excluded - _AUTOGRAD_KEYS)
 
 
+def registered_op(name: str):
+    """The op ``attnlab::<name>`` if a module registered it already (imported a second time), else None."""
+    namespace = getattr(torch.ops, NAMESPACE)
+    return getattr(namespace, name).default if hasattr(namespace, name) else None
+
+
 def opaque_op(name: str, op: Callable[..., torch.Tensor], arguments: str, differentiable: int):
     """``op`` registered as the custom op ``attnlab::<name>``, differentiable in its first
     ``differentiable`` arguments (tensors), for ``torch.compile`` to call without tracing it.
@@ -66,8 +72,8 @@ def opaque_op(name: str, op: Callable[..., torch.Tensor], arguments: str, differ
     imported twice gets back the op it registered the first time.
     """
     qualified = f"{NAMESPACE}::{name}"
-    if hasattr(getattr(torch.ops, NAMESPACE), name):
-        return getattr(getattr(torch.ops, NAMESPACE), name).default
+    if (registered := registered_op(name)) is not None:
+        return registered
     grads = ", ".join(["Tensor"] * differentiable)
 
     @torch.library.custom_op(qualified, mutates_args=(), schema=f"({arguments}) -> Tensor")

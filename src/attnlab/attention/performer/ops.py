@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.attention.common import compiler
 from attnlab.attention.common.checks import check_qkv
 from attnlab.attention.common.padding import check_padded_queries
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
@@ -225,9 +226,11 @@ def _registered_schedule_step():
     calls it in the graph (no break) and never reads the counters, so the graph does not depend on
     them (as plain ints on the module they were guarded: a recompile at every call)."""
     name = "performer_schedule_step"
-    if hasattr(torch.ops.attnlab, name):  # the module imported again
-        return getattr(torch.ops.attnlab, name).default
-    op = torch.library.custom_op(f"attnlab::{name}", mutates_args=("projection", "schedule"))(_schedule_step)
+    if (op := compiler.registered_op(name)) is not None:
+        return op
+    op = torch.library.custom_op(f"{compiler.NAMESPACE}::{name}", mutates_args=("projection", "schedule"))(
+        _schedule_step
+    )
     op.register_fake(lambda projection, schedule, seed, interval: None)
     return op
 
@@ -263,9 +266,8 @@ class PerformerFeatureMap(nn.Module):
         self.num_features = num_features
         self.redraw_interval = redraw_interval or None
         self.seed = seed
-        self.schedule = torch.zeros(
-            2, dtype=torch.int64
-        )  # (training calls so far, draws); not a buffer: stays on the CPU
+        # (training calls so far, draws); not a buffer: it stays on the CPU when the model moves
+        self.schedule = torch.zeros(2, dtype=torch.int64)
         self.register_buffer("projection", _seeded_draw(seed, 0, num_features, head_dim))
 
     @property
