@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from attnlab.attention import ops
 from attnlab.attention.common.layer import AttentionLayer, Capabilities, UnsupportedAttentionError
+from attnlab.attention.common.packing import PackedLayout
 from attnlab.attention.registry import (
     available_backends,
     backend_capabilities,
@@ -24,6 +25,7 @@ from attnlab.attention.registry import (
 __all__ = [
     "AttentionLayer",
     "Capabilities",
+    "PackedLayout",
     "UnsupportedAttentionError",
     "available_backends",
     "backend_capabilities",

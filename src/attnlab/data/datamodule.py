@@ -7,7 +7,8 @@ files (run once per node, before training), ``load(on_bad_rows=...)`` returns th
 the config sets (``on_bad_rows``: a malformed row stops the run, or is skipped and counted;
 ``zero_pixels``, for sources with ``reads_pixels``: is pixel value 0 padding, as in LRA, or a token)
 and batches: length buckets for training, length-sorted batches for evaluation, padding masks
-everywhere.
+everywhere, or (``packing=true``) each batch's sequences packed end to end in rows
+(`attnlab.data.packing`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 from attnlab.data.errors import ON_BAD_ROWS, DataError, check_choice
 from attnlab.data.examples import ZERO_PIXELS, TokenSequenceDataset, pad_collate
 from attnlab.data.loaders import SPLITS, ShardedDataModule
+from attnlab.data.packing import check_packing, log_packing_fill, pack_collate
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +50,13 @@ class SequenceDataModule(ShardedDataModule):
         seed: int = 0,
         on_bad_rows: str = "error",
         zero_pixels: str | None = None,
+        packing: bool = False,
+        pack_length: int | None = None,
     ):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_packing(packing, pack_length)
         check_choice("task.data.on_bad_rows", on_bad_rows, ON_BAD_ROWS)
         if zero_pixels is not None:
             check_choice("task.data.zero_pixels", zero_pixels, ZERO_PIXELS)
@@ -64,6 +69,7 @@ class SequenceDataModule(ShardedDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.bucket_by_length = num_workers, bucket_by_length
         self.pad_to_multiple_of, self.seed = pad_to_multiple_of, seed
+        self.packing, self.pack_length = packing, pack_length
         self.datasets: dict[str, TokenSequenceDataset] = {}
 
     def prepare_data(self) -> None:
@@ -100,7 +106,17 @@ class SequenceDataModule(ShardedDataModule):
         return int(self.datasets[split].lengths().max())
 
     def _collate(self, batch):
+        if self.packing:
+            return pack_collate(batch, self.pad_to_multiple_of, self.pack_length)
         return pad_collate(batch, self.pad_to_multiple_of)
+
+    def train_dataloader(self):
+        loader = super().train_dataloader()
+        if self.packing:
+            self.packing_fill = log_packing_fill(
+                loader.batch_sampler, self.train_lengths(), self.pad_to_multiple_of, self.pack_length
+            )
+        return loader
 
     def train_lengths(self) -> np.ndarray:
         return self.datasets["train"].lengths()

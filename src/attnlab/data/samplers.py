@@ -81,6 +81,10 @@ class LengthBucketSampler(Sampler[list[int]]):
             rng.shuffle(batches)
         return batches[self.rank :: self.num_replicas][: len(self)]
 
+    def epoch_batches(self) -> list[list[int]]:
+        """The batches of the epoch in progress (or the next), read without moving the sampler."""
+        return self._batches()
+
     def __iter__(self) -> Iterator[list[int]]:
         if not self._next_is_fresh:
             self.epoch, self.pass_start = self.epoch + 1, 0

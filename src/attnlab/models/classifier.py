@@ -20,11 +20,18 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from attnlab.attention import PackedLayout
 from attnlab.models.encoder import AttentionFactory, Encoder
 
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
 POOLINGS = ("mean", "mean_all", "cls", "first")
 CLS_MASKS = ("real", "first")
+#: What a packed batch can be pooled by, and why the others cannot.
+PACKED_POOLINGS = ("mean", "first")
+PACKING_REFUSED = {
+    "cls": "it prepends a learned token to each sequence, which the packed rows hold no slot for",
+    "mean_all": "it averages the padded positions too, which a packed sequence does not have",
+}
 HEAD_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 PAIR_FEATURES = ("nli", "concat")
 
@@ -155,8 +162,16 @@ class SequenceClassifier(nn.Module):
             if p is not None:
                 nn.init.normal_(p, std=0.02)
 
-    def encode(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Pooled representation ``(B, dim)`` of a batch of token ids ``(B, T)``."""
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        packing: PackedLayout | None = None,
+    ) -> torch.Tensor:
+        """Pooled representation ``(B, dim)`` of a batch of token ids ``(B, T)``; with ``packing``,
+        ``(N, dim)`` of the N sequences packed in the rows of ``input_ids``."""
+        if packing is not None:
+            return self.encode_packed(input_ids, mask, packing)
         batch, length = input_ids.shape
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds the model's max_len={self.max_len}")
@@ -181,18 +196,52 @@ class SequenceClassifier(nn.Module):
         weights = mask.unsqueeze(-1).to(x.dtype)
         return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
+    def encode_packed(
+        self, input_ids: torch.Tensor, mask: torch.Tensor | None, packing: PackedLayout
+    ) -> torch.Tensor:
+        """`encode` of a packed batch: embeddings, positions (each sequence's own, from 0), norms and
+        MLPs on the packed tokens; attention and pooling per sequence. The layout is the mask."""
+        if self.pooling not in PACKED_POOLINGS:
+            raise ValueError(
+                f"pooling={self.pooling!r} cannot read a packed batch (allowed: "
+                f"{', '.join(PACKED_POOLINGS)}): {PACKING_REFUSED[self.pooling]}; "
+                "set task.data.packing=false"
+            )
+        packing.check(input_ids)
+        if mask is not None:
+            raise ValueError("a packed batch masks through its layout: pass packing or mask, not both")
+        if packing.unpack_index.shape[1] > self.max_len:
+            raise ValueError(
+                f"sequence length {packing.unpack_index.shape[1]} exceeds the model's max_len={self.max_len}"
+            )
+        x = self.embed(input_ids)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed[0, packing.positions]
+        if self.pos_table is not None:
+            x = x + self.pos_table[0, packing.positions].to(x.dtype)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        x = packing.unpack(self.encoder(self.drop(x), packing=packing))
+        if self.pooling == "first":
+            return x[:, 0]
+        weights = packing.mask.unsqueeze(-1).to(x.dtype)
+        return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
     def forward(
         self,
         input_ids: torch.Tensor,
         mask: torch.Tensor | None = None,
         input_ids2: torch.Tensor | None = None,
         mask2: torch.Tensor | None = None,
+        packing: PackedLayout | None = None,
+        packing2: PackedLayout | None = None,
     ) -> torch.Tensor:
-        u = self.encode(input_ids, mask)
+        """Logits of a batch; ``packing``/``packing2``: the layout of each side of a packed batch."""
+        u = self.encode(input_ids, mask, packing)
         if not self.dual:
             return self.head(u)
         if input_ids2 is None:
             raise ValueError("a dual (two-tower) classifier needs input_ids2")
-        v = self.encode(input_ids2, mask2)
+        v = self.encode(input_ids2, mask2, packing2)
         pair = [u, v, u * v, u - v] if self.pair_features == "nli" else [u, v]
         return self.head(torch.cat(pair, dim=-1))

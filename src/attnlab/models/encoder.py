@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from attnlab.attention import PackedLayout
 from attnlab.models.short_conv import ShortConv
 
 AttentionFactory = Callable[..., nn.Module]
@@ -102,11 +103,25 @@ class EncoderBlock(nn.Module):
         self.mlp = FeedForward(dim, mlp_dim, dropout if mlp_dropout else 0.0, bias=bias)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        packing: PackedLayout | None = None,
+    ) -> torch.Tensor:
+        """``packing``: x holds whole sequences end to end (`attnlab.attention.common.packing`); the
+        norms and the MLP run on the packed tokens, attention and the short convolution per sequence."""
         h = self.norm1(x)
         if self.short_conv is not None:
-            h = self.short_conv(h, key_padding_mask)
-        x = x + self.drop(self.attn(h, key_padding_mask=key_padding_mask))
+            if packing is None:
+                h = self.short_conv(h, key_padding_mask)
+            else:
+                h = packing.pack(self.short_conv(packing.unpack(h), packing.mask))
+        if packing is None:
+            a = self.attn(h, key_padding_mask=key_padding_mask)
+        else:
+            a = self.attn(h, key_padding_mask=key_padding_mask, packing=packing)
+        x = x + self.drop(a)
         return x + self.drop(self.mlp(self.norm2(x)))
 
     def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
@@ -151,9 +166,14 @@ class Encoder(nn.Module):
             dim, eps=block_kwargs.get("norm_eps", 1e-5), bias=block_kwargs.get("bias", True)
         )
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        packing: PackedLayout | None = None,
+    ) -> torch.Tensor:
         for block in self.blocks:
-            x = block(x, key_padding_mask=key_padding_mask)
+            x = block(x, key_padding_mask=key_padding_mask, packing=packing)
         return self.norm(x)
 
     def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, list]:

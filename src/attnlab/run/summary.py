@@ -107,6 +107,8 @@ def run_summary(
         "world_size": trainer.world_size,
         "git_commit": git_commit(Path(__file__).parent),
         "data_source": datamodule.source.description,
+        # task.data.packing: the share of the packed rows' slots real tokens fill
+        **({"packing_fill": datamodule.packing_fill} if getattr(datamodule, "packing_fill", None) else {}),
         "best_checkpoint": best_path or None,
         "dim": cfg.task.model.get("dim"),  # model width: the state size of recall comparisons
         **test_metrics,

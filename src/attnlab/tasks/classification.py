@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from attnlab.attention import PackedLayout
 from attnlab.errors import ConfigError
 
 MODEL_INPUTS = ("input_ids", "mask", "input_ids2", "mask2")
@@ -76,7 +77,13 @@ class ClassificationTask(L.LightningModule):
                 self.metrics[f"{stage}_mean_class_acc"] = MulticlassAccuracy(num_classes, average="macro")
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.model(**{k: batch[k] for k in self.inputs if k in batch})
+        inputs = {k: batch[k] for k in self.inputs if k in batch}
+        for suffix in ("", "2"):  # a packed batch (task.data.packing): its layout is its mask
+            layout = PackedLayout.from_batch(batch, suffix)
+            if layout is not None:
+                inputs.pop("mask" + suffix, None)
+                inputs["packing" + suffix] = layout
+        return self.model(**inputs)
 
     def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         logits = self(batch)

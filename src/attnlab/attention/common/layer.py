@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.attention import decoding
+from attnlab.attention.common.packing import PackedLayout
 from attnlab.attention.common.padding import COMMON_PADDED_QUERIES, check_padded_queries
 from attnlab.attention.common.precision import FLOAT_DTYPES
 from attnlab.attention.common.rope import RotaryEmbedding
@@ -151,8 +152,14 @@ class AttentionLayer(nn.Module):
 
     def heads(self, x: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, T, dim) -> q, k, v of shape (B, H, T, D), RoPE applied to q and k if enabled."""
-        b, t, _ = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return self.split_heads(self.qkv(x), offset)
+
+    def split_heads(
+        self, qkv: torch.Tensor, offset: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The fused projection (B, T, 3·qkv_dim) -> q, k, v (B, H, T, D), RoPE on q and k if enabled."""
+        b, t, _ = qkv.shape
+        q, k, v = qkv.view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.rotary is not None:
             q, k = self.rotary(q, k, offset=offset)
         return q, k, v
@@ -167,11 +174,36 @@ class AttentionLayer(nn.Module):
     ) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement attend()")
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        packing: PackedLayout | None = None,
+    ) -> torch.Tensor:
+        """(B, T, dim) -> (B, T, dim). ``packing``: x holds whole sequences end to end in its rows
+        (`attnlab.attention.common.packing`); each sequence attends to itself only."""
+        if packing is not None:
+            return self.forward_packed(x, key_padding_mask, packing)
         self.check_input(x, key_padding_mask)
         q, k, v = self.heads(x)
         o = self.attend(q, k, v, key_padding_mask)
         return self.out_proj(self.merge(o))
+
+    def forward_packed(
+        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None, packing: PackedLayout
+    ) -> torch.Tensor:
+        """A packed batch: the projections run on the packed tokens; q, k, v are laid out one sequence
+        per row (positions from 0, so RoPE sees each sequence's own) and attended with the padded code,
+        so every backend and path gives each sequence what it gives that sequence alone."""
+        if key_padding_mask is not None:
+            raise ValueError(
+                "a packed batch masks through its layout: pass packing or key_padding_mask, not both"
+            )
+        self.check_input(x, None)
+        packing.check(x)
+        q, k, v = self.split_heads(packing.unpack(self.qkv(x)))
+        o = self.attend(q, k, v, packing.mask)
+        return self.out_proj(packing.pack(self.merge(o)))
 
     def check_input(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> None:
         if x.dim() != 3 or x.shape[-1] != self.dim:

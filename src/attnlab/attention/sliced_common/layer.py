@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from attnlab.attention.common.layer import AttentionLayer
+from attnlab.attention.common.packing import PackedLayout
 from attnlab.attention.sliced_common.scores import (
     check_score_layout,
     first_map,
@@ -59,10 +60,15 @@ class SlicedAttentionLayer(AttentionLayer):
             return 2.0 * (2 * length * out * width * dim + batch * length * dim * (2 * out + width))
         return 0.0
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        kind = self.fold(x.shape[0]) if x.dim() == 3 else None
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        packing: PackedLayout | None = None,
+    ) -> torch.Tensor:
+        kind = self.fold(x.shape[0]) if x.dim() == 3 and packing is None else None
         if kind is None:
-            return super().forward(x, key_padding_mask)
+            return super().forward(x, key_padding_mask, packing)
         self.check_input(x, key_padding_mask)
         if kind == "plain":
             s, t, v = fold_scores(self.qkv, self.slicer, self.num_heads, x)

@@ -1,0 +1,106 @@
+"""Packed batches: the layout's gathers, first-fit rows, and every backend's layer on a packed batch
+giving each sequence exactly what it gives that sequence alone (float64, outputs and gradients)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.attention import available_backends, backend_capabilities, build_attention
+from attnlab.attention.common.packing import PackedLayout, first_fit
+
+DIM, HEADS = 12, 3
+LENGTHS = [5, 3, 1, 7, 2, 2]
+ROWS = [[0, 1, 2], [3], [4, 5]]  # three rows of 9 slots: full, 2 empty, 5 empty
+
+
+def test_layout_places_each_sequence_end_to_end_in_its_row():
+    layout = PackedLayout.from_rows(LENGTHS, ROWS)
+    assert layout.unpack_index.shape == (6, 7) and layout.pack_index.shape == (3, 9)
+    assert layout.mask.sum(1).tolist() == [5, 3, 1, 7, 2, 2]
+    assert layout.row_mask.sum(1).tolist() == [9, 7, 4]
+    assert layout.positions[0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0]
+    x = torch.arange(27.0).view(3, 9, 1)
+    seqs = layout.unpack(x)[..., 0]
+    assert seqs[1, :3].tolist() == [5.0, 6.0, 7.0] and seqs[1, 3:].eq(0).all()
+    assert seqs[3].tolist() == [9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
+    assert seqs[5, :2].tolist() == [20.0, 21.0]
+    back = layout.pack(layout.unpack(x))
+    torch.testing.assert_close(back, x * layout.row_mask[..., None])
+
+
+def test_sequences_keep_their_batch_order_wherever_their_rows_put_them():
+    layout = PackedLayout.from_rows([2, 3, 1], [[1], [2, 0]])
+    x = torch.arange(6.0).view(2, 3, 1)
+    assert layout.unpack(x)[..., 0].tolist() == [[4.0, 5.0, 0.0], [0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]
+
+
+def test_layout_refuses_what_cannot_be_laid_out():
+    with pytest.raises(ValueError, match="length >= 1"):
+        PackedLayout.from_rows([3, 0], [[0, 1]])
+    with pytest.raises(ValueError, match="must place each of the 2 sequences once"):
+        PackedLayout.from_rows([3, 2], [[0], [0]])
+    with pytest.raises(ValueError, match="row_length=4 is shorter than the fullest row \\(5 tokens\\)"):
+        PackedLayout.from_rows([3, 2], [[0, 1]], row_length=4)
+    layout = PackedLayout.from_rows([3, 2], [[1, 0]])
+    with pytest.raises(ValueError, match=r"\(B, L\) = \(1, 5\)"):
+        layout.check(torch.zeros(1, 6, 2))
+
+
+def test_first_fit_fills_rows_without_splitting_a_sequence():
+    lengths = [6, 2, 9, 3, 4, 1, 5]
+    rows = first_fit(lengths, capacity=9)
+    assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in row) <= 9 for row in rows)
+    assert len(rows) == 4  # 30 tokens need at least 4 rows of 9
+    assert rows[0] == [2]  # the longest opens the first row
+    with pytest.raises(ValueError, match="a sequence of 9 tokens does not fit in a packed row of 8"):
+        first_fit(lengths, capacity=8)
+
+
+def _layer(name: str, **options):
+    torch.manual_seed(0)
+    if name == "performer":
+        options.setdefault("redraw_interval", None)
+    return build_attention(name, DIM, HEADS, **options).to(torch.float64).eval()
+
+
+def _cases():
+    for name in available_backends():
+        yield pytest.param(name, False, False, id=f"{name}")
+        yield pytest.param(name, False, True, id=f"{name}-rope")
+        if backend_capabilities(name).causal:
+            yield pytest.param(name, True, True, id=f"{name}-causal-rope")
+
+
+@pytest.mark.parametrize(("name", "causal", "rope"), list(_cases()))
+def test_packed_batch_gives_each_sequence_what_it_gets_alone(name, causal, rope):
+    layer = _layer(name, causal=causal, rope=rope)
+    layout = PackedLayout.from_rows(LENGTHS, ROWS)
+    x = torch.randn(3, 9, DIM, dtype=torch.float64)
+    x = x.masked_fill(~layout.row_mask[..., None], 100.0)  # empty slots hold garbage
+    x.requires_grad_(True)
+    packed = layer(x, packing=layout)
+    seqs = layout.unpack(x.detach())
+    lengths = layout.mask.sum(1).tolist()
+    grad_out = torch.randn_like(packed) * layout.row_mask[..., None]  # a loss reads real tokens only
+    packed.backward(grad_out)
+    grad_packed = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    x_grad = x.grad.clone()
+    layer.zero_grad()
+    grad_seqs = layout.unpack(grad_out)
+    for n, length in enumerate(lengths):
+        alone_x = seqs[n : n + 1, :length].clone().requires_grad_(True)
+        alone = layer(alone_x)
+        torch.testing.assert_close(layout.unpack(packed)[n, :length], alone[0], rtol=1e-10, atol=1e-10)
+        alone.backward(grad_seqs[n : n + 1, :length])
+        torch.testing.assert_close(layout.unpack(x_grad)[n, :length], alone_x.grad[0], rtol=1e-9, atol=1e-10)
+    for pname, p in layer.named_parameters():
+        torch.testing.assert_close(grad_packed[pname], p.grad, rtol=1e-9, atol=1e-10, msg=pname)
+
+
+def test_packing_and_a_padding_mask_together_are_refused():
+    layer = _layer("softmax")
+    layout = PackedLayout.from_rows([2, 1], [[0, 1]])
+    with pytest.raises(ValueError, match="pass packing or key_padding_mask, not both"):
+        layer(torch.zeros(1, 3, DIM, dtype=torch.float64), torch.ones(1, 3, dtype=torch.bool), layout)
