@@ -75,7 +75,19 @@ def _cases():
 
 @pytest.mark.parametrize(("name", "causal", "rope"), list(_cases()))
 def test_packed_batch_gives_each_sequence_what_it_gets_alone(name, causal, rope):
-    layer = _layer(name, causal=causal, rope=rope)
+    _check_packed_equals_alone(_layer(name, causal=causal, rope=rope))
+
+
+def test_the_authors_score_layout_is_refused_by_name():
+    # its Π rows mix neighbouring tokens, padding included: no packed batch reproduces that
+    layout = PackedLayout.from_rows([2, 1], [[0, 1]])
+    with pytest.raises(ValueError, match="score_layout='authors' cannot read a packed batch"):
+        _layer("sliced_relu", score_layout="authors")(
+            torch.zeros(1, 3, DIM, dtype=torch.float64), packing=layout
+        )
+
+
+def _check_packed_equals_alone(layer):
     layout = PackedLayout.from_rows(LENGTHS, ROWS)
     x = torch.randn(3, 9, DIM, dtype=torch.float64)
     x = x.masked_fill(~layout.row_mask[..., None], 100.0)  # empty slots hold garbage

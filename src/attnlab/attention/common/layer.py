@@ -155,13 +155,14 @@ class AttentionLayer(nn.Module):
         return self.split_heads(self.qkv(x), offset)
 
     def split_heads(
-        self, qkv: torch.Tensor, offset: int = 0
+        self, qkv: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The fused projection (B, T, 3·qkv_dim) -> q, k, v (B, H, T, D), RoPE on q and k if enabled."""
+        """The fused projection (B, T, 3·qkv_dim) -> q, k, v (B, H, T, D), RoPE on q and k if enabled
+        (at each token's own position where ``positions`` (B, T) is given)."""
         b, t, _ = qkv.shape
         q, k, v = qkv.view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.rotary is not None:
-            q, k = self.rotary(q, k, offset=offset)
+            q, k = self.rotary(q, k, offset=offset, positions=positions)
         return q, k, v
 
     def merge(self, o: torch.Tensor) -> torch.Tensor:
@@ -192,18 +193,25 @@ class AttentionLayer(nn.Module):
     def forward_packed(
         self, x: torch.Tensor, key_padding_mask: torch.Tensor | None, packing: PackedLayout
     ) -> torch.Tensor:
-        """A packed batch: the projections run on the packed tokens; q, k, v are laid out one sequence
-        per row (positions from 0, so RoPE sees each sequence's own) and attended with the padded code,
-        so every backend and path gives each sequence what it gives that sequence alone."""
+        """A packed batch: the projections (and RoPE, at each token's position in its sequence) run on
+        the packed tokens; q, k, v are then laid out one sequence per row and attended with the padded
+        code, so every backend and path gives each sequence what it gives that sequence alone."""
+        self.check_packed_input(x, key_padding_mask, packing)
+        q, k, v = (
+            packing.unpack_heads(y) for y in self.split_heads(self.qkv(x), positions=packing.positions)
+        )
+        o = self.attend(q, k, v, packing.mask)
+        return self.out_proj(packing.pack(self.merge(o)))
+
+    def check_packed_input(
+        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None, packing: PackedLayout
+    ) -> None:
         if key_padding_mask is not None:
             raise ValueError(
                 "a packed batch masks through its layout: pass packing or key_padding_mask, not both"
             )
         self.check_input(x, None)
         packing.check(x)
-        q, k, v = self.split_heads(packing.unpack(self.qkv(x)))
-        o = self.attend(q, k, v, packing.mask)
-        return self.out_proj(packing.pack(self.merge(o)))
 
     def check_input(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> None:
         if x.dim() != 3 or x.shape[-1] != self.dim:

@@ -109,6 +109,10 @@ class PackedLayout:
         flat = torch.cat([flat, flat.new_zeros(1, *y.shape[2:])])
         return flat.index_select(0, self.pack_index.flatten()).view(*self.pack_index.shape, *y.shape[2:])
 
+    def unpack_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, ...) packed per head -> (N, H, M, ...): q, k, v or scores of the attention ops."""
+        return self.unpack(x.transpose(1, 2)).transpose(1, 2)
+
     def check(self, x: torch.Tensor) -> None:
         """``x`` must be packed in this layout: (B, L, ...) with the layout's B and L."""
         if tuple(x.shape[:2]) != tuple(self.pack_index.shape):

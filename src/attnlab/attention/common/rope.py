@@ -63,15 +63,21 @@ class RotaryEmbedding(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q, k (B, H, T, D) as if their first token sat at position `offset` (for decoding)."""
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q, k (B, H, T, D) as if their first token sat at position `offset` (for decoding), or
+        each token at its own position: ``positions`` (B, T), each below T (a packed batch's)."""
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(
                 f"RoPE was built for head_dim={self.head_dim}; got q {tuple(q.shape)}, k {tuple(k.shape)}"
             )
         t = q.shape[-2]
         cos, sin = self.tables(offset + t, q.device, q.dtype)
-        cos, sin = cos[offset:], sin[offset:]
+        if positions is not None:
+            cos, sin = cos[positions][:, None], sin[positions][:, None]  # (B, 1, T, D)
+        else:
+            cos, sin = cos[offset:], sin[offset:]
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
     def extra_repr(self) -> str:

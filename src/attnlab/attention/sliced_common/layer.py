@@ -76,6 +76,27 @@ class SlicedAttentionLayer(AttentionLayer):
             s, t, v = fold_rotated_scores(self.qkv, self.slicer, self.rotary, self.num_heads, x)
         return self.out_proj(self.merge(self.attend_scores(s, t, v, key_padding_mask)))
 
+    def forward_packed(
+        self, x: torch.Tensor, key_padding_mask: torch.Tensor | None, packing: PackedLayout
+    ) -> torch.Tensor:
+        """A packed batch: the projection, RoPE and Π run on the packed tokens (folded as `forward`
+        folds without RoPE); the scores and values are laid out one sequence per row for the op, whose
+        standardisation and centring are per sequence."""
+        if self.score_layout != "token":
+            raise ValueError(
+                f"score_layout={self.score_layout!r} cannot read a packed batch: its Π rows mix "
+                "neighbouring tokens, padding included, so its output depends on the padding a packed "
+                "batch does not have; set task.data.packing=false or score_layout=token"
+            )
+        self.check_packed_input(x, key_padding_mask, packing)
+        if self.rotary is None:
+            s, t, v = fold_scores(self.qkv, self.slicer, self.num_heads, x)
+        else:
+            q, k, v = self.split_heads(self.qkv(x), positions=packing.positions)
+            s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
+        s, t, v = (packing.unpack_heads(y) for y in (s, t, v))
+        return self.out_proj(packing.pack(self.merge(self.attend_scores(s, t, v, packing.mask))))
+
     def attend(self, q, k, v, key_padding_mask):
         s = slice_tokens(self.slicer, q, self.score_layout)
         t = slice_tokens(self.slicer, k, self.score_layout)
