@@ -62,7 +62,8 @@ def test_step_flops_counts_cpu_softmax_attention_and_the_linear_projection():
     """Torch's counter skips SDPA's CPU kernel: counted here, softmax's step costs what its matmuls
     and its attention do; sliced ReLU's linear Π costs less than its MLP Π."""
     length, batch, width, depth = 16, 2, 64, 2
-    flops = {name: bench_training.step_flops(*bench_training.build(name, length, "auto"), batch, length)
+    inputs = bench_training.random_batch(batch, length)
+    flops = {name: bench_training.step_flops(*bench_training.build(name, length, "auto"), *inputs)
              for name in ("softmax", "sliced_relu", "sliced_relu_linear")}  # fmt: skip
     # per sample, 2 FLOPs a multiply-add; a layer's backward is twice its forward, SDPA's recomputes
     # the scores (torch's formula: 2 matmuls forward, 5 backward, T² · width each)
@@ -158,3 +159,29 @@ def test_compiled_rows_run_beside_the_eager_ones_and_compare_with_compiled_softm
     assert len(compiled) == 2 and all(r["samples_per_s"] > 0 for r in rows)
     printed = capsys.readouterr().out
     assert "| sliced_relu / softmax | sliced_relu+compile / softmax+compile |" in printed
+
+
+def test_packed_rows_run_beside_the_padded_ones_on_mixed_lengths(tmp_path, capsys, monkeypatch):
+    """``--packing both``: each backend on the same seeded mixed-length batches, padded and packed;
+    a packed row is compared with packed softmax and with its own padded row, and the fill is shown."""
+    monkeypatch.setitem(bench_training.TASKS, "glue_like", (24, 6, "rope"))  # a tiny stand-in
+    monkeypatch.setitem(bench_training.MIXED, "glue_like", (8, 0.6))
+    out = tmp_path / "training.json"
+    argv = ["bench", "training", "--tasks", "glue_like", "--backends", "softmax", "sliced_relu"]
+    argv += ["--packing", "both", "--steps", "1", "--warmup", "0", "--repeats", "1", "--out", str(out)]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["backend"], r["packed"]) for r in rows] == [
+        ("softmax", False), ("sliced_relu", False), ("softmax+packed", True), ("sliced_relu+packed", True)
+    ]  # fmt: skip
+    padded, packed = rows[0]["fill"], rows[2]["fill"]
+    assert 0 < padded < packed <= 1
+    printed = capsys.readouterr().out
+    assert "| sliced_relu+packed / softmax+packed | softmax+packed / softmax |" in printed
+    assert f"glue_like: rows {100 * packed:.1f}% real tokens packed" in printed
+
+
+def test_packing_a_task_of_one_length_is_refused_by_name(tmp_path):
+    argv = ["bench", "training", "--tasks", "t64", "--packing", "on", "--out", str(tmp_path / "t.json")]
+    with pytest.raises(ValueError, match="--packing needs tasks that mix lengths .*t64 has one length"):
+        main(argv)

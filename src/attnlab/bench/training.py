@@ -26,6 +26,14 @@ the paper's ViT variants).
 interleaved; a compiled row (``<backend>+compile``) is compared with compiled softmax, an eager row
 with eager softmax. The compile happens in an untimed first step (``--warmup`` is at least 1 there).
 
+Two tasks mix lengths as real data does (``MIXED``): ``glue_like`` (sentences: log-normal lengths
+around 24 tokens, at most 128, B=32) and ``text_like`` (LRA Text's byte-level reviews: around 1,000
+tokens, at most 4,096, B=8), each run on a fixed set of seeded batches padded to each batch's longest.
+``--packing on`` times them packed instead (``task.data.packing=true``: first-fit rows as long as the
+batch's longest, attention per sequence), ``--packing both`` padded and packed interleaved; a packed
+row (``<backend>+packed``) is compared with packed softmax and with its own padded row, and the log
+says how full the rows were (real tokens over row slots).
+
 A second table gives each (eager) backend's matmul FLOPs per training sample, counted on one real step
 (``step_flops``), and softmax's FLOPs over each backend's: the speed-up its arithmetic allows if it ran
 its matmuls as fast as softmax runs its own. A ratio the samples/s fall short of is element-wise work
@@ -72,8 +80,17 @@ KNOWN_BACKENDS = (*BACKENDS, "sliced_relu_h16")
 SLICED = ("sliced_relu", "sliced_relu_bump")
 
 
+#: task -> (median length, spread): tasks whose batches mix lengths, log-normal around the median
+#: (sigma = spread) and clipped to [4, the task's length]: sentence pairs as GLUE tokenises them, and
+#: LRA Text's IMDB reviews as bytes (median about 1,000, a long tail cut at 4,096)
+MIXED: dict[str, tuple[int, float]] = {"glue_like": (24, 0.6), "text_like": (1000, 0.75)}
+TASKS.update({"glue_like": (128, 32, "rope"), "text_like": (4096, 8, "rope")})
+DRAWS = 8  # seeded batches of a mixed task, cycled through by the steps of a run
+
 COMPILED = "+compile"  # the suffix of a compiled row's name
 COMPILE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+PACKED = "+packed"  # the suffix of a packed row's name
+PACKING_CHOICES = COMPILE_CHOICES
 
 
 def build(
@@ -103,35 +120,80 @@ def build(
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def _batch(batch: int, length: int):
+def random_batch(batch: int, length: int):
     """The random tokens and labels every step of a run trains on (the same for every backend)."""
     import torch
 
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(1, 256, (batch, length), generator=gen)
-    return tokens, torch.randint(0, 10, (batch,), generator=gen)
+    return {"input_ids": tokens}, torch.randint(0, 10, (batch,), generator=gen)
 
 
-def _step(model, optimizer, tokens, labels) -> None:
+def mixed_batches(task: str, packed: bool) -> list[tuple[dict, object]]:
+    """``DRAWS`` seeded batches of a `MIXED` task (the same lengths and tokens for every backend):
+    model inputs, padded to each batch's longest with a mask or packed (`attnlab.data.packing`), and
+    labels."""
+    import numpy as np
+    import torch
+
+    from attnlab.attention import PackedLayout
+    from attnlab.data.examples import pad_collate
+    from attnlab.data.packing import pack_collate
+
+    length, batch, _ = TASKS[task]
+    median, spread = MIXED[task]
+    rng = np.random.default_rng(1)
+    draws = []
+    for _ in range(DRAWS):
+        sizes = np.clip(rng.lognormal(np.log(median), spread, batch).astype(int), 4, length)
+        examples = [
+            {"input_ids": torch.as_tensor(rng.integers(1, 256, n)), "label": int(rng.integers(10))}
+            for n in sizes
+        ]
+        collated = (pack_collate if packed else pad_collate)(examples)
+        inputs = {"input_ids": collated["input_ids"]}
+        if packed:
+            inputs["packing"] = PackedLayout.from_batch(collated)
+        else:
+            inputs["mask"] = collated["mask"]
+        draws.append((inputs, collated["labels"]))
+    return draws
+
+
+def fill(draws: list[tuple[dict, object]]) -> float:
+    """Real tokens over the slots of the rows, over a task's batches."""
+    real = sum(int(inputs["input_ids"].gt(0).sum()) for inputs, _ in draws)
+    return real / sum(inputs["input_ids"].numel() for inputs, _ in draws)
+
+
+def task_batches(task: str, packed: bool) -> list[tuple[dict, object]]:
+    """What a run of ``task`` trains on: its `MIXED` batches, or one batch at its fixed length."""
+    if task in MIXED:
+        return mixed_batches(task, packed)
+    length, batch, _ = TASKS[task]
+    return [random_batch(batch, length)]
+
+
+def _step(model, optimizer, inputs: dict, labels) -> None:
     """One training step: forward, backward, optimizer step."""
     import torch
 
-    loss = torch.nn.functional.cross_entropy(model(tokens), labels)
+    loss = torch.nn.functional.cross_entropy(model(**inputs), labels)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
 
 
 def run_steps(
-    model, optimizer, batch: int, length: int, steps: int, warmup: int, max_seconds: float
+    model, optimizer, batches: list[tuple[dict, object]], steps: int, warmup: int, max_seconds: float
 ) -> float:
-    """Median seconds per training step (forward, backward, optimizer step) on random tokens."""
-    tokens, labels = _batch(batch, length)
+    """Median seconds per training step (forward, backward, optimizer step), the steps cycling
+    through ``batches``."""
     times = []
     deadline = time.perf_counter() + max_seconds
     for step in range(warmup + steps):
         start = time.perf_counter()
-        _step(model, optimizer, tokens, labels)
+        _step(model, optimizer, *batches[step % len(batches)])
         if step >= warmup:
             times.append(time.perf_counter() - start)
             if time.perf_counter() > deadline:
@@ -139,7 +201,7 @@ def run_steps(
     return statistics.median(times)
 
 
-def step_flops(model, optimizer, batch: int, length: int) -> float:
+def step_flops(model, optimizer, inputs: dict, labels) -> float:
     """Matmul FLOPs of one training step (forward and backward), counted on its real calls by torch's
     ``FlopCounterMode`` (``mm``, ``bmm``, SDPA: the work no backend can skip; element-wise ops are not
     counted). Softmax's ``softmax FLOPs / backend FLOPs`` is the speed-up a backend would have if it
@@ -163,7 +225,7 @@ def step_flops(model, optimizer, batch: int, length: int) -> float:
         aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
     }
     with flop_counter.FlopCounterMode(display=False, custom_mapping=cpu_sdpa) as counter:
-        _step(model, optimizer, *_batch(batch, length))
+        _step(model, optimizer, inputs, labels)
     return float(counter.get_total_flops())
 
 
@@ -182,9 +244,19 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
         f"T={cross['bump']} for sliced_relu_bump); {args.steps} steps (+{args.warmup} warm-up) per run, "
         f"{args.repeats} interleaved repeats, {args.stat} of runs"
     )
-    modes = COMPILE_CHOICES[getattr(args, "compile", "off")]
-    labels = [_label(name, compiled) for compiled in modes for name in args.backends]
-    compiles = True in modes
+    modes = [
+        (compiled, packed)
+        for compiled in COMPILE_CHOICES[getattr(args, "compile", "off")]
+        for packed in PACKING_CHOICES[getattr(args, "packing", "off")]
+    ]
+    fixed = [task for task in args.tasks if task not in MIXED]
+    if any(packed for _, packed in modes) and fixed:
+        raise ValueError(
+            f"--packing needs tasks that mix lengths ({', '.join(MIXED)}); {', '.join(fixed)} "
+            "has one length, nothing to pack"
+        )
+    labels = [_label(name, *mode) for mode in modes for name in args.backends]
+    compiles = any(compiled for compiled, _ in modes)
     warmup = max(args.warmup, 1) if compiles else args.warmup  # the compile, untimed
     rows = []
     with _compiler_settings(len(args.backends)) if compiles else contextlib.nullcontext():
@@ -193,8 +265,10 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
     log(f"load average after {load_average()}")
     log("")
     log(table(rows, labels))
+    for line in fill_lines(rows):
+        log(line)
     log("")
-    log(flop_table(rows, args.backends))
+    log(flop_table(rows, list(dict.fromkeys(label.replace(COMPILED, "") for label in labels))))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
@@ -206,45 +280,55 @@ def _run_task(args, task: str, modes, labels: list[str], warmup: int, log) -> li
     """The rows of one task: every label's runs, interleaved."""
     import torch
 
-    if True in modes:
+    if any(compiled for compiled, _ in modes):
         torch._dynamo.reset()  # the previous task's graphs
     length, batch, positions = TASKS[task]
     positions = positions if args.positions == "task" else args.positions
+    batches = {packed: task_batches(task, packed) for packed in dict.fromkeys(p for _, p in modes)}
     built = {
-        _label(name, compiled): build(name, length, args.path, positions=positions, compiled=compiled)
-        for compiled in modes
+        _label(name, compiled, packed): build(name, length, args.path, positions=positions, compiled=compiled)
+        for compiled, packed in modes
         for name in args.backends
     }
-    # counted on the eager model (the compiled one runs the same matmuls, some inside custom ops)
-    eager = {
-        name: built.get(name) or build(name, length, args.path, positions=positions) for name in args.backends
-    }
-    flops = {name: step_flops(*eager[name], batch, length) for name in args.backends}
-    del eager
+    # counted on an eager model (a compiled one runs the same matmuls, some inside custom ops)
+    flops = {}
+    for name in args.backends:
+        for packed, draws in batches.items():
+            eager = built.get(_label(name, False, packed)) or build(
+                name, length, args.path, positions=positions
+            )
+            flops[(name, packed)] = step_flops(*eager, *draws[0])
     runs: dict[str, list[float]] = {label: [] for label in labels}
     for _ in range(args.repeats):
         for label in labels:
-            seconds = run_steps(*built[label], batch, length, args.steps, warmup, args.max_seconds)
+            draws = batches[label.endswith(PACKED)]
+            seconds = run_steps(*built[label], draws, args.steps, warmup, args.max_seconds)
             runs[label].append(seconds)
-            log(f"  {task:>12} T={length:<6} B={batch:<4} {label:>25}: {1000 * seconds:9.1f} ms/step")
+            log(f"  {task:>12} T={length:<6} B={batch:<4} {label:>32}: {1000 * seconds:9.1f} ms/step")
     del built
     pick = min if args.stat == "best" else statistics.median
     rows = []
     for label in labels:
-        seconds = pick(runs[label])
+        seconds, packed = pick(runs[label]), label.endswith(PACKED)
         rows.append(
             {"task": task, "length": length, "batch": batch, "positions": positions, "backend": label,
-             "compiled": label.endswith(COMPILED), "ms_per_step": 1000 * seconds,
-             "samples_per_s": batch / seconds,
-             "matmul_flops_per_sample": flops[label.removesuffix(COMPILED)] / batch,
+             "compiled": COMPILED in label, "packed": packed, "ms_per_step": 1000 * seconds,
+             "samples_per_s": batch / seconds, "fill": fill(batches[packed]),
+             "matmul_flops_per_sample": flops[(_backend(label), packed)] / batch,
              "runs_ms": [1000 * x for x in runs[label]]}
         )  # fmt: skip
     return rows
 
 
-def _label(backend: str, compiled: bool) -> str:
-    """A row's name: the backend's, with ``COMPILED`` after it for its compiled model."""
-    return backend + (COMPILED if compiled else "")
+def _label(backend: str, compiled: bool, packed: bool = False) -> str:
+    """A row's name: the backend's, then ``COMPILED`` for its compiled model and ``PACKED`` for
+    packed batches."""
+    return backend + (COMPILED if compiled else "") + (PACKED if packed else "")
+
+
+def _backend(label: str) -> str:
+    """The backend of a row's name (before its suffixes)."""
+    return label.split("+")[0]
 
 
 def _compiler_settings(models: int):
@@ -259,45 +343,56 @@ def _compiler_settings(models: int):
 
 def _tasks_and_others(rows: list[dict], backends) -> tuple[list[str], list[str]]:
     """The tasks in run order, and the rows compared with softmax (eager with eager, compiled with
-    compiled; none where that softmax did not run)."""
+    compiled, packed with packed; none where that softmax did not run)."""
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     return tasks, [b for b in backends if _softmax_of(b) in backends and b != _softmax_of(b)]
 
 
 def _softmax_of(label: str) -> str:
-    """The softmax row a row is compared with: compiled softmax for a compiled row."""
-    return "softmax" + (COMPILED if label.endswith(COMPILED) else "")
+    """The softmax row a row is compared with: the one with the row's suffixes (compiled, packed)."""
+    return "softmax" + label[len(_backend(label)) :]
 
 
 def table(rows: list[dict], backends) -> str:
     """Markdown: one row per task, samples/s per backend, and each backend's ratio to softmax."""
     by = {(r["task"], r["backend"]): r for r in rows}
     tasks, others = _tasks_and_others(rows, backends)
+    packed = [b for b in backends if b.endswith(PACKED) and b.removesuffix(PACKED) in backends]
     head = ["task", "T", "batch", "positions"]
     head += [*(f"{b} samples/s" for b in backends), *(f"{b} / {_softmax_of(b)}" for b in others)]
+    head += [f"{b} / {b.removesuffix(PACKED)}" for b in packed]
     lines = []
     for task in tasks:
         first = by[(task, backends[0])]
         cells = [task, str(first["length"]), str(first["batch"]), first["positions"]]
         cells += [_rate(by[(task, b)]["samples_per_s"]) for b in backends]
-        cells += [
-            f"{by[(task, b)]['samples_per_s'] / by[(task, _softmax_of(b))]['samples_per_s']:.2f}x"
-            for b in others
-        ]
+        rate = {b: by[(task, b)]["samples_per_s"] for b in backends}
+        cells += [f"{rate[b] / rate[_softmax_of(b)]:.2f}x" for b in others]
+        cells += [f"{rate[b] / rate[b.removesuffix(PACKED)]:.2f}x" for b in packed]
         lines.append(cells)
     return markdown_table(head, lines).rstrip("\n")
+
+
+def fill_lines(rows: list[dict]) -> list[str]:
+    """How full the rows of each mixed task were, padded and packed (one line each)."""
+    seen = {(r["task"], r["packed"]): r["fill"] for r in rows if r["task"] in MIXED}
+    return [
+        f"{task}: rows {100 * value:.1f}% real tokens {'packed' if packed else 'padded'}"
+        for (task, packed), value in seen.items()
+    ]
 
 
 def flop_table(rows: list[dict], backends) -> str:
     """Markdown: matmul MFLOPs per training sample (``step_flops``) per backend, and softmax's FLOPs
     over each backend's: the speed-up its arithmetic allows at softmax's FLOP rate."""
-    by = {(r["task"], r["backend"].removesuffix(COMPILED)): r["matmul_flops_per_sample"] for r in rows}
+    by = {(r["task"], r["backend"].replace(COMPILED, "")): r["matmul_flops_per_sample"] for r in rows}
     tasks, others = _tasks_and_others(rows, backends)
-    head = ["task", *(f"{b} MFLOP/sample" for b in backends), *(f"softmax / {b} FLOPs" for b in others)]
+    head = ["task", *(f"{b} MFLOP/sample" for b in backends)]
+    head += [f"{_softmax_of(b)} / {b} FLOPs" for b in others]
     lines = []
     for task in tasks:
         cells = [task, *(f"{by[(task, b)] / 1e6:.3g}" for b in backends)]
-        cells += [f"{by[(task, 'softmax')] / by[(task, b)]:.2f}x" for b in others]
+        cells += [f"{by[(task, _softmax_of(b))] / by[(task, b)]:.2f}x" for b in others]
         lines.append(cells)
     return markdown_table(head, lines).rstrip("\n")
 

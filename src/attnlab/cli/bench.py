@@ -126,6 +126,10 @@ def _training(kinds) -> None:
         "--compile", choices=tuple(training.COMPILE_CHOICES), default="off",
         help="eager models (off), under torch.compile as compile=true trains them (on), or both interleaved",
     )  # fmt: skip
+    parser.add_argument(
+        "--packing", choices=tuple(training.PACKING_CHOICES), default="off",
+        help=f"the mixed-length tasks ({', '.join(training.MIXED)}) padded (off), packed (on), or both",
+    )  # fmt: skip
     parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved runs per backend")

@@ -116,3 +116,24 @@ def test_packing_and_a_padding_mask_together_are_refused():
     layout = PackedLayout.from_rows([2, 1], [[0, 1]])
     with pytest.raises(ValueError, match="pass packing or key_padding_mask, not both"):
         layer(torch.zeros(1, 3, DIM, dtype=torch.float64), torch.ones(1, 3, dtype=torch.bool), layout)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_softmax_in_segments_equals_the_float64_reference_of_each_sequence(causal):
+    from attnlab.attention.softmax import reference
+    from attnlab.attention.softmax.ops import softmax_attention_segments
+
+    layout = PackedLayout.from_rows(LENGTHS, ROWS)
+    q, k, v = (torch.randn(3, 2, 9, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = softmax_attention_segments(q, k, v, layout.segments, causal)
+    grad = torch.randn_like(out) * layout.row_mask[:, None, :, None]
+    out.backward(grad)
+    got = [layout.unpack_heads(y) for y in (out, q.grad, k.grad, v.grad)]
+    for n, length in enumerate(LENGTHS):
+        alone = [
+            layout.unpack_heads(x.detach())[n : n + 1, :, :length].requires_grad_(True) for x in (q, k, v)
+        ]
+        want = reference.softmax_attention(*alone, causal=causal)
+        want.backward(layout.unpack_heads(grad)[n : n + 1, :, :length])
+        for mine, theirs in zip(got, [want, *(x.grad for x in alone)], strict=True):
+            torch.testing.assert_close(mine[n : n + 1, :, :length], theirs, rtol=1e-10, atol=1e-12)

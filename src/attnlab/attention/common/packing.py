@@ -109,6 +109,12 @@ class PackedLayout:
         flat = torch.cat([flat, flat.new_zeros(1, *y.shape[2:])])
         return flat.index_select(0, self.pack_index.flatten()).view(*self.pack_index.shape, *y.shape[2:])
 
+    @property
+    def segments(self) -> torch.Tensor:
+        """(B, L) int64: the sequence each packed slot belongs to (N on empty slots, which form one more
+        segment per row): what a block-diagonal attention mask compares."""
+        return torch.div(self.pack_index, self.unpack_index.shape[1], rounding_mode="floor")
+
     def unpack_heads(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, L, ...) packed per head -> (N, H, M, ...): q, k, v or scores of the attention ops."""
         return self.unpack(x.transpose(1, 2)).transpose(1, 2)

@@ -69,6 +69,29 @@ def softmax_attention(
     return out.masked_fill(poison, float("nan"))
 
 
+def softmax_attention_segments(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segments: torch.Tensor,
+    causal: bool = False,
+    *,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Softmax attention inside segments: q, k, v (B, H, L, D) hold several sequences end to end in
+    each row, ``segments`` (B, L) says which each position belongs to, and a query attends to the
+    keys of its own segment only (j <= i too when ``causal``), through SDPA with a block-diagonal
+    mask: a packed row pays L² per row instead of M² per sequence of a padded layout. Every query
+    sees at least itself, so no row is empty; non-finite inputs follow SDPA's own rules."""
+    check_qkv(q, k, v, None)
+    if segments.shape != (q.shape[0], q.shape[2]):
+        raise ValueError(f"segments must be (B, L) = {(q.shape[0], q.shape[2])}, got {tuple(segments.shape)}")
+    allowed = segments[:, :, None] == segments[:, None, :]  # (B, L, L)
+    if causal:
+        allowed = allowed & torch.ones_like(allowed[0]).tril()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], dropout_p=dropout_p)
+
+
 def _softmax_attention(
     q: torch.Tensor,
     k: torch.Tensor,
