@@ -12,7 +12,7 @@ import torch
 from attnlab.attention import PackedLayout
 from attnlab.data.datamodule import SequenceDataModule
 from attnlab.data.examples import TokenSequenceDataset, pad_collate
-from attnlab.data.packing import check_packing, pack_collate, packing_fill
+from attnlab.data.packing import check_packing, document_layout, pack_collate, packing_fill
 
 
 def _examples(lengths, pair=False, seed=0):
@@ -57,7 +57,9 @@ def test_each_side_of_a_pair_is_packed_on_its_own():
 def test_an_id_0_inside_a_sequence_is_refused_by_name():
     examples = _examples([3, 4])
     examples[1]["input_ids"][2] = 0
-    with pytest.raises(ValueError, match="sequence 1 of the batch .* holds id 0.*zero_pixels=token"):
+    with pytest.raises(
+        ValueError, match="sequence 1 of the batch .* holds the padding id 0.*zero_pixels=token"
+    ):
         pack_collate(examples)
 
 
@@ -103,3 +105,13 @@ def test_datamodule_packs_training_batches_and_logs_the_fill(caplog):
     assert batch["labels"].shape == (16,) and batch["input_ids"].shape[0] < 16
     assert "packing: rows" in caplog.text and "padded batches would be" in caplog.text
     assert 0.5 < dm.packing_fill <= 1.0
+
+
+def test_documents_of_a_block_start_after_each_end_of_document_and_pads_hold_none():
+    eos, pad = 2, 0
+    blocks = torch.tensor([[1, 5, 2, 6, 7, 2, 8], [1, 9, 9, 9, 2, 0, 0], [1, 3, 3, 3, 3, 3, 2]])
+    layout = document_layout(blocks, eos, pad)
+    assert layout.mask.sum(1).tolist() == [3, 3, 1, 5, 7]  # the last </s> ends its block: no empty one
+    assert layout.positions[0].tolist() == [0, 1, 2, 0, 1, 2, 0]
+    assert layout.row_mask[1].tolist() == [True] * 5 + [False] * 2
+    torch.testing.assert_close(layout.unpack(blocks[..., None])[1, :3, 0], torch.tensor([6, 7, 2]))

@@ -13,6 +13,7 @@ from attnlab.attention import (
     registry,
 )
 from attnlab.attention.registry import register_backend
+from attnlab.data.packing import document_layout
 from attnlab.errors import UserError
 from attnlab.models.causal_lm import CausalLM, NoCausalAttentionError, causal_backends
 
@@ -105,3 +106,22 @@ def test_mlp_width_follows_the_model_width_unless_given():
         _model("softmax", positions="alibi")
     with pytest.raises(ValueError, match="exceeds the model's max_len=40"):
         _model("softmax")(torch.ones(1, 41, dtype=torch.long))
+
+
+@pytest.mark.parametrize("attn", causal_backends())
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_documents_packed_in_a_block_each_get_their_outputs_alone(attn, positions):
+    """``packing``: a block of several documents gives each the logits it has on its own (float64)."""
+    model = _model(attn, positions=positions).double()
+    eos, pad = 2, 0
+    docs = [[5, 9, 7, eos], [11, 4, 6, 8, 13, eos], [3, 14], [10, 12, eos], [15, 16, 17, 18, 19, 20, 21]]
+    blocks = torch.tensor([docs[0] + docs[1] + docs[2], docs[3] + docs[4] + [pad, pad]])
+    layout = document_layout(blocks, eos, pad)
+    assert layout.num_sequences == 5 and layout.positions[0, 4].item() == 0  # a new document at 0
+    with torch.no_grad():
+        out = model(blocks, blocks != pad, packing=layout)
+        starts = {0: 0, 1: 4, 2: 10, 3: 0, 4: 3}
+        for n, doc in enumerate(docs):
+            row, start = int(n > 2), starts[n]
+            alone = model(torch.tensor([doc]))[0]
+            torch.testing.assert_close(out[row, start : start + len(doc)], alone, atol=1e-9, rtol=1e-9)

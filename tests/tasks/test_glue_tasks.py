@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch import nn
 
+from attnlab.attention import PackedLayout
+from attnlab.data.packing import pack_sequences
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.models.mlm import SentenceClassifier
 from attnlab.pipeline import train
@@ -348,3 +350,37 @@ def test_val_fraction_zero_validates_on_dev(tmp_path, pretrained):
     held_out = GlueDataModule(GlueSource("sst2", tmp_path / "data"), str(pretrained), val_fraction=0.2)
     held_out.setup()
     assert (len(held_out.datasets["train"]), len(held_out.datasets["val"])) == (40, 10)
+
+
+def test_a_packed_batch_gives_each_pair_the_logits_it_has_padded():
+    torch.manual_seed(0)
+    model = SentenceClassifier(50, 3, "sliced_relu", dim=16, depth=2, num_heads=2, mlp_dim=32, max_len=20)
+    model = model.double().eval()
+    ids = [torch.randint(3, 50, (n,)) for n in (7, 3, 12, 5, 9)]
+    packed = pack_sequences(ids, row_length=16, pad_id=1)
+    layout = PackedLayout.from_batch(packed)
+    assert layout.pack_index.shape[0] < len(ids)  # several pairs share a row
+    logits = model(packed["input_ids"], packing=layout)
+    for n, seq in enumerate(ids):
+        alone = model(seq[None])
+        assert torch.allclose(logits[n], alone[0], atol=1e-10)
+
+
+@pytest.mark.parametrize("task", ["sst2", "stsb"])
+def test_packed_fine_tune_ends_where_the_padded_one_ends(tmp_path, pretrained, task):
+    """``task.data.packing=true`` on GLUE: the same pairs in the same steps and (dropout off) the same
+    outputs per pair, so the same metrics up to float rounding; the rows hold several pairs."""
+    run = [*STEPS, "task.max_steps=12", "task.val_check_interval=6", "task.data.batch_size=16"]
+    run += ["task.model.dropout=0.0", "task.model.head_dropout=0.0"]
+    summaries = {}
+    for name, extra in {
+        "padded": [],
+        "packed": ["task.data.packing=true", "task.data.pack_length=64"],
+    }.items():
+        (_write_sst2 if task == "sst2" else _write_stsb)(tmp_path / name / "data", 120, 40)
+        summaries[name] = _glue(tmp_path / name, task, pretrained, *run, *extra)
+    padded, packed = summaries["padded"], summaries["packed"]
+    assert packed["test_acc"] == pytest.approx(padded["test_acc"], abs=1e-4)
+    assert packed["val_acc"] == pytest.approx(padded["val_acc"], abs=1e-4)
+    assert packed["test_loss"] == pytest.approx(padded["test_loss"], rel=1e-4)
+    assert 0.7 < packed["packing_fill"] <= 1.0 and "packing_fill" not in padded

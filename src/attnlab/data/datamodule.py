@@ -21,7 +21,7 @@ import numpy as np
 from attnlab.data.errors import ON_BAD_ROWS, DataError, check_choice
 from attnlab.data.examples import ZERO_PIXELS, TokenSequenceDataset, pad_collate
 from attnlab.data.loaders import SPLITS, ShardedDataModule
-from attnlab.data.packing import check_packing, log_packing_fill, pack_collate
+from attnlab.data.packing import check_packing, pack_collate
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +109,6 @@ class SequenceDataModule(ShardedDataModule):
         if self.packing:
             return pack_collate(batch, self.pad_to_multiple_of, self.pack_length)
         return pad_collate(batch, self.pad_to_multiple_of)
-
-    def train_dataloader(self):
-        loader = super().train_dataloader()
-        if self.packing:
-            self.packing_fill = log_packing_fill(
-                loader.batch_sampler, self.train_lengths(), self.pad_to_multiple_of, self.pack_length
-            )
-        return loader
 
     def train_lengths(self) -> np.ndarray:
         return self.datasets["train"].lengths()

@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 
 from attnlab.data.errors import ON_BAD_ROWS, BadRows, DataError, MissingDataError, check_choice
 from attnlab.data.loaders import SPLITS, ShardedDataModule
+from attnlab.data.packing import check_packing, pack_sequences
 from attnlab.data.pretrained import read_pretrained
 from attnlab.data.tokenizer import BPETokenizer
 from attnlab.errors import ConfigError
@@ -330,10 +331,14 @@ class GlueDataModule(ShardedDataModule):
         val_fraction: float = 0.05,
         split_seed: int = 0,
         on_bad_rows: str = "error",
+        packing: bool = False,
+        pack_length: int | None = None,
     ):
         super().__init__()
         if batch_size < 1:
             raise ConfigError(f"task.data.batch_size={batch_size}: expected an integer >= 1")
+        check_packing(packing, pack_length)
+        self.packing, self.pack_length = packing, pack_length
         if not 0 <= val_fraction < 1:
             raise ConfigError(
                 f"task.data.val_fraction={val_fraction}: expected a fraction in [0, 1) (0: select on the "
@@ -413,14 +418,18 @@ class GlueDataModule(ShardedDataModule):
 
     # ---- loaders -------------------------------------------------------------------------------------
     def _collate(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        labels = torch.as_tensor(np.asarray([e["label"] for e in examples]))
+        subset = torch.tensor([e["subset"] for e in examples])
+        if self.packing:  # the pairs end to end in rows (attnlab.data.packing), labels in example order
+            ids = [torch.from_numpy(e["ids"]) for e in examples]
+            packed = pack_sequences(ids, row_length=self.pack_length, pad_id=self.tokenizer.pad_id)
+            return {**packed, "labels": labels, "subset": subset}
         length = max(len(e["ids"]) for e in examples)
         ids = torch.full((len(examples), length), self.tokenizer.pad_id, dtype=torch.long)
         mask = torch.zeros((len(examples), length), dtype=torch.bool)
         for row, example in enumerate(examples):
             ids[row, : len(example["ids"])] = torch.from_numpy(example["ids"])
             mask[row, : len(example["ids"])] = True
-        labels = torch.as_tensor(np.asarray([e["label"] for e in examples]))
-        subset = torch.tensor([e["subset"] for e in examples])
         return {"input_ids": ids, "mask": mask, "labels": labels, "subset": subset}
 
     def train_lengths(self) -> np.ndarray:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from attnlab.data.packing import log_packing_fill
 from attnlab.data.resumable_loader import ResumableDataLoader
 from attnlab.data.samplers import LengthBucketSampler, eval_batches, train_batch_sampler
 
@@ -180,6 +181,9 @@ atexit.register(_end_workers_at_exit)
 
 class ShardedDataModule(L.LightningDataModule):
     pool_batches = 1  # training batches drawn from pools of this many batches, sorted by length
+    packing = False  # True: `_collate` packs each batch in rows (attnlab.data.packing); fill logged
+    pack_length: int | None = None  # a packed row's tokens (None: the batch's longest sequence)
+    pad_to_multiple_of = 1
     seeded_samples = False  # True: training keys are `SampleDraw`s (datasets that augment at random)
 
     # ---- what a subclass says ------------------------------------------------------------------------
@@ -231,6 +235,10 @@ class ShardedDataModule(L.LightningDataModule):
             what=self.train_items,
             sampler_class=SeededBatchSampler if self.seeded_samples else LengthBucketSampler,
         )
+        if self.packing:
+            self.packing_fill = log_packing_fill(
+                sampler, self.train_lengths(), self.pad_to_multiple_of, self.pack_length
+            )
         return self._loader("train", sampler)
 
     def _eval_loader(self, split: str) -> DataLoader:

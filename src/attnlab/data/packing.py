@@ -41,23 +41,27 @@ def _row_length(lengths: Sequence[int], pad_to_multiple_of: int, pack_length: in
     return math.ceil(capacity / pad_to_multiple_of) * pad_to_multiple_of
 
 
-def _pack(
-    tensors: list[torch.Tensor], pad_to_multiple_of: int, row_length: int | None
+def pack_sequences(
+    tensors: list[torch.Tensor],
+    pad_to_multiple_of: int = 1,
+    row_length: int | None = None,
+    pad_id: int = PAD_ID,
 ) -> dict[str, torch.Tensor]:
     """Sequences laid end to end in rows (first-fit decreasing, none split) of ``row_length`` tokens
-    (default: the longest sequence), rounded up to ``pad_to_multiple_of``; ``mask`` marks real tokens."""
+    (default: the longest sequence), rounded up to ``pad_to_multiple_of``, empty slots ``pad_id``:
+    ``input_ids``, ``mask`` (True on the slots a sequence fills) and the layout's keys."""
     lengths = [len(t) for t in tensors]
     for n, tensor in enumerate(tensors):
-        if len(tensor) == 0 or bool((tensor == PAD_ID).any()):
+        if len(tensor) == 0 or bool((tensor == pad_id).any()):
             raise ValueError(
-                f"sequence {n} of the batch is empty or holds id 0 inside it (pixel 0 as padding): "
-                "a packed row has no mask inside a sequence; set task.data.zero_pixels=token or "
-                "task.data.packing=false"
+                f"sequence {n} of the batch is empty or holds the padding id {pad_id} inside it: a packed "
+                "row has no mask inside a sequence (pixel tasks: set task.data.zero_pixels=token), or "
+                "set task.data.packing=false"
             )
     capacity = _row_length(lengths, pad_to_multiple_of, row_length)
     rows = first_fit(lengths, capacity)
     layout = PackedLayout.from_rows(lengths, rows, capacity)
-    ids = torch.full((len(rows), capacity), PAD_ID, dtype=torch.long)
+    ids = torch.full((len(rows), capacity), pad_id, dtype=torch.long)
     for r, row in enumerate(rows):
         ids[r, : sum(lengths[n] for n in row)] = torch.cat([tensors[n] for n in row])
     return {"input_ids": ids, "mask": layout.row_mask, **layout.batch_items()}
@@ -69,12 +73,28 @@ def pack_collate(
     """A packed batch (`attnlab.attention.PackedLayout`): the examples' sequences end to end in as few
     rows as first-fit finds, labels in the examples' order, and each side of a pair packed on its own
     (``input_ids2``, ``mask2`` and the layout keys with suffix 2)."""
-    out = {**_pack([ex["input_ids"] for ex in batch], pad_to_multiple_of, row_length)}
+    out = pack_sequences([ex["input_ids"] for ex in batch], pad_to_multiple_of, row_length)
     out["labels"] = torch.tensor([ex["label"] for ex in batch])
     if "input_ids2" in batch[0]:
-        second = _pack([ex["input_ids2"] for ex in batch], pad_to_multiple_of, row_length)
+        second = pack_sequences([ex["input_ids2"] for ex in batch], pad_to_multiple_of, row_length)
         out.update({key + "2": value for key, value in second.items()})
     return out
+
+
+def document_layout(ids: torch.Tensor, eos_id: int, pad_id: int) -> PackedLayout:
+    """The layout of a batch of stream blocks (B, T) whose documents attend only within themselves:
+    a new sequence starts after each ``eos_id``; trailing ``pad_id`` slots hold none. The rows stay as
+    they are (already full), so outputs and targets keep their (B, T) places."""
+    lengths, rows = [], []
+    for block in ids.tolist():
+        real = len(block)
+        while real > 0 and block[real - 1] == pad_id:
+            real -= 1
+        ends = [i + 1 for i in range(real - 1) if block[i] == eos_id] + [real]
+        starts = [0, *ends[:-1]]
+        rows.append(list(range(len(lengths), len(lengths) + len(ends))))
+        lengths += [end - start for start, end in zip(starts, ends, strict=True)]
+    return PackedLayout.from_rows(lengths, rows, ids.shape[1])
 
 
 def packing_fill(

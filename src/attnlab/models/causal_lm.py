@@ -12,7 +12,7 @@ import functools
 import torch
 from torch import nn
 
-from attnlab.attention import UnsupportedAttentionError
+from attnlab.attention import PackedLayout, UnsupportedAttentionError
 from attnlab.attention.registry import available_backends, check_support
 from attnlab.errors import UserError
 from attnlab.models.classifier import POSITIONS, check_choice, resolve_attention, sinusoidal_positions
@@ -116,23 +116,36 @@ class CausalLM(nn.Module):
         if tie_embeddings:
             self.head.weight = self.embed.weight  # one (vocab, dim) matrix, counted once
 
-    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def _embed(self, input_ids: torch.Tensor, packing: PackedLayout | None = None) -> torch.Tensor:
+        """Token embeddings plus the position table's rows (for a packed batch, at each token's position
+        in its own sequence)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
-        length = input_ids.shape[1]
+        length = input_ids.shape[1] if packing is None else packing.unpack_index.shape[1]
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds the model's max_len={self.max_len}")
         x = self.embed(input_ids)
-        if self.pos_embed is not None:
-            x = x + self.pos_embed[:, :length]
-        if self.pos_table is not None:
-            x = x + self.pos_table[:, :length].to(x.dtype)
+        for table in (self.pos_embed, self.pos_table):
+            if table is not None:
+                rows = table[:, : input_ids.shape[1]] if packing is None else table[0, packing.positions]
+                x = x + rows.to(x.dtype)
         return self.drop(x)
 
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        packing: PackedLayout | None = None,
+    ) -> torch.Tensor:
+        """Logits (B, T, vocab). With ``packing`` (a batch of stream blocks holding several documents;
+        `attnlab.data.packing.document_layout`), each document attends only within itself and its
+        positions start at 0; the logits keep their (B, T) places."""
         if mask is not None and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
             raise ValueError("CausalLM needs right padding: a real token follows a padded one in `mask`")
-        return self.head(self.encoder(self._embed(input_ids)))
+        if packing is None:
+            return self.head(self.encoder(self._embed(input_ids)))
+        packing.check(input_ids)
+        return self.head(self.encoder(self._embed(input_ids, packing), packing=packing))
 
     def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, tuple[int, list]]:
         """A prompt (B, T) through the parallel causal forward: its logits (B, T, vocab) and the state

@@ -221,11 +221,10 @@ class SequenceClassifier(nn.Module):
             x = x + self.pos_table[0, packing.positions].to(x.dtype)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
-        x = packing.unpack(self.encoder(self.drop(x), packing=packing))
+        x = self.encoder(self.drop(x), packing=packing)
         if self.pooling == "first":
-            return x[:, 0]
-        weights = packing.mask.unsqueeze(-1).to(x.dtype)
-        return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+            return packing.unpack(x)[:, 0]
+        return packing.mean(x)
 
     def forward(
         self,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnlab.attention import PackedLayout
 from attnlab.models.classifier import classifier_head, resolve_attention
 from attnlab.models.encoder import AttentionFactory, Encoder
 
@@ -58,15 +59,26 @@ class TextEncoder(nn.Module):
             short_conv=short_conv,
         )
 
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states ``(B, T, dim)`` of token ids ``(B, T)``; ``mask`` True on real tokens."""
-        if input_ids.shape[1] > self.max_len:
-            raise ValueError(
-                f"sequence length {input_ids.shape[1]} exceeds the model's max_len={self.max_len}"
-            )
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        packing: PackedLayout | None = None,
+    ) -> torch.Tensor:
+        """Hidden states ``(B, T, dim)`` of token ids ``(B, T)``; ``mask`` True on real tokens. With
+        ``packing`` (no mask: the layout is the mask), the rows hold several sequences end to end and
+        attention stays within each (RoPE at each token's position in its own sequence)."""
+        length = input_ids.shape[1] if packing is None else packing.unpack_index.shape[1]
+        if length > self.max_len:
+            raise ValueError(f"sequence length {length} exceeds the model's max_len={self.max_len}")
+        x = self.drop(self.embed_norm(self.embed(input_ids)))
+        if packing is not None:
+            if mask is not None:
+                raise ValueError("a packed batch masks through its layout: pass packing or mask, not both")
+            packing.check(input_ids)
+            return self.encoder(x, packing=packing)
         if mask is None:
             mask = input_ids != self.pad_id
-        x = self.drop(self.embed_norm(self.embed(input_ids)))
         return self.encoder(x, key_padding_mask=mask)
 
 
@@ -123,8 +135,16 @@ class SentenceClassifier(_OnTextEncoder):
         super().__init__(vocab_size, attention, dim=dim, **shape)
         self.head = classifier_head(dim, [4 * dim], num_outputs, "gelu", head_dropout)
 
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``(B, num_outputs)``: mean of the hidden states over real tokens, then the head."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        packing: PackedLayout | None = None,
+    ) -> torch.Tensor:
+        """Logits ``(B, num_outputs)``: mean of the hidden states over real tokens, then the head;
+        with ``packing``, ``(N, num_outputs)`` of the N sequences packed in the rows."""
+        if packing is not None:
+            return self.head(packing.mean(self.backbone(input_ids, mask, packing)))
         if mask is None:
             mask = input_ids != self.backbone.pad_id
         hidden = self.backbone(input_ids, mask)

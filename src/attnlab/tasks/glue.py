@@ -25,6 +25,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import BinaryF1Score, MatthewsCorrCoef, MulticlassAccuracy
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
+from attnlab.attention import PackedLayout
 from attnlab.data.glue import glue_spec
 from attnlab.data.pretrained import Pretrained, read_pretrained
 from attnlab.errors import CheckpointError, ConfigError
@@ -90,6 +91,9 @@ class GlueTask(L.LightningModule):
             ) from err
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        layout = PackedLayout.from_batch(batch)  # a packed batch (task.data.packing): its layout is its mask
+        if layout is not None:
+            return self.model(batch["input_ids"], packing=layout)
         return self.model(batch["input_ids"], batch["mask"])
 
     def _loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.aggregation import SumMetric
 
+from attnlab.attention import PackedLayout
 from attnlab.data.lm import IGNORE_INDEX
 from attnlab.tasks.language import LanguageModelTask
 
@@ -43,7 +44,8 @@ class CausalLMTask(LanguageModelTask):
 
     def _scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-position cross-entropy (B·T) in nats, the targets, and which positions are scored."""
-        logits = self.model(batch["input_ids"], batch.get("mask")).float()
+        layout = PackedLayout.from_batch(batch)  # task.data.packing: each document attends within itself
+        logits = self.model(batch["input_ids"], batch.get("mask"), packing=layout).float()
         targets = batch["labels"].flatten()
         nats = F.cross_entropy(logits.flatten(0, 1), targets, ignore_index=IGNORE_INDEX, reduction="none")
         return nats, logits.flatten(0, 1), targets

@@ -109,6 +109,11 @@ class PackedLayout:
         flat = torch.cat([flat, flat.new_zeros(1, *y.shape[2:])])
         return flat.index_select(0, self.pack_index.flatten()).view(*self.pack_index.shape, *y.shape[2:])
 
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, D) packed -> (N, D): the mean over each sequence's tokens (a pooled representation)."""
+        weights = self.mask.unsqueeze(-1).to(x.dtype)
+        return (self.unpack(x) * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
     @property
     def segments(self) -> torch.Tensor:
         """(B, L) int64: the sequence each packed slot belongs to (N on empty slots, which form one more
