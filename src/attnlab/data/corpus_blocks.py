@@ -5,6 +5,10 @@ streams under ``<data_dir>/mlm/<corpus>/``), batch blocks of ``seq_len`` tokens,
 against a unigram model of the train split. `CorpusBlocksDataModule` holds that once; a subclass says
 only how a split's stream becomes a dataset (`_datasets`: masked blocks for ``task=mlm``, next-token
 blocks for ``task=lm``), what the model is built with, and how its baseline scores targets.
+
+``packing=true``: the blocks stay as they are (the stream fills them), but each document attends only
+within itself, positions from 0 at its first token: every batch carries the layout of its documents
+(`attnlab.data.packing.document_layout`, a new one after each ``</s>``).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from collections.abc import Iterable
 from typing import Protocol
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from attnlab.data.loaders import SPLITS, ShardedDataModule
+from attnlab.data.packing import check_packing, document_layout
 from attnlab.data.tokenizer import BPETokenizer
 from attnlab.errors import ConfigError
 
@@ -46,8 +52,11 @@ class CorpusBlocksDataModule(ShardedDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 0,
         seed: int = 0,
+        packing: bool = False,
     ):
         super().__init__()
+        check_packing(packing, None)
+        self.documents_apart = packing
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(
                 f"task.data.seq_len={seq_len!r}: expected an integer >= 1 (tokens read per block)"
@@ -78,6 +87,24 @@ class CorpusBlocksDataModule(ShardedDataModule):
         sizes = ", ".join(f"{s} {len(self.datasets[s]):,} blocks" for s in SPLITS)
         log = logging.getLogger(type(self).__module__)  # the subclass's module names the data
         log.info("data: %s (%s of %d tokens)", self.source.description, sizes, self.seq_len)
+        if self.documents_apart:
+            log.info(
+                "packing: attention within each document (about %.1f documents per block in train)",
+                self._documents_per_block(),
+            )
+
+    def _documents_per_block(self) -> float:
+        stream, eos = self.streams["train"], self.tokenizer.eos_id
+        chunks = range(0, len(stream), 1 << 24)  # chunks: a large memory-mapped stream stays on disk
+        breaks = sum(int((np.asarray(stream[i : i + (1 << 24)]) == eos).sum()) for i in chunks)
+        blocks = max(len(self.datasets["train"]), 1)
+        return (breaks + blocks) / blocks
+
+    def _with_documents(self, batch: dict[str, torch.Tensor], ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``batch`` with the layout of the documents in ``ids`` (its unmasked blocks) when packing."""
+        if self.documents_apart:
+            batch.update(document_layout(ids, self.tokenizer.eos_id, self.tokenizer.pad_id).batch_items())
+        return batch
 
     # ---- what the pipeline reads ---------------------------------------------------------------------
     def max_length(self, split: str = "train") -> int:

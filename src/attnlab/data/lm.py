@@ -13,9 +13,6 @@ comparable across tokenizers.
 
 from __future__ import annotations
 
-import logging
-import math
-
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -23,10 +20,7 @@ from torch.utils.data import Dataset
 from attnlab.data.corpus_blocks import CorpusBlocksDataModule
 from attnlab.data.errors import DataError
 from attnlab.data.loaders import SPLITS
-from attnlab.data.packing import check_packing, document_layout
 from attnlab.data.text_corpus import PackedBlocks
-
-log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100  # targets at padded positions: not scored
 
@@ -61,28 +55,11 @@ def token_bytes(tokenizer) -> torch.Tensor:
 
 
 class LMDataModule(CorpusBlocksDataModule):
-    """Next-token blocks of a `TextCorpus` for causal language modelling (``task=lm``).
-
-    ``packing=true``: the blocks stay as they are (the stream fills them), but each document attends
-    only within itself, positions from 0 at its first token: every batch carries the layout of its
-    documents (`attnlab.data.packing.document_layout`, a new one after each ``</s>``)."""
-
-    def __init__(self, *args, packing: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        check_packing(packing, None)
-        self.documents_apart = packing
+    """Next-token blocks of a `TextCorpus` for causal language modelling (``task=lm``)."""
 
     def _datasets(self) -> dict[str, Dataset]:
         self.token_bytes = token_bytes(self.tokenizer)
         bos_id, pad_id = self.tokenizer.bos_id, self.tokenizer.pad_id
-        if self.documents_apart:
-            blocks = math.ceil(len(self.streams["train"]) / self.seq_len)
-            breaks = int((np.asarray(self.streams["train"]) == self.tokenizer.eos_id).sum())
-            log.info(
-                "packing: attention within each document (%.1f documents per block of %d tokens in train)",
-                (breaks + blocks) / max(blocks, 1),
-                self.seq_len,
-            )
         return {s: NextTokenBlocks(self.streams[s], self.seq_len, bos_id, pad_id) for s in SPLITS}
 
     # ---- what the pipeline reads ---------------------------------------------------------------------
@@ -112,7 +89,4 @@ class LMDataModule(CorpusBlocksDataModule):
     def _collate(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         batch = {key: torch.stack([ex[key] for ex in examples]) for key in examples[0]}
         batch["mask"] = batch["input_ids"] != self.tokenizer.pad_id
-        if self.documents_apart:
-            layout = document_layout(batch["input_ids"], self.tokenizer.eos_id, self.tokenizer.pad_id)
-            batch.update(layout.batch_items())
-        return batch
+        return self._with_documents(batch, batch["input_ids"])

@@ -585,7 +585,6 @@ class MLMDataModule(CorpusBlocksDataModule):
     # ---- loaders ---------------------------------------------------------------------------------
     def _collate(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         batch = {key: torch.stack([ex[key] for ex in examples]) for key in examples[0] if key != "raw"}
-        batch["mask"] = (
-            torch.stack([ex["raw"] for ex in examples]) if "raw" in examples[0] else batch["input_ids"]
-        ) != self.tokenizer.pad_id
-        return batch
+        raw = torch.stack([ex["raw"] for ex in examples]) if "raw" in examples[0] else batch["input_ids"]
+        batch["mask"] = raw != self.tokenizer.pad_id
+        return self._with_documents(batch, raw)

@@ -110,9 +110,11 @@ class MaskedLanguageModel(_OnTextEncoder):
         input_ids: torch.Tensor,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        packing: PackedLayout | None = None,
     ) -> torch.Tensor:
-        """Vocabulary logits: ``(N, V)`` at the True entries of ``positions`` (B, T), else ``(B, T, V)``."""
-        hidden = self.backbone(input_ids, mask)
+        """Vocabulary logits: ``(N, V)`` at the True entries of ``positions`` (B, T), else ``(B, T, V)``;
+        ``packing``: the blocks' documents, each attending within itself (no mask then)."""
+        hidden = self.backbone(input_ids, mask, packing)
         if positions is not None:
             hidden = hidden[positions]
         hidden = self.lm_norm(self.lm_act(self.lm_dense(hidden)))

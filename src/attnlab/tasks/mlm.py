@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics.aggregation import MeanMetric
 
+from attnlab.attention import PackedLayout
 from attnlab.data.pretrained import CHECKPOINT_KEY  # what a GLUE fine-tune reads back
 from attnlab.tasks.language import LanguageModelTask
 
@@ -34,7 +35,9 @@ class MaskedLMTask(LanguageModelTask):
         """(mean CE, accuracy, number) over the batch's masked tokens."""
         targets = batch["labels"]
         positions = targets != -100
-        logits = self.model(batch["input_ids"], batch["mask"], positions=positions).float()
+        layout = PackedLayout.from_batch(batch)  # task.data.packing: each document attends within itself
+        mask = batch["mask"] if layout is None else None
+        logits = self.model(batch["input_ids"], mask, positions=positions, packing=layout).float()
         picked = targets[positions]
         count = int(picked.numel())
         loss = F.cross_entropy(logits, picked, reduction="sum") / max(count, 1)  # no NaN on a mask-free batch
