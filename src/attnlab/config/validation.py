@@ -16,7 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from attnlab.errors import ConfigError
-from attnlab.run.compilation import COMPILE_MODES
+
+#: ``torch.compile`` modes the ``compile_mode`` option takes (`attnlab.run.compilation` compiles with it)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 Check = Callable[[Any], bool]
 

@@ -24,10 +24,10 @@ import lightning as L
 import torch
 from torch import nn
 
+from attnlab.config.validation import COMPILE_MODES
+
 log = logging.getLogger(__name__)
 
-#: ``torch.compile`` modes the ``compile_mode`` option takes
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 #: graphs a compiled function may have before torch stops compiling it (its default is 8): a model
 #: has one per autograd mode (training, validation without grad, test in inference mode) times
