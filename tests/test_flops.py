@@ -9,7 +9,7 @@ import torch
 import torch.nn.attention
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnlab.attention import build_attention
+from attnlab.attention import PackedLayout, build_attention
 from attnlab.attention import reference as ref
 from attnlab.attention.linear.ops import linear_attention
 from attnlab.flops import FlopCounter, attention_flops, peak_flops, precision_dtype
@@ -102,6 +102,25 @@ def test_no_mfu_on_cpu_without_a_peak(train_config, tmp_path):
     train(cfg)
     header = (tmp_path / "run" / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert "perf/train_tflops_per_sec" in header and "perf/mfu" not in header
+
+
+@pytest.mark.parametrize("backend", ["sliced_relu", "sliced_relu_bump"])
+@pytest.mark.parametrize("rope", [False, True])
+def test_model_counter_counts_a_packed_batch_as_it_runs(backend, rope):
+    """Under packing the projections (folded or not) run on the packed rows and attention on each
+    sequence: the count is the matmuls torch sees plus the op's formula for (N, M)."""
+    layer = build_attention(backend, dim=32, num_heads=4, rope=rope, path="sorted")
+    lengths = [20, 7, 13, 9, 11, 4]  # in five rows: more than Π's width of 4 (unpacked, RoPE would fold)
+    layout = PackedLayout.from_rows(lengths, [[0], [1, 2], [3], [4], [5]], 24)
+    x = torch.randn(5, 24, 32)
+    counter = FlopCounter().attach(layer)
+    seen = counted(layer, x, packing=layout)
+    s, t, v = torch.randn(6, 4, 20), torch.randn(6, 4, 20), torch.randn(6, 4, 20, 8)
+    in_op = counted(layer.attend_scores, s, t, v, layout.mask)  # the masked op's own small matmuls
+    counter.reset()
+    layer(x, packing=layout)
+    op = len(lengths) * 4 * attention_flops(backend, max(lengths), 8)
+    assert counter.forward_flops - op == pytest.approx(seen - in_op, rel=1e-12)
 
 
 def test_bad_peak_is_named():

@@ -94,7 +94,7 @@ class FlopCounter:
             if isinstance(module, nn.Linear):
                 self._handles.append(module.register_forward_hook(self._linear))
             elif isinstance(module, AttentionLayer):
-                self._handles.append(module.register_forward_hook(self._attention))
+                self._handles.append(module.register_forward_hook(self._attention, with_kwargs=True))
         return self
 
     def detach(self) -> None:
@@ -113,11 +113,15 @@ class FlopCounter:
         rows = inputs[0].numel() // module.in_features
         self.forward_flops += 2.0 * rows * module.in_features * module.out_features
 
-    def _attention(self, module, inputs, output) -> None:
+    def _attention(self, module, inputs, kwargs, output) -> None:
         x = inputs[0]
         batch, length = x.shape[0], x.shape[1]
-        if hasattr(module, "fold") and module.fold(batch):  # its q/k/v and Π Linear modules did not run
-            self.forward_flops += module.folded_flops(batch, length)
+        packing = kwargs.get("packing", inputs[2] if len(inputs) > 2 else None)
+        fold = getattr(module, "fold", None)
+        if fold is not None and fold(batch, packed=packing is not None):  # q/k/v and Π Linear did not run
+            self.forward_flops += module.folded_flops(batch, length, packed=packing is not None)
+        if packing is not None and module.name != "softmax":  # attention per sequence, (N, M) laid out
+            batch, length = packing.unpack_index.shape  # (softmax: block-diagonal on the packed rows)
         features = getattr(getattr(module, "feature_map", None), "num_features", None)
         try:
             per_head = attention_flops(

@@ -40,20 +40,21 @@ class SlicedAttentionLayer(AttentionLayer):
         check_score_layout(score_layout, self.causal)
         self.score_layout = score_layout
 
-    def fold(self, batch: int) -> str | None:
-        """How `forward` computes the scores of a batch: ``"plain"`` (`fold_scores`), ``"rotated"``
-        (`fold_rotated_scores`) or None (q and k, then Π). When folded, the projection's and Π's first
-        Linear modules are not called, their weights are read (`attnlab.flops` counts what runs)."""
+    def fold(self, batch: int, packed: bool = False) -> str | None:
+        """How `forward` (``packed``: `forward_packed`) computes the scores of a batch: ``"plain"``
+        (`fold_scores`), ``"rotated"`` (`fold_rotated_scores`) or None (q and k, then Π). When folded,
+        the projection's and Π's first Linear modules are not called, their weights are read
+        (`attnlab.flops` counts what runs)."""
         if self.score_layout != "token":
             return None
         if self.rotary is None:
             return "plain"
-        return "rotated" if batch > first_map(self.slicer)[0].out_features else None
+        return "rotated" if not packed and batch > first_map(self.slicer)[0].out_features else None
 
-    def folded_flops(self, batch: int, length: int) -> float:
-        """Forward FLOPs of the fold `fold(batch)` names (0 for None), matmuls only."""
+    def folded_flops(self, batch: int, length: int, packed: bool = False) -> float:
+        """Forward FLOPs of the fold `fold(batch, packed)` names (0 for None), matmuls only."""
         out, width, dim = first_map(self.slicer)[0].out_features, self.qkv_dim, self.dim
-        kind = self.fold(batch)
+        kind = self.fold(batch, packed)
         if kind == "plain":  # A·W_q and A·W_k, then one dim → 2·out + width map per token
             return 2.0 * (2 * out * width * dim + batch * length * dim * (2 * out + width))
         if kind == "rotated":  # (A R_t)·W_q and ·W_k per position, then per token dim → 2·out and → width
@@ -89,7 +90,7 @@ class SlicedAttentionLayer(AttentionLayer):
                 "batch does not have; set task.data.packing=false or score_layout=token"
             )
         self.check_packed_input(x, key_padding_mask, packing)
-        if self.rotary is None:
+        if self.fold(x.shape[0], packed=True) == "plain":
             s, t, v = fold_scores(self.qkv, self.slicer, self.num_heads, x)
         else:
             q, k, v = self.split_heads(self.qkv(x), positions=packing.positions)
