@@ -185,3 +185,17 @@ def test_packing_a_task_of_one_length_is_refused_by_name(tmp_path):
     argv = ["bench", "training", "--tasks", "t64", "--packing", "on", "--out", str(tmp_path / "t.json")]
     with pytest.raises(ValueError, match="--packing needs tasks that mix lengths .*t64 has one length"):
         main(argv)
+
+
+def test_the_mixed_tasks_run_by_default_only_under_packing(tmp_path, monkeypatch):
+    from attnlab.cli.main import build_parser
+
+    default = build_parser().parse_args(["bench", "training"]).tasks
+    assert default == bench_training.FIXED_TASKS and not set(bench_training.MIXED) & set(default)
+    for task in bench_training.MIXED:  # tiny stand-ins
+        monkeypatch.setitem(bench_training.TASKS, task, (16, 4, "rope"))
+        monkeypatch.setitem(bench_training.MIXED, task, (6, 0.6))
+    out = tmp_path / "training.json"
+    argv = ["bench", "training", "--backends", "softmax", "--packing", "on"]
+    assert main([*argv, "--steps", "1", "--warmup", "0", "--repeats", "1", "--out", str(out)]) == 0
+    assert [r["task"] for r in json.loads(out.read_text())] == list(bench_training.MIXED)

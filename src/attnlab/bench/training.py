@@ -28,8 +28,9 @@ with eager softmax. The compile happens in an untimed first step (``--warmup`` i
 
 Two tasks mix lengths as real data does (``MIXED``): ``glue_like`` (sentences: log-normal lengths
 around 24 tokens, at most 128, B=32) and ``text_like`` (LRA Text's byte-level reviews: around 1,000
-tokens, at most 4,096, B=8), each run on a fixed set of seeded batches padded to each batch's longest.
-``--packing on`` times them packed instead (``task.data.packing=true``: first-fit rows as long as the
+tokens, at most 4,096, B=8), each run on a fixed set of seeded batches padded to each batch's longest;
+they run when ``--tasks`` names them, and by default under ``--packing``. ``--packing on`` times them
+packed instead (``task.data.packing=true``: first-fit rows as long as the
 batch's longest, attention per sequence), ``--packing both`` padded and packed interleaved; a packed
 row (``<backend>+packed``) is compared with packed softmax and with its own padded row, and the log
 says how full the rows were (real tokens over row slots).
@@ -84,6 +85,7 @@ SLICED = ("sliced_relu", "sliced_relu_bump")
 #: (sigma = spread) and clipped to [4, the task's length]: sentence pairs as GLUE tokenises them, and
 #: LRA Text's IMDB reviews as bytes (median about 1,000, a long tail cut at 4,096)
 MIXED: dict[str, tuple[int, float]] = {"glue_like": (24, 0.6), "text_like": (1000, 0.75)}
+FIXED_TASKS = list(TASKS)  # what --tasks runs by default (with --packing on or both: MIXED)
 TASKS.update({"glue_like": (128, 32, "rope"), "text_like": (4096, 8, "rope")})
 DRAWS = 8  # seeded batches of a mixed task, cycled through by the steps of a run
 
@@ -249,6 +251,8 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
         for compiled in COMPILE_CHOICES[getattr(args, "compile", "off")]
         for packed in PACKING_CHOICES[getattr(args, "packing", "off")]
     ]
+    if any(packed for _, packed in modes) and args.tasks == FIXED_TASKS:  # --tasks not given
+        args.tasks = list(MIXED)
     fixed = [task for task in args.tasks if task not in MIXED]
     if any(packed for _, packed in modes) and fixed:
         raise ValueError(

@@ -111,7 +111,9 @@ def _training(kinds) -> None:
         kinds, "training", training,
         "training samples/s per attention backend at each task's real sequence length",
     )  # fmt: skip
-    add_names_argument(parser, "--tasks", training.TASKS, "tasks (lengths) to run")
+    add_names_argument(
+        parser, "--tasks", training.TASKS, "tasks (lengths) to run", default=training.FIXED_TASKS
+    )
     add_names_argument(
         parser, "--backends", training.KNOWN_BACKENDS, "attention backends", default=training.BACKENDS
     )
@@ -128,7 +130,8 @@ def _training(kinds) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--packing", choices=tuple(training.PACKING_CHOICES), default="off",
-        help=f"the mixed-length tasks ({', '.join(training.MIXED)}) padded (off), packed (on), or both",
+        help=f"the mixed-length tasks ({', '.join(training.MIXED)}; the default tasks when on or both) "
+        "padded (off), packed (on), or both",
     )  # fmt: skip
     parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
