@@ -74,12 +74,18 @@ def test_bad_packing_options_are_named(packing, pack_length, match):
 
 def test_fill_counts_real_tokens_over_row_slots():
     lengths = [4, 4, 2, 2, 1]
-    packed, padded = packing_fill([[0, 1, 2], [3, 4]], lengths, 1, None)
+    packed, padded = packing_fill([[0, 1, 2], [3, 4]], [lengths], 1, None)
     # rows of 4: [4], [4], [2] (10 / 12 slots); rows of 2: [2], [1] (3 / 4): nothing shares a row
     assert packed == pytest.approx((10 + 3) / (12 + 4))
     assert padded == pytest.approx((10 + 3) / (12 + 4))
-    packed, padded = packing_fill([[0, 2, 3, 4]], lengths, 1, None)  # 4 | 2+2 | 1 -> rows [4], [2, 2], [1]
+    packed, padded = packing_fill([[0, 2, 3, 4]], [lengths], 1, None)  # 4 | 2+2 | 1 -> rows [4], [2, 2], [1]
     assert packed == pytest.approx(9 / 12) and padded == pytest.approx(9 / 16)
+
+
+def test_fill_of_a_pair_task_counts_each_side_as_packed_on_its_own():
+    # sides (3, 1) and (1, 3): each side's rows are [3], [1] of 3 slots, 4 real tokens in 6 slots
+    packed, padded = packing_fill([[0, 1]], [[3, 1], [1, 3]], 1, None)
+    assert packed == pytest.approx(8 / 12) and padded == pytest.approx(8 / 12)
 
 
 class _Source:

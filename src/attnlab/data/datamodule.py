@@ -113,6 +113,9 @@ class SequenceDataModule(ShardedDataModule):
     def train_lengths(self) -> np.ndarray:
         return self.datasets["train"].lengths()
 
+    def packed_sides(self) -> list[np.ndarray]:
+        return self.datasets["train"].side_lengths()
+
     @property
     def pool_batches(self) -> int:
         return 50 if self.bucket_by_length else 1

@@ -62,10 +62,12 @@ class TokenSequenceDataset(Dataset):
 
     def lengths(self) -> np.ndarray:
         """Token count of each example (the longer of the pair), for length-bucketed batching."""
-        lengths = np.fromiter((len(s) for s in self.sequences), dtype=np.int64, count=len(self))
-        if self.sequences2 is not None:
-            lengths = np.maximum(lengths, [len(s) for s in self.sequences2])
-        return lengths
+        return np.max(self.side_lengths(), axis=0)
+
+    def side_lengths(self) -> list[np.ndarray]:
+        """Token count of each example's sequence, one array per side (two for a pair)."""
+        sides = [self.sequences] if self.sequences2 is None else [self.sequences, self.sequences2]
+        return [np.fromiter((len(s) for s in side), dtype=np.int64, count=len(self)) for side in sides]
 
     def __getitem__(self, index: int) -> dict:
         example = {

@@ -193,6 +193,11 @@ class ShardedDataModule(L.LightningDataModule):
     def train_lengths(self) -> Sequence[int]:
         raise NotImplementedError(f"{type(self).__name__} must implement train_lengths()")
 
+    def packed_sides(self) -> list[Sequence[int]]:
+        """The training examples' lengths as packing sees them: one sequence of lengths per side that
+        the collate packs on its own (a pair task has two)."""
+        return [self.train_lengths()]
+
     @property
     def train_items(self) -> str:
         return "examples"
@@ -237,7 +242,7 @@ class ShardedDataModule(L.LightningDataModule):
         )
         if self.packing:
             self.packing_fill = log_packing_fill(
-                sampler, self.train_lengths(), self.pad_to_multiple_of, self.pack_length
+                sampler, self.packed_sides(), self.pad_to_multiple_of, self.pack_length
             )
         return self._loader("train", sampler)
 

@@ -98,29 +98,35 @@ def document_layout(ids: torch.Tensor, eos_id: int, pad_id: int) -> PackedLayout
 
 
 def packing_fill(
-    batches: Iterable[Sequence[int]], lengths: Sequence[int], pad_to_multiple_of: int, pack_length: int | None
+    batches: Iterable[Sequence[int]],
+    sides: Sequence[Sequence[int]],
+    pad_to_multiple_of: int,
+    pack_length: int | None,
 ) -> tuple[float, float]:
     """(packed, padded): the share of row slots real tokens fill over ``batches`` (lists of example
-    indices), packed as `pack_collate` packs them and padded to each batch's longest as without packing."""
+    indices), packed as `pack_collate` packs them and padded to each batch's longest as without packing.
+    ``sides``: the examples' lengths, one sequence of them per side (two for a pair task, each side
+    packed on its own)."""
     real = packed = padded = 0
-    for batch in batches:
-        sizes = [int(lengths[i]) for i in batch]
-        row = _row_length(sizes, pad_to_multiple_of, pack_length)
-        real += sum(sizes)
-        packed += len(first_fit(sizes, row)) * row
-        padded += len(sizes) * _row_length(sizes, pad_to_multiple_of, None)
+    for lengths in sides:
+        for batch in batches:
+            sizes = [int(lengths[i]) for i in batch]
+            row = _row_length(sizes, pad_to_multiple_of, pack_length)
+            real += sum(sizes)
+            packed += len(first_fit(sizes, row)) * row
+            padded += len(sizes) * _row_length(sizes, pad_to_multiple_of, None)
     return real / max(packed, 1), real / max(padded, 1)
 
 
 def log_packing_fill(
     batch_sampler: LengthBucketSampler,
-    lengths: Sequence[int],
+    sides: Sequence[Sequence[int]],
     pad_to_multiple_of: int,
     pack_length: int | None,
 ) -> float:
     """Log how full the packed rows of an epoch are, beside the padded batches' fill; return the former."""
     batches = batch_sampler.epoch_batches()
-    packed, padded = packing_fill(batches, lengths, pad_to_multiple_of, pack_length)
+    packed, padded = packing_fill(batches, sides, pad_to_multiple_of, pack_length)
     log.info(
         "packing: rows %.1f%% real tokens over %d training batches (padded batches would be %.1f%%)",
         100 * packed,
