@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from attnlab.data.lm import IGNORE_INDEX, LMDataModule, token_bytes
+from attnlab.data.packing import document_layout
 from attnlab.data.text_corpus import TextCorpus
-from attnlab.models.causal_lm import causal_backends
+from attnlab.models.causal_lm import CausalLM, causal_backends
 from attnlab.pipeline import train
 from attnlab.run.resume import read_checkpoint
-from attnlab.tasks.lm import CHECKPOINT_KEY
+from attnlab.tasks.lm import CHECKPOINT_KEY, CausalLMTask
 from conftest import compose_train_config
 
 VOCAB = 512
@@ -109,3 +110,16 @@ def test_packed_documents_train_and_beat_the_unigram(tmp_path, data_dir, caplog)
                         "task.data.packing=true")  # fmt: skip
     assert "packing: attention within each document" in caplog.text
     assert packed["test_loss"] < packed["baseline_loss"], packed
+
+
+def test_the_task_gives_the_model_a_packed_batchs_documents():
+    torch.manual_seed(0)
+    model = CausalLM(30, "linear", dim=16, depth=1, num_heads=2, max_len=16).eval()
+    ids = torch.tensor([[1, 5, 6, 2, 7, 8, 9, 2]])  # two documents, each ending with </s> (id 2)
+    layout = document_layout(ids, eos_id=2, pad_id=0)
+    batch = {"input_ids": ids, "labels": torch.roll(ids, -1), "mask": ids != 0, **layout.batch_items()}
+    task = CausalLMTask(model, optimizer=torch.optim.AdamW)
+    with torch.no_grad():
+        _, logits, _ = task._scores(batch)
+        torch.testing.assert_close(logits, model(ids, packing=layout).flatten(0, 1))
+        assert not torch.allclose(logits, model(ids).flatten(0, 1))  # the second document reads the first

@@ -10,12 +10,13 @@ import math
 import pytest
 import torch
 
+from attnlab.attention import PackedLayout
 from attnlab.data.packing import document_layout
-from attnlab.data.text_corpus import MLMDataModule
+from attnlab.data.text_corpus import MLMDataModule, TextCorpus
 from attnlab.models.mlm import MaskedLanguageModel
 from attnlab.pipeline import train
 from attnlab.run.resume import read_checkpoint
-from attnlab.tasks.mlm import CHECKPOINT_KEY
+from attnlab.tasks.mlm import CHECKPOINT_KEY, MaskedLMTask
 from conftest import compose_train_config
 from tiny_runs import REPO_ROOT, run_train_py
 
@@ -206,3 +207,30 @@ def test_packed_documents_are_exact_alone_and_pretrain(tmp_path, data_dir):
                           "task.module.scheduler.warmup_steps=10", "trainer.log_every_n_steps=2",
                           "task.data.packing=true")  # fmt: skip
     assert packed["test_loss"] < metric_rows(run_dir, "train/loss")[0] - 0.5  # it learns
+
+
+def test_documents_are_read_from_the_unmasked_blocks_and_reach_the_model(data_dir):
+    """Evaluation blocks arrive masked (``raw`` beside them): a ``</s>`` under a mask still ends its
+    document, and the task scores the model's packed outputs."""
+    source = TextCorpus(data_dir=data_dir, tokenizer={"vocab_size": VOCAB})
+    data = MLMDataModule(source, seq_len=32, batch_size=4, packing=True)
+    data.prepare_data()
+    data.setup()
+    tok = data.tokenizer
+    raw = torch.tensor([tok.bos_id, 40, 41, tok.eos_id, 42, 43, tok.eos_id, 44])
+    masked = raw.clone()
+    masked[3] = tok.mask_id
+    labels = torch.full_like(raw, -100)
+    labels[3] = tok.eos_id
+    batch = data._collate([{"input_ids": masked, "labels": labels, "raw": raw}])
+    layout = PackedLayout.from_batch(batch)
+    assert layout.mask.sum(1).tolist() == [4, 3, 1]
+    torch.manual_seed(0)
+    model = MaskedLanguageModel(tok.vocab_size, "softmax", dim=16, depth=1, num_heads=2, mlp_dim=32)
+    task = MaskedLMTask(model.eval(), optimizer=torch.optim.AdamW)
+    with torch.no_grad():
+        loss, _, count = task._losses(batch)
+        logits = model(masked[None], positions=labels[None] != -100, packing=layout)
+        assert count == 1 and loss == pytest.approx(
+            float(torch.nn.functional.cross_entropy(logits, labels[3:4]))
+        )
