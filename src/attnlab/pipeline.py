@@ -235,6 +235,7 @@ def _build(cfg: DictConfig, ckpt_path: str | None, saved: dict[str, Any], run_di
     model = instantiate(cfg.task.model, attention=instantiate(cfg.attn), **datamodule.model_kwargs())
     module = instantiate(cfg.task.module, model=model)
     _check_lengths_fit(model, datamodule)  # before the fit, not at the first batch that is too long
+    _check_packable(model, datamodule)
     if cfg.get("compile", False):  # in place: the state_dict keys, checkpoints and resumes stay eager's
         compile_model(model, cfg.get("compile_mode", "default"))
     if ckpt_path is not None:  # another task's or size's checkpoint: one line, not a state_dict traceback
@@ -314,6 +315,18 @@ def discard_unstarted_run_dir(run_dir: str | Path, output_dir: str | Path | None
             parent.rmdir()
             parent = parent.parent
     return True
+
+
+def _check_packable(model, datamodule) -> None:
+    """A packed run (``task.data.packing=true``) with a part that cannot read packed batches (its
+    ``packing_refusal()`` says why), refused before the data is read, not at the first batch."""
+    if not (getattr(datamodule, "packing", False) or getattr(datamodule, "documents_apart", False)):
+        return
+    for module in model.modules():
+        refusal = getattr(module, "packing_refusal", None)
+        reason = refusal() if refusal is not None else None
+        if reason:
+            raise ConfigError(f"task.data.packing=true: {reason}; set task.data.packing=false")
 
 
 def _check_lengths_fit(model, datamodule) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from attnlab.errors import ConfigError
 from attnlab.pipeline import train
 from tiny_runs import TINY_LISTOPS
 
@@ -30,3 +31,19 @@ def test_packed_run_ends_where_the_padded_run_ends(train_config, tmp_path, attn)
     assert packed["val_acc"] == padded["val_acc"]
     assert 0.5 < packed["packing_fill"] <= 1.0
     assert "packing_fill" not in padded
+
+
+@pytest.mark.parametrize(
+    ("override", "why"),
+    [
+        ("task.model.pooling=cls", "pooling='cls' cannot read a packed batch"),
+        ("attn.score_layout=authors", "score_layout='authors' cannot read a packed batch"),
+    ],
+)
+def test_a_model_that_cannot_read_packed_batches_is_refused_before_training(
+    train_config, tmp_path, override, why
+):
+    cfg = train_config(*RUN, "attn=sliced_relu", override, "task.data.packing=true")
+    with pytest.raises(ConfigError, match=f"task.data.packing=true: {why}.*set task.data.packing=false"):
+        train(cfg)
+    assert not list(tmp_path.rglob("*.ckpt"))

@@ -196,17 +196,23 @@ class SequenceClassifier(nn.Module):
         weights = mask.unsqueeze(-1).to(x.dtype)
         return (x * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
+    def packing_refusal(self) -> str | None:
+        """Why this model cannot read a packed batch, or None when it can."""
+        if self.pooling in PACKED_POOLINGS:
+            return None
+        return (
+            f"pooling={self.pooling!r} cannot read a packed batch (allowed: {', '.join(PACKED_POOLINGS)}): "
+            f"{PACKING_REFUSED[self.pooling]}"
+        )
+
     def encode_packed(
         self, input_ids: torch.Tensor, mask: torch.Tensor | None, packing: PackedLayout
     ) -> torch.Tensor:
         """`encode` of a packed batch: embeddings, positions (each sequence's own, from 0), norms and
         MLPs on the packed tokens; attention and pooling per sequence. The layout is the mask."""
-        if self.pooling not in PACKED_POOLINGS:
-            raise ValueError(
-                f"pooling={self.pooling!r} cannot read a packed batch (allowed: "
-                f"{', '.join(PACKED_POOLINGS)}): {PACKING_REFUSED[self.pooling]}; "
-                "set task.data.packing=false"
-            )
+        refusal = self.packing_refusal()
+        if refusal:
+            raise ValueError(f"{refusal}; set task.data.packing=false")
         packing.check(input_ids)
         if mask is not None:
             raise ValueError("a packed batch masks through its layout: pass packing or mask, not both")

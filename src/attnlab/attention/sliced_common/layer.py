@@ -40,6 +40,15 @@ class SlicedAttentionLayer(AttentionLayer):
         check_score_layout(score_layout, self.causal)
         self.score_layout = score_layout
 
+    def packing_refusal(self) -> str | None:
+        """Why this layer cannot read a packed batch, or None when it can."""
+        if self.score_layout == "token":
+            return None
+        return (
+            f"score_layout={self.score_layout!r} cannot read a packed batch: its Π rows mix neighbouring "
+            "tokens, padding included, so its output depends on the padding a packed batch does not have"
+        )
+
     def fold(self, batch: int, packed: bool = False) -> str | None:
         """How `forward` (``packed``: `forward_packed`) computes the scores of a batch: ``"plain"``
         (`fold_scores`), ``"rotated"`` (`fold_rotated_scores`) or None (q and k, then Π). When folded,
@@ -83,12 +92,9 @@ class SlicedAttentionLayer(AttentionLayer):
         """A packed batch: the projection, RoPE and Π run on the packed tokens (folded as `forward`
         folds without RoPE); the scores and values are laid out one sequence per row for the op, whose
         standardisation and centring are per sequence."""
-        if self.score_layout != "token":
-            raise ValueError(
-                f"score_layout={self.score_layout!r} cannot read a packed batch: its Π rows mix "
-                "neighbouring tokens, padding included, so its output depends on the padding a packed "
-                "batch does not have; set task.data.packing=false or score_layout=token"
-            )
+        refusal = self.packing_refusal()
+        if refusal:
+            raise ValueError(f"{refusal}; set task.data.packing=false or score_layout=token")
         self.check_packed_input(x, key_padding_mask, packing)
         if self.fold(x.shape[0], packed=True) == "plain":
             s, t, v = fold_scores(self.qkv, self.slicer, self.num_heads, x)
