@@ -16,9 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from attnlab.errors import ConfigError
-
-#: ``torch.compile`` modes the ``compile_mode`` option takes (`attnlab.run.compilation` compiles with it)
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+from attnlab.run.compile_modes import COMPILE_MODES
 
 Check = Callable[[Any], bool]
 

@@ -24,7 +24,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from attnlab.config.validation import COMPILE_MODES
+from attnlab.run.compile_modes import COMPILE_MODES
 
 log = logging.getLogger(__name__)
 
