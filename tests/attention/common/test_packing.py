@@ -3,6 +3,8 @@ giving each sequence exactly what it gives that sequence alone (float64, outputs
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -118,14 +120,32 @@ def test_packing_and_a_padding_mask_together_are_refused():
         layer(torch.zeros(1, 3, DIM, dtype=torch.float64), torch.ones(1, 3, dtype=torch.bool), layout)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_softmax_in_segments_equals_the_float64_reference_of_each_sequence(causal):
-    from attnlab.attention.softmax import reference
+def _segment_ops():
+    from attnlab.attention.linear import linear_attention_segments
+    from attnlab.attention.linear import reference as linear_reference
+    from attnlab.attention.softmax import reference as softmax_reference
     from attnlab.attention.softmax.ops import softmax_attention_segments
 
+    return {
+        "softmax": (softmax_attention_segments, softmax_reference.softmax_attention),
+        **{
+            f"linear-chunk{c}": (
+                partial(linear_attention_segments, chunk_size=c),
+                linear_reference.linear_attention,
+            )
+            for c in (1, 3, 64)  # chunks shorter than a sequence, sequences across chunk ends, one chunk
+        },
+    }
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("op", ["softmax", "linear-chunk1", "linear-chunk3", "linear-chunk64"])
+def test_ops_in_segments_equal_the_float64_reference_of_each_sequence(op, causal):
+    """The ops that attend on packed rows: each query reads only its own sequence's keys."""
+    segments_op, reference_op = _segment_ops()[op]
     layout = PackedLayout.from_rows(LENGTHS, ROWS)
     q, k, v = (torch.randn(3, 2, 9, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    out = softmax_attention_segments(q, k, v, layout.segments, causal)
+    out = segments_op(q, k, v, layout.segments, causal)
     grad = torch.randn_like(out) * layout.row_mask[:, None, :, None]
     out.backward(grad)
     got = [layout.unpack_heads(y) for y in (out, q.grad, k.grad, v.grad)]
@@ -133,7 +153,7 @@ def test_softmax_in_segments_equals_the_float64_reference_of_each_sequence(causa
         alone = [
             layout.unpack_heads(x.detach())[n : n + 1, :, :length].requires_grad_(True) for x in (q, k, v)
         ]
-        want = reference.softmax_attention(*alone, causal=causal)
+        want = reference_op(*alone, causal=causal)
         want.backward(layout.unpack_heads(grad)[n : n + 1, :, :length])
         for mine, theirs in zip(got, [want, *(x.grad for x in alone)], strict=True):
             torch.testing.assert_close(mine[n : n + 1, :, :length], theirs, rtol=1e-10, atol=1e-12)

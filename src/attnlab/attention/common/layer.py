@@ -82,6 +82,9 @@ class AttentionLayer(nn.Module):
 
     name: str = ""
     capabilities = Capabilities()
+    #: True where `forward_packed` attends on the packed rows themselves (a segment-aware op), False
+    #: where it lays each sequence out alone; `attnlab.flops` prices the attention accordingly
+    attends_packed_rows = False
     padded_query_modes: tuple[str, ...] = COMMON_PADDED_QUERIES  # what `padded_queries` may be
     dropout_site = "output"  # the sliced layers may move their dropout into the slicing projection
 

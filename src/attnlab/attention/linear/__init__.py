@@ -4,6 +4,6 @@ CUDA path), ``decoding`` (the recurrent state (S, z)), ``reference`` (float64, T
 
 from __future__ import annotations
 
-from attnlab.attention.linear.ops import linear_attention
+from attnlab.attention.linear.ops import linear_attention, linear_attention_segments
 
-__all__ = ["linear_attention"]
+__all__ = ["linear_attention", "linear_attention_segments"]

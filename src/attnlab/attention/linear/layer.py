@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attnlab.attention.common.layer import AttentionLayer, Capabilities, check_int, check_number
 from attnlab.attention.linear.chunked import DEFAULT_CHUNK_SIZE
-from attnlab.attention.linear.ops import linear_attention
+from attnlab.attention.linear.ops import linear_attention, linear_attention_segments
 
 
 class LinearAttention(AttentionLayer):
@@ -12,6 +12,7 @@ class LinearAttention(AttentionLayer):
 
     name = "linear"
     capabilities = Capabilities(causal=True, recurrent_step=True)
+    attends_packed_rows = True
 
     def __init__(
         self, dim: int, num_heads: int, *, eps: float = 1e-6, chunk_size: int = DEFAULT_CHUNK_SIZE, **common
@@ -21,6 +22,16 @@ class LinearAttention(AttentionLayer):
         check_int("chunk_size", chunk_size, 1)
         self.eps = eps
         self.chunk_size = chunk_size
+
+    def forward_packed(self, x, key_padding_mask, packing):
+        """A packed batch attended in its rows, each query summing only its own sequence's keys
+        (`linear_attention_segments`): no sequence is laid out alone."""
+        self.check_packed_input(x, key_padding_mask, packing)
+        q, k, v = self.split_heads(self.qkv(x), positions=packing.positions)
+        o = linear_attention_segments(
+            q, k, v, packing.segments, causal=self.causal, eps=self.eps, chunk_size=self.chunk_size
+        )
+        return self.out_proj(self.merge(self.output_dropout(o)))
 
     def attend(self, q, k, v, key_padding_mask):
         o = linear_attention(

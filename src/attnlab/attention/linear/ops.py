@@ -28,10 +28,11 @@ from attnlab.attention.linear.chunked import (
     DEFAULT_CHUNK_SIZE,
     elu_feature_map,
     linear_attention_from_features,
+    linear_attention_segments_from_features,
 )
 from attnlab.attention.linear.triton import MAX_HEAD_DIM
 
-__all__ = ["IMPLEMENTATIONS", "linear_attention"]
+__all__ = ["IMPLEMENTATIONS", "linear_attention", "linear_attention_segments"]
 
 OP = "linear_attention"
 
@@ -129,6 +130,33 @@ def linear_attention(
     call = _Call(q, k, v, key_padding_mask, causal, eps, chunk_size, padded_queries, impl)
     opaque = lambda: _OPAQUE(q, k, v, key_padding_mask, causal, float(eps), chunk_size, impl, padded_queries)  # noqa: E731
     return run_first(IMPLEMENTATIONS, request, call, opaque)
+
+
+def linear_attention_segments(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segments: torch.Tensor,
+    causal: bool = False,
+    eps: float = 1e-6,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> torch.Tensor:
+    """`linear_attention` on packed rows (q, k (B, H, L, D), v (B, H, L, Dv)): a query sums only the
+    keys of its own segment (``segments`` (B, L), contiguous runs; `PackedLayout.segments`), so each
+    sequence gets its own output without being laid out alone. The torch code on every device (the
+    Triton kernels read no segments)."""
+    check_qkv(q, k, v, None)
+    if segments.shape != q.shape[:1] + q.shape[2:3]:
+        raise ValueError(
+            f"segments must be (B, L) = {tuple(q.shape[:1] + q.shape[2:3])}, got {tuple(segments.shape)}"
+        )
+    with no_autocast(q.device):
+        acc = accumulation_dtype(q.dtype, k.dtype, v.dtype)
+        phi_q, phi_k = elu_feature_map(q.to(acc)), elu_feature_map(k.to(acc))
+        out = linear_attention_segments_from_features(
+            phi_q, phi_k, v.to(acc), segments, causal, eps, chunk_size
+        )
+    return out.to(v.dtype)
 
 
 #: the op as ``torch.compile`` calls its Triton kernels (``attnlab.attention.common.compiler``)

@@ -12,6 +12,7 @@ class SoftmaxAttention(AttentionLayer):
 
     name = "softmax"
     capabilities = Capabilities(causal=True, recurrent_step=True)  # decodes with a KV cache
+    attends_packed_rows = True
     padded_query_modes = PADDED_QUERIES  # with LRA's rule (attnlab.attention.common.padding)
 
     def forward_packed(self, x, key_padding_mask, packing):
