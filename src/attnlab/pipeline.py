@@ -319,7 +319,7 @@ def discard_unstarted_run_dir(run_dir: str | Path, output_dir: str | Path | None
 
 def _check_packable(model, datamodule) -> None:
     """A packed run (``task.data.packing=true``) with a part that cannot read packed batches (its
-    ``packing_refusal()`` says why), refused before the data is read, not at the first batch."""
+    ``packing_refusal()`` says why), refused when the model is built, not at the first batch."""
     if not (getattr(datamodule, "packing", False) or getattr(datamodule, "documents_apart", False)):
         return
     for module in model.modules():

@@ -3,7 +3,7 @@
 The batch is the same set of examples the sampler draws without packing (so a run sees the same
 examples in the same steps, and its loss is the same mean), only laid out in fewer, fuller rows:
 first-fit decreasing into rows as long as the batch's longest sequence (or ``pack_length``), no
-sequence split. The model runs its per-token work on the rows and attention per sequence
+sequence split. The model runs its per-token work on the rows and attention within each sequence
 (`attnlab.attention.PackedLayout`), so each example's output is what it is in a padded batch.
 """
 
