@@ -194,7 +194,7 @@ def test_a_preempted_run_is_awaited_until_its_requeued_attempt_wrote_the_summary
     """Run #0 gets the time-limit warning (SIGUSR1, what ``--signal=USR1@<signal_delay_s>`` sends), saves
     ``hpc_ckpt_1.ckpt``, requeues itself and returns from its first attempt without a summary. The stock
     submitit launcher ended the sweep there, with status 0; ``-m`` must return after the requeued attempt
-    (~30 s later on this cluster) has resumed and written the summary."""
+    (~10 s later on this cluster: cred_expire in .ci/slurm) has resumed and written the summary."""
     steps = 400  # long enough to still be training when the signal arrives (80 took 2 s on a quiet CPU)
     sweep = sweep_in(
         *["hydra/launcher=slurm_local", "trainer=cpu", "task=listops", "attn=softmax,sliced_relu", "seed=0"],
