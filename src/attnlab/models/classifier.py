@@ -213,9 +213,7 @@ class SequenceClassifier(nn.Module):
         refusal = self.packing_refusal()
         if refusal:
             raise ValueError(f"{refusal}; set task.data.packing=false")
-        packing.check(input_ids)
-        if mask is not None:
-            raise ValueError("a packed batch masks through its layout: pass packing or mask, not both")
+        packing.check(input_ids, mask)
         if packing.unpack_index.shape[1] > self.max_len:
             raise ValueError(
                 f"sequence length {packing.unpack_index.shape[1]} exceeds the model's max_len={self.max_len}"

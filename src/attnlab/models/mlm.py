@@ -73,9 +73,7 @@ class TextEncoder(nn.Module):
             raise ValueError(f"sequence length {length} exceeds the model's max_len={self.max_len}")
         x = self.drop(self.embed_norm(self.embed(input_ids)))
         if packing is not None:
-            if mask is not None:
-                raise ValueError("a packed batch masks through its layout: pass packing or mask, not both")
-            packing.check(input_ids)
+            packing.check(input_ids, mask)
             return self.encoder(x, packing=packing)
         if mask is None:
             mask = input_ids != self.pad_id

@@ -209,12 +209,8 @@ class AttentionLayer(nn.Module):
     def check_packed_input(
         self, x: torch.Tensor, key_padding_mask: torch.Tensor | None, packing: PackedLayout
     ) -> None:
-        if key_padding_mask is not None:
-            raise ValueError(
-                "a packed batch masks through its layout: pass packing or key_padding_mask, not both"
-            )
         self.check_input(x, None)
-        packing.check(x)
+        packing.check(x, key_padding_mask, "key_padding_mask")
 
     def check_input(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> None:
         if x.dim() != 3 or x.shape[-1] != self.dim:

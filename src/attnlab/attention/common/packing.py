@@ -124,8 +124,13 @@ class PackedLayout:
         """(B, H, L, ...) packed per head -> (N, H, M, ...): q, k, v or scores of the attention ops."""
         return self.unpack(x.transpose(1, 2)).transpose(1, 2)
 
-    def check(self, x: torch.Tensor) -> None:
-        """``x`` must be packed in this layout: (B, L, ...) with the layout's B and L."""
+    def check(self, x: torch.Tensor, mask: torch.Tensor | None = None, mask_name: str = "mask") -> None:
+        """``x`` must be packed in this layout: (B, L, ...) with the layout's B and L, and come with no
+        ``mask`` (``mask_name``: what the caller calls it): the layout is the mask."""
+        if mask is not None:
+            raise ValueError(
+                f"a packed batch masks through its layout: pass packing or {mask_name}, not both"
+            )
         if tuple(x.shape[:2]) != tuple(self.pack_index.shape):
             raise ValueError(
                 f"a packed input must have (B, L) = {tuple(self.pack_index.shape)} of its layout; "
