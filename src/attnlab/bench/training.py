@@ -31,7 +31,7 @@ around 24 tokens, at most 128, B=32) and ``text_like`` (LRA Text's byte-level re
 tokens, at most 4,096, B=8), each run on a fixed set of seeded batches padded to each batch's longest;
 they run when ``--tasks`` names them, and by default under ``--packing``. ``--packing on`` times them
 packed instead (``task.data.packing=true``: first-fit rows as long as the
-batch's longest, attention per sequence), ``--packing both`` padded and packed interleaved; a packed
+batch's longest, attention within each sequence), ``--packing both`` padded and packed interleaved; a packed
 row (``<backend>+packed``) is compared with packed softmax and with its own padded row, and the log
 says how full the rows were (real tokens over row slots).
 
