@@ -75,11 +75,26 @@ def test_cgroup_quota_caps_the_threads(tmp_path, version):
         (tmp_path / "cpu,cpuacct" / "cpu.cfs_quota_us").write_text("-1\n")
         (tmp_path / "cpu,cpuacct" / "cpu.cfs_period_us").write_text("100000\n")
     assert cgroup_cpu_quota(tmp_path, proc) == pytest.approx(1.5)
-    assert usable_cpus(tmp_path, proc) == 1
+    assert usable_cpus(tmp_path, proc, environ={}) == 1
 
     proc.write_text("0::/\n" if version == "v2" else "2:cpu,cpuacct:/\n")  # no quota at the root
     assert cgroup_cpu_quota(tmp_path, proc) is None
-    assert usable_cpus(tmp_path, proc) == len(os.sched_getaffinity(0))
+    assert usable_cpus(tmp_path, proc, environ={}) == len(os.sched_getaffinity(0))
+
+
+def test_a_slurm_jobs_cpus_per_task_cap_the_threads(tmp_path):
+    """Where SLURM does not bind tasks to CPUs, each task still gets only the CPUs it asked for."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/\n")
+    every = len(os.sched_getaffinity(0))
+    job = {"SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "1"}
+    assert usable_cpus(tmp_path, proc, environ=job) == 1
+    assert usable_cpus(tmp_path, proc, environ={**job, "SLURM_CPUS_PER_TASK": "512"}) == every
+    assert usable_cpus(tmp_path, proc, environ={"SLURM_CPUS_PER_TASK": "1"}) == every  # not in a job
+    assert usable_cpus(tmp_path, proc, environ={"SLURM_JOB_ID": "7"}) == every  # no per-task count
+    env = {"SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "1"}
+    configure(env)
+    assert env["OMP_NUM_THREADS"] == "1"
 
 
 class FakeMachine:

@@ -7,8 +7,10 @@ training step can take several times longer than with one thread (docs/configura
 has the figures). Three measures, each only where the user has not chosen:
 
 - **A cap** (``OMP_NUM_THREADS``): the CPUs this process may really use, its CPU affinity
-  (``taskset``, SLURM's CPU binding) capped by its cgroup's CPU quota (a container's ``--cpus``),
-  where ``os.cpu_count()`` counts every core of the host.
+  (``taskset``, SLURM's CPU binding) capped by its cgroup's CPU quota (a container's ``--cpus``)
+  and, in a SLURM job, by the CPUs it asked per task (``SLURM_CPUS_PER_TASK``: a cluster that does
+  not bind tasks to CPUs still gave each task only those), where ``os.cpu_count()`` counts every
+  core of the host.
 - **A short spin** (``GOMP_SPINCOUNT=10000``, libgomp's default is 300,000): idle threads sleep
   after a few microseconds, so a burst of load costs little before the governor reacts, while a quiet
   machine keeps its speed. A fully passive policy (``OMP_WAIT_POLICY=PASSIVE``) was measured too: it
@@ -98,7 +100,7 @@ def configure(environ: dict | None = None) -> ThreadSettings:
             settings.cap = _first_int(env["OMP_NUM_THREADS"])
             settings.chosen_by["threads"] = "yours"
         else:
-            settings.cap = usable_cpus()
+            settings.cap = usable_cpus(environ=env)
             chosen["OMP_NUM_THREADS"] = str(settings.cap)
             settings.chosen_by["threads"] = "attnlab"
         if any(env.get(key) for key in WAIT_KEYS):
@@ -120,13 +122,29 @@ def applied() -> ThreadSettings | None:
     return _applied
 
 
-def usable_cpus(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int:
-    """CPUs this process can keep busy: its affinity mask, capped by its cgroup's CPU quota."""
+def usable_cpus(
+    cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP, environ: dict | None = None
+) -> int:
+    """CPUs this process can keep busy: its affinity mask, capped by its cgroup's CPU quota and by
+    a SLURM job's CPUs per task."""
     count = len(affinity())
     quota = cgroup_cpu_quota(cgroup_root, proc_cgroup)
     if quota is not None:
         count = min(count, max(1, math.floor(quota)))
+    per_task = slurm_cpus_per_task(os.environ if environ is None else environ)
+    if per_task is not None:
+        count = min(count, per_task)
     return max(1, count)
+
+
+def slurm_cpus_per_task(environ: dict) -> int | None:
+    """The CPUs a SLURM job gave each of its tasks (``--cpus-per-task``), None outside a job or
+    when it did not say. With ``TaskPlugin=task/none`` nothing binds the tasks, so without this cap
+    two tasks on a 2-CPU allocation would each start a thread per CPU of the node."""
+    if not environ.get("SLURM_JOB_ID"):
+        return None
+    value = _first_int(environ.get("SLURM_CPUS_PER_TASK", ""))
+    return value if value and value > 0 else None
 
 
 def affinity() -> set[int]:

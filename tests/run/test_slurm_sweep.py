@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_runs import TINY_LISTOPS
+from tiny_runs import TESTS_DIR, TINY_LISTOPS, pause_at
 
 pytestmark = pytest.mark.xdist_group("exclusive")  # jobs on one cluster: one test at a time
 
@@ -64,15 +64,16 @@ def write_listops_fixture(data_dir: Path) -> None:
 
 
 def _array_task_states(job_id: str) -> dict[str, tuple[str, int]]:
-    """``{"<array job>_<index>": (state, restarts)}`` from the controller (finished jobs stay for
-    MinJobAge)."""
+    """``{"<array job>_<index>": (state, restarts)}`` (``{"<job>": ...}`` for a plain job) from the
+    controller (finished jobs stay for MinJobAge)."""
     out = subprocess.run(
         ["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True, timeout=20
     ).stdout
     states = {}
     for line in out.splitlines():
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        key = f"{fields.get('ArrayJobId')}_{fields.get('ArrayTaskId')}"
+        array = fields.get("ArrayJobId")  # a sweep of one run is a plain job
+        key = f"{array}_{fields.get('ArrayTaskId')}" if array else fields.get("JobId", "")
         states[key] = (fields.get("JobState", ""), int(fields.get("Restarts", "0")))
     return states
 
@@ -82,10 +83,16 @@ class Sweep:
 
     def __init__(self, cwd: Path, args: list[str]) -> None:
         self.cwd, self.log = cwd, cwd / "sweep.log"
+        # the jobs inherit this environment (sbatch --export=ALL): tiny_runs importable for `pause_at`
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+        }
         with self.log.open("w") as out:
             self.process = subprocess.Popen(
                 [sys.executable, str(REPO_ROOT / "train.py"), "-m", *args],
                 cwd=cwd,
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -97,10 +104,13 @@ class Sweep:
         return dirs[-1] if dirs else None
 
     def job_dirs(self) -> list[str]:
-        """submitit's folder per array task: ``.submitit/<array job id>_<index>``."""
+        """submitit's folder per job: ``.submitit/<array job id>_<index>`` (``<job id>`` for a sweep of
+        one run)."""
         if self.sweep_dir is None:
             return []
-        return sorted(p.name for p in (self.sweep_dir / ".submitit").glob("*_*") if p.is_dir())
+        names = sorted(p.name for p in (self.sweep_dir / ".submitit").glob("*") if p.is_dir())
+        tasks = [name for name in names if "_" in name]  # an array also has a folder of its own id
+        return tasks or names
 
     def output(self) -> str:
         return self.log.read_text()
@@ -189,38 +199,35 @@ def test_documented_sweep_runs_as_one_job_array(slurm_cluster: None, sweep_in) -
 
 
 def test_a_preempted_run_is_awaited_until_its_requeued_attempt_wrote_the_summary(
-    slurm_cluster: None, sweep_in
+    slurm_cluster: None, sweep_in, tmp_path: Path
 ) -> None:
-    """Run #0 gets the time-limit warning (SIGUSR1, what ``--signal=USR1@<signal_delay_s>`` sends), saves
-    ``hpc_ckpt_1.ckpt``, requeues itself and returns from its first attempt without a summary. The stock
-    submitit launcher ended the sweep there, with status 0; ``-m`` must return after the requeued attempt
-    (~10 s later on this cluster: cred_expire in .ci/slurm) has resumed and written the summary."""
-    steps = 400  # long enough to still be training when the signal arrives (80 took 2 s on a quiet CPU)
+    """The run is held at step 4 (`PauseAt`) and gets the time-limit warning there (SIGUSR1, what
+    ``--signal=USR1@<signal_delay_s>`` sends): it saves ``hpc_ckpt_1.ckpt``, requeues itself and returns
+    from its first attempt without a summary. The stock submitit launcher ended the sweep there, with
+    status 0; ``-m`` must return after the requeued attempt (~10 s later on this cluster: cred_expire in
+    .ci/slurm) has resumed from step 5 and written the summary."""
+    steps, marker = 12, tmp_path / "paused"
     sweep = sweep_in(
-        *["hydra/launcher=slurm_local", "trainer=cpu", "task=listops", "attn=softmax,sliced_relu", "seed=0"],
+        *["hydra/launcher=slurm_local", "trainer=cpu", "task=listops", "attn=softmax", "seed=0"],
         *TINY,
         f"trainer.max_steps={steps}",
-        "task.val_check_interval=40",
+        "task.val_check_interval=6",
+        *pause_at(4, marker),  # the requeued attempt starts at step 5: it is not held again
     )
     deadline = time.monotonic() + SWEEP_DEADLINE_S
-    marker = "Setting signal handlers"  # Lightning's line once fit has started and SIGUSR1 is handled
-    while time.monotonic() < deadline and sweep.process.poll() is None:
-        # Lightning's lines go through the run's log handler (stdout), beside train.log
-        logs = sweep.sweep_dir and list(sweep.sweep_dir.glob(".submitit/*_0/*_0_log.out"))
-        if logs and marker in logs[0].read_text():
-            break
-        time.sleep(0.2)
-    else:
+    while time.monotonic() < deadline and sweep.process.poll() is None and not marker.exists():
+        time.sleep(0.1)
+    if not marker.exists():
         sweep.cancel()
-        pytest.fail(f"run #0 never started training:\n{sweep.output()[-3000:]}\n{sweep.job_logs()}")
-    job_id = logs[0].parent.name
+        pytest.fail(f"run #0 never reached step 4:\n{sweep.output()[-3000:]}\n{sweep.job_logs()}")
+    (job_id,) = sweep.job_dirs()
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=20)
 
     rc = sweep.wait(max(deadline - time.monotonic(), 1))
     summaries = _summaries(sweep.sweep_dir)  # looked at as soon as -m returned
     output = sweep.output()
     assert rc == 0, f"{output[-3000:]}\n{sweep.job_logs()}"
-    assert sorted(summaries) == [("sliced_relu", 0), ("softmax", 0)], f"{output[-3000:]}\n{sweep.job_logs()}"
+    assert sorted(summaries) == [("softmax", 0)], f"{output[-3000:]}\n{sweep.job_logs()}"
     run_dir = sweep.sweep_dir / "listops" / "softmax" / "seed0_0"
     assert (run_dir / "hpc_ckpt_1.ckpt").is_file(), "run #0 was not pre-empted"
     assert summaries["softmax", 0]["steps"] == steps, summaries["softmax", 0]
@@ -232,12 +239,18 @@ def test_a_preempted_run_is_awaited_until_its_requeued_attempt_wrote_the_summary
         "2",
         "1",
     ]
-    assert _table_row(output, "listops/sliced_relu/seed0_1")[2:] == ["COMPLETED", "1", "0"]
-    assert "2 of 2 runs completed, 0 failed, 1 requeued" in output
-    assert _array_task_states(job_id.split("_")[0])[job_id] == ("COMPLETED", 1)
-    # the requeued attempt resumed from the checkpoint the first one saved
+    assert "1 of 1 runs completed, 0 failed, 1 requeued" in output
+    assert _array_task_states(job_id)[job_id] == ("COMPLETED", 1)
+    # the requeued attempt resumed from the checkpoint the first one saved, at the step after the hold
     job_log = (sweep.sweep_dir / ".submitit" / job_id / f"{job_id}_0_log.out").read_text()
     assert f"Restored all states from the checkpoint at {run_dir / 'hpc_ckpt_1.ckpt'}" in job_log
+    assert torch_step(run_dir / "hpc_ckpt_1.ckpt") == 5
+
+
+def torch_step(checkpoint: Path) -> int:
+    import torch
+
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"]
 
 
 def test_multinode_sbatch_script_runs_cpu_ddp_over_two_tasks(slurm_cluster: None, tmp_path: Path) -> None:

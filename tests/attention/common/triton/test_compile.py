@@ -1,6 +1,6 @@
 """Every Triton kernel builds for V100, A100 and H100/H200 (sm_70, sm_80, sm_90) in fp16, bf16 and fp32
 with the launch shapes the ops use, without spilling more than 1 KiB of registers per thread (the fast
-suite builds each target and each dtype once per kernel; ``make test-all`` the whole matrix).
+suite builds each kernel twice, every target and dtype among them; ``make test-all`` the whole matrix).
 
 The interpreter checks the arithmetic, not that the kernels compile: triton's own compiler (ptxas ships
 with triton) builds each one here, no GPU needed, and ``cuobjdump -res-usage`` reads its stack (spills).
@@ -23,21 +23,31 @@ from triton_builds import CASES, DTYPES, TARGETS, LaunchSpy, build, cuobjdump, r
 SPILL_BOUND = 1024  # bytes of stack per thread
 
 
-def _in_the_fast_suite(kernel: str, target: str, dtype: str) -> bool:
-    """One diagonal of the target × dtype square per kernel: every target and every dtype once.
-
-    The other cases run the same Python (only Triton's compiler sees the dtype), so they add time and
-    no line of coverage; they stay in the matrix as ``slow`` (``make test-all``). A kernel built in
-    one dtype only keeps every target."""
-    if sum(1 for case in CASES if case[0] == kernel and case[1] == target) == 1:
-        return True
-    targets, dtypes = list(TARGETS), list(DTYPES)
-    return (targets.index(target) + dtypes.index(dtype)) % len(dtypes) == 0
+SHARED = ("sm_80", "fp32")  # what the offset check (test_offsets.py) builds of every kernel
 
 
+def _fast_cases() -> set[tuple[str, str, str]]:
+    """Two builds per kernel: ``SHARED`` (Triton's cache has it from the offset check), and one other
+    target × dtype, taken in turn from the rest of the square, so every target and dtype is built.
+
+    The other cases run the same Python (only Triton's compiler sees the target and dtype), so they
+    add minutes and no line of coverage; they stay in the matrix as ``slow`` (``make test-all``). A
+    kernel built in one dtype only keeps every target."""
+    others = [(t, d) for t in TARGETS for d in DTYPES if (t, d) != SHARED]
+    fast, turn = set(), 0
+    for kernel in dict.fromkeys(case[0] for case in CASES):
+        cases = [case for case in CASES if case[0] == kernel]
+        if len(cases) == len(TARGETS):  # one dtype: every target
+            fast.update(cases)
+            continue
+        fast.update({(kernel, *SHARED), (kernel, *others[turn % len(others)])})
+        turn += 1
+    return fast
+
+
+FAST = _fast_cases()
 MATRIX = [
-    pytest.param(*case, id="-".join(case), marks=() if _in_the_fast_suite(*case) else pytest.mark.slow)
-    for case in CASES
+    pytest.param(*case, id="-".join(case), marks=() if case in FAST else pytest.mark.slow) for case in CASES
 ]
 
 
