@@ -20,6 +20,26 @@ from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
 
+EXCLUSIVE = "exclusive"  # the xdist_group of tests that must not share a moment (processes, signals, SLURM)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup`` (``make test``): the exclusive group first, so that its one worker
+    starts the longest serial chain while the other takes the rest; and a loud stop where pytest-xdist
+    did not mark the groups (its node-id suffix), which would run them side by side without a word."""
+    if not config.getvalue("loadgroup"):
+        return
+    grouped = [item for item in items if item.get_closest_marker("xdist_group")]
+    unmarked = [item.nodeid for item in grouped if "@" not in item.nodeid]
+    if unmarked:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(unmarked)} xdist_group tests (e.g. {unmarked[0]}): this "
+            f"pytest ({pytest.__version__}) and pytest-xdist do not work together; use the pins in "
+            "pyproject.toml"
+        )
+    items.sort(key=lambda item: not item.nodeid.endswith(f"@{EXCLUSIVE}"))  # stable: order kept otherwise
+
 
 @pytest.fixture(autouse=True)
 def _small_torch_threads():
