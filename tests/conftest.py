@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
     """Under ``--dist loadgroup`` (``make test``): the exclusive group first, so that its one worker
     starts the longest serial chain while the other takes the rest; and a loud stop where pytest-xdist
     did not mark the groups (its node-id suffix), which would run them side by side without a word."""
-    if not config.getvalue("loadgroup"):
+    if not getattr(config.option, "loadgroup", False):  # set on xdist workers only
         return
     grouped = [item for item in items if item.get_closest_marker("xdist_group")]
     unmarked = [item.nodeid for item in grouped if "@" not in item.nodeid]

@@ -261,7 +261,7 @@ def test_multinode_sbatch_script_runs_cpu_ddp_over_two_tasks(slurm_cluster: None
     job_name = f"attnlab-test-{uuid.uuid4().hex[:8]}"
     command = [
         "sbatch",
-        "--wait",
+        "--parsable",
         f"--job-name={job_name}",
         f"--output={tmp_path / 'job.out'}",
         "--nodes=1",
@@ -277,17 +277,23 @@ def test_multinode_sbatch_script_runs_cpu_ddp_over_two_tasks(slurm_cluster: None
         f"paths.data_dir={data_dir}",
         f"hydra.run.dir={run_dir}",  # after the script's own hydra.run.dir, so it wins
     ]
-    try:
-        # the script runs from the submit directory (the repository, for train.py) in $ATTNLAB_VENV
-        env = {**os.environ, "ATTNLAB_VENV": sys.prefix}
-        done = subprocess.run(
-            command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=SWEEP_DEADLINE_S
-        )
-    except subprocess.TimeoutExpired:
-        subprocess.run(["scancel", f"--name={job_name}"], capture_output=True, timeout=20)
-        pytest.fail(f"the sbatch job did not finish within {SWEEP_DEADLINE_S}s")
+    # the script runs from the submit directory (the repository, for train.py) in $ATTNLAB_VENV
+    env = {**os.environ, "ATTNLAB_VENV": sys.prefix}
+    submitted = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    # polled here, not with `sbatch --wait`, whose sleeps between looks grow to half a minute
+    deadline, state = time.monotonic() + SWEEP_DEADLINE_S, ""
+    while time.monotonic() < deadline:
+        state = _array_task_states(job_id).get(job_id, ("", 0))[0]
+        if state in TERMINAL_STATES:
+            break
+        time.sleep(0.25)
+    else:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=20)
+        pytest.fail(f"the sbatch job did not finish within {SWEEP_DEADLINE_S}s (state {state!r})")
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else "(no job log)"
-    assert done.returncode == 0, f"{done.stderr}\n{log[-4000:]}"
+    assert state == "COMPLETED", f"job {job_id} {state}:\n{log[-4000:]}"
     assert "1 nodes x 2 tasks" in log
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 3, summary
