@@ -14,7 +14,7 @@ import pytest
 
 from attnlab import threads
 from attnlab.threads import MARKER, ThreadGovernor, cgroup_cpu_quota, configure, usable_cpus
-from tiny_runs import REPO_ROOT, TINY_LISTOPS
+from tiny_runs import REPO_ROOT, TINY_LISTOPS, attnlab_main
 
 
 def test_defaults_fill_only_what_the_user_left_unset():
@@ -180,12 +180,12 @@ def test_train_py_sets_threads_before_torch_loads_and_the_users_win(tmp_path, us
 
 @pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 def test_bench_threads_runs_each_setting_beside_busy_processes(tmp_path):
+    """Each setting's fresh process gets its own thread environment, whatever this one holds (the bench
+    drops the thread variables before it starts them), so the command runs in this process."""
     out_file = tmp_path / "threads.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", MARKER)}
-    out = subprocess.run(
-        [sys.executable, "-m", "attnlab.cli.main", "bench", "threads", "--busy", "1", "--steps", "2",
-         "--warmup", "0", "--repeats", "1", "--settings", "attnlab", "one-thread", "--out", str(out_file)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    out = attnlab_main(
+        "bench", "threads", "--busy", "1", "--steps", "2", "--warmup", "0", "--repeats", "1",
+        "--settings", "attnlab", "one-thread", "--out", str(out_file), cwd=REPO_ROOT,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "busy x1: attnlab runs" in out.stdout and "as fast as one-thread" in out.stdout
