@@ -190,8 +190,11 @@ def test_packing_a_task_of_one_length_is_refused_by_name(tmp_path):
 def test_the_mixed_tasks_run_by_default_only_under_packing(tmp_path, monkeypatch):
     from attnlab.cli.main import build_parser
 
-    default = build_parser().parse_args(["bench", "training"]).tasks
-    assert default == bench_training.FIXED_TASKS and not set(bench_training.MIXED) & set(default)
+    assert build_parser().parse_args(["bench", "training"]).tasks is None  # the run picks
+    assert not set(bench_training.MIXED) & set(bench_training.FIXED_TASKS)
+    # named, the fixed tasks are taken as asked, not swapped for the mixed ones
+    with pytest.raises(ValueError, match="--packing needs tasks that mix lengths"):
+        main(["bench", "training", "--tasks", *bench_training.FIXED_TASKS, "--packing", "on"])
     for task in bench_training.MIXED:  # tiny stand-ins
         monkeypatch.setitem(bench_training.TASKS, task, (16, 4, "rope"))
         monkeypatch.setitem(bench_training.MIXED, task, (6, 0.6))

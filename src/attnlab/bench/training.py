@@ -251,8 +251,8 @@ def run(args: argparse.Namespace, log=print) -> list[dict]:
         for compiled in COMPILE_CHOICES[getattr(args, "compile", "off")]
         for packed in PACKING_CHOICES[getattr(args, "packing", "off")]
     ]
-    if any(packed for _, packed in modes) and args.tasks == FIXED_TASKS:  # --tasks not given
-        args.tasks = list(MIXED)
+    if args.tasks is None:  # --tasks not given
+        args.tasks = list(MIXED) if any(packed for _, packed in modes) else list(FIXED_TASKS)
     fixed = [task for task in args.tasks if task not in MIXED]
     if any(packed for _, packed in modes) and fixed:
         raise ValueError(

@@ -114,6 +114,7 @@ def _training(kinds) -> None:
     add_names_argument(
         parser, "--tasks", training.TASKS, "tasks (lengths) to run", default=training.FIXED_TASKS
     )
+    parser.set_defaults(tasks=None)  # not given: the fixed tasks, or the mixed ones under --packing
     add_names_argument(
         parser, "--backends", training.KNOWN_BACKENDS, "attention backends", default=training.BACKENDS
     )
