@@ -20,13 +20,12 @@ from hydra.core.global_hydra import GlobalHydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import open_dict  # noqa: E402
 
-EXCLUSIVE = "exclusive"  # the xdist_group of tests that must not share a moment (processes, signals, SLURM)
-
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup`` (``make test``): the exclusive group first, so that its one worker
-    starts the longest serial chain while the other takes the rest; and a loud stop where pytest-xdist
+    """Under ``--dist loadgroup`` (``make test``): the grouped tests first (``slurm``: jobs on the one
+    test cluster; ``processes``: tests that start several processes at once), so that each group's
+    worker starts its serial chain while the others take the rest; and a loud stop where pytest-xdist
     did not mark the groups (its node-id suffix), which would run them side by side without a word."""
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers only
         return
@@ -38,7 +37,9 @@ def pytest_collection_modifyitems(config, items):
             f"pytest ({pytest.__version__}) and pytest-xdist do not work together; use the pins in "
             "pyproject.toml"
         )
-    items.sort(key=lambda item: not item.nodeid.endswith(f"@{EXCLUSIVE}"))  # stable: order kept otherwise
+    items.sort(
+        key=lambda item: item.get_closest_marker("xdist_group") is None
+    )  # stable: order kept otherwise
 
 
 @pytest.fixture(autouse=True)

@@ -55,7 +55,7 @@ def _evaluate_in_one_process(cfg, ckpt: str) -> tuple[float, float]:
     return val, test
 
 
-@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
+@pytest.mark.xdist_group("processes")  # several processes at once: never two such tests together
 def test_two_process_run_shards_data_and_reduces_metrics_across_ranks(train_config, tmp_path):
     run = tmp_path / "run"
     command = [

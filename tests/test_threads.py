@@ -178,7 +178,7 @@ def test_train_py_sets_threads_before_torch_loads_and_the_users_win(tmp_path, us
         assert "memory: glibc keeps freed buffers for reuse" in log
 
 
-@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
+@pytest.mark.xdist_group("processes")  # several processes at once: never two such tests together
 def test_bench_threads_runs_each_setting_beside_busy_processes(tmp_path):
     """Each setting's fresh process gets its own thread environment, whatever this one holds (the bench
     drops the thread variables before it starts them), so the command runs in this process."""

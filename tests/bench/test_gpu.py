@@ -123,7 +123,6 @@ def test_the_floor_at_gpu_lengths_is_the_floor_bench_bytes_counts(backend):
         assert gpu_results.floor_bytes_at(backend, 2, 3, 1000, 8, "bfloat16", backward) == direct
 
 
-@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 def test_a_stopped_bench_keeps_the_cells_it_measured(tmp_path, terminal_signals):
     """`timeout` (make bench-gpu's budget) sends SIGTERM: the CSV still holds every finished cell."""
     import os

@@ -95,7 +95,6 @@ def test_sigterm_then_sigint_in_process_save_at_the_step_reached_and_resume_exac
     assert third["test_acc"] == uninterrupted["test_acc"]
 
 
-@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 @pytest.mark.parametrize("signum", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])
 def test_signal_to_a_local_run_exits_nonzero_and_the_printed_command_resumes_it(
     tmp_path, signum, terminal_signals, uninterrupted
@@ -210,7 +209,6 @@ def test_sigterm_before_the_first_step_marks_the_run_interrupted(train_config, t
     assert summary["test_acc"] is None
 
 
-@pytest.mark.xdist_group("exclusive")
 @pytest.mark.slow
 def test_sigterm_to_rank_0_of_a_ddp_run_stops_every_rank_alike(tmp_path):
     """Two gloo processes; the signal reaches rank 0 only. Every rank saves at the same step, skips the

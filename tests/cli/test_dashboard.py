@@ -40,7 +40,7 @@ RUNS = [
 STAMP = "2026-01-0{}_10-00-00"
 RUN_NAMES = [f"{task}/{attn}/{STAMP.format(i + 1)}" for i, (task, attn, *_) in enumerate(RUNS)]
 # the servers are stopped with Ctrl-C, and never two at once (ports, timing)
-pytestmark = [pytest.mark.usefixtures("terminal_signals"), pytest.mark.xdist_group("exclusive")]
+pytestmark = pytest.mark.usefixtures("terminal_signals")
 
 
 def _write_run(root: Path, index: int, task, attn, seed, seq_len, test_acc, val_acc, sps, mem) -> Path:

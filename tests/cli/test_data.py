@@ -70,7 +70,6 @@ def test_the_how_to_is_said_once(tmp_path, hf_cache, capsys):
     assert "how to obtain: Download aclImdb_v1.tar.gz" in capsys.readouterr().out  # the only place it is said
 
 
-@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 @pytest.mark.parametrize(
     ("signum", "name", "status"), [("SIGINT", "Ctrl-C", 130), ("SIGTERM", "SIGTERM", 143)]
 )

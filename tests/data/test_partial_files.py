@@ -65,7 +65,6 @@ def test_generation_interrupted_leaves_nothing_and_killed_leftovers_are_cleared(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shapes"]
 
 
-@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 def test_ctrl_c_during_data_preparation_is_one_line_and_leaves_nothing(tmp_path, terminal_signals):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [

@@ -124,7 +124,6 @@ WORKERS = {"cifar10_vit as configured": 4}  # the preset's; 2 for the others
 SLOW = {"listops", "cifar10_vit as configured", "shapes"}
 
 
-@pytest.mark.xdist_group("exclusive")  # processes and signals: never two at once (make test)
 @pytest.mark.parametrize(
     "task", [pytest.param(t, marks=pytest.mark.slow) if t in SLOW else t for t in RESUMABLE]
 )

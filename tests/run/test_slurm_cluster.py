@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.xdist_group("exclusive")  # jobs on one cluster: one test at a time
+pytestmark = pytest.mark.xdist_group("slurm")  # jobs on one cluster of 2 CPUs: one test at a time
 
 JOB_DEADLINE_S = 120  # queueing + run of a trivial job; generous for a loaded 2-core CI machine
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}

@@ -25,7 +25,7 @@ import pytest
 
 from tiny_runs import TESTS_DIR, TINY_LISTOPS, pause_at
 
-pytestmark = pytest.mark.xdist_group("exclusive")  # jobs on one cluster: one test at a time
+pytestmark = pytest.mark.xdist_group("slurm")  # jobs on one cluster of 2 CPUs: one test at a time
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SWEEP_DEADLINE_S = 300  # 4 tiny runs, 2 at a time on the 2-core CI node: ~40 s when the machine is idle
