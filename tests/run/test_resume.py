@@ -248,6 +248,18 @@ def test_requeue_signal_on_and_off_a_validation_step_resumes_exactly(
     assert third["test_acc"] == uninterrupted["test_acc"]
 
 
+def test_an_array_task_requeues_itself_by_its_array_id(tmp_path, monkeypatch):
+    """A sweep's runs are tasks of one job array: ``scontrol requeue <array job>_<task>`` requeues the
+    task, where its own SLURM_JOB_ID would name a job the controller may have folded into the array."""
+    env, record = _fake_slurm(tmp_path)
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.setenv("SLURM_JOB_ID", "4250")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert requeue_slurm_job() is True
+    assert record.read_text().split() == ["requeue", "4242_3"]
+
+
 def test_failed_requeue_is_logged_not_raised(tmp_path, monkeypatch, caplog):
     scontrol = tmp_path / "scontrol"
     scontrol.write_text('#!/bin/sh\necho "Invalid job id specified" >&2\nexit 1\n')
