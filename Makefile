@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(PY) train.py $(ARGS)
 
-# two workers; tests that must not share a moment with each other (signals, SLURM, servers, timings)
-# carry one xdist_group and run one after another on one worker
+# two workers; tests that share a resource carry its xdist_group and run one after another on one
+# worker (slurm: the test cluster's CPUs; processes: several processes at once), before the rest
 TEST_WORKERS := -n 2 --dist loadgroup
 
 test: $(STAMP)
