@@ -37,9 +37,8 @@ def pytest_collection_modifyitems(config, items):
             f"pytest ({pytest.__version__}) and pytest-xdist do not work together; use the pins in "
             "pyproject.toml"
         )
-    items.sort(
-        key=lambda item: item.get_closest_marker("xdist_group") is None
-    )  # stable: order kept otherwise
+    # a stable sort: the order within the grouped tests and within the rest is kept
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -63,7 +63,7 @@ def write_listops_fixture(data_dir: Path) -> None:
     ).prepare()
 
 
-def _array_task_states(job_id: str) -> dict[str, tuple[str, int]]:
+def _job_states(job_id: str) -> dict[str, tuple[str, int]]:
     """``{"<array job>_<index>": (state, restarts)}`` (``{"<job>": ...}`` for a plain job) from the
     controller (finished jobs stay for MinJobAge)."""
     out = subprocess.run(
@@ -182,7 +182,7 @@ def test_documented_sweep_runs_as_one_job_array(slurm_cluster: None, sweep_in) -
         f"expected one array of 4 jobs, got {job_dirs}"
     )
     # the launcher returns once every job has left the queue
-    states = _array_task_states(job_dirs[0].split("_")[0])
+    states = _job_states(job_dirs[0].split("_")[0])
     assert states == dict.fromkeys(job_dirs, ("COMPLETED", 0)), states
 
     # every (backend, seed) wrote its own summary, from data generated in ./data, after the 3 steps asked for
@@ -240,14 +240,15 @@ def test_a_preempted_run_is_awaited_until_its_requeued_attempt_wrote_the_summary
         "1",
     ]
     assert "1 of 1 runs completed, 0 failed, 1 requeued" in output
-    assert _array_task_states(job_id)[job_id] == ("COMPLETED", 1)
+    assert _job_states(job_id)[job_id] == ("COMPLETED", 1)
     # the requeued attempt resumed from the checkpoint the first one saved, at the step after the hold
     job_log = (sweep.sweep_dir / ".submitit" / job_id / f"{job_id}_0_log.out").read_text()
     assert f"Restored all states from the checkpoint at {run_dir / 'hpc_ckpt_1.ckpt'}" in job_log
-    assert torch_step(run_dir / "hpc_ckpt_1.ckpt") == 5
+    assert _checkpoint_step(run_dir / "hpc_ckpt_1.ckpt") == 5
 
 
-def torch_step(checkpoint: Path) -> int:
+def _checkpoint_step(checkpoint: Path) -> int:
+    """The training step a Lightning checkpoint was saved at."""
     import torch
 
     return torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"]
@@ -285,7 +286,7 @@ def test_multinode_sbatch_script_runs_cpu_ddp_over_two_tasks(slurm_cluster: None
     # polled here, not with `sbatch --wait`, whose sleeps between looks grow to half a minute
     deadline, state = time.monotonic() + SWEEP_DEADLINE_S, ""
     while time.monotonic() < deadline:
-        state = _array_task_states(job_id).get(job_id, ("", 0))[0]
+        state = _job_states(job_id).get(job_id, ("", 0))[0]
         if state in TERMINAL_STATES:
             break
         time.sleep(0.25)
