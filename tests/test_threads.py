@@ -92,7 +92,7 @@ def test_a_slurm_jobs_cpus_per_task_cap_the_threads(tmp_path):
     assert usable_cpus(tmp_path, proc, environ={**job, "SLURM_CPUS_PER_TASK": "512"}) == every
     assert usable_cpus(tmp_path, proc, environ={"SLURM_CPUS_PER_TASK": "1"}) == every  # not in a job
     assert usable_cpus(tmp_path, proc, environ={"SLURM_JOB_ID": "7"}) == every  # no per-task count
-    env = {"SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "1"}
+    env = dict(job)
     configure(env)
     assert env["OMP_NUM_THREADS"] == "1"
 

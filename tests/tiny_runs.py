@@ -131,8 +131,14 @@ class PauseAt(L.Callback):
             time.sleep(0.01)
 
 
+def with_tiny_runs_importable(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``TESTS_DIR`` first on ``PYTHONPATH``: a process started with it can import
+    ``tiny_runs`` (the `PauseAt` callback of `pause_at`)."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))}
+
+
 def pause_at(step: int, marker: Path) -> list[str]:
-    """The overrides that add `PauseAt` to a run (a subprocess needs ``TESTS_DIR`` on its path)."""
+    """The overrides that add `PauseAt` to a run (a subprocess needs `with_tiny_runs_importable`'s path)."""
     return [
         "+callbacks.pause_at._target_=tiny_runs.PauseAt",
         f"+callbacks.pause_at.step={step}",

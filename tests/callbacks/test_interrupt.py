@@ -30,7 +30,7 @@ from run.test_resume import (
     _wait_for_step,
     _wait_until_paused,
 )
-from tiny_runs import TESTS_DIR
+from tiny_runs import with_tiny_runs_importable
 
 
 class SignalAt(L.Callback):
@@ -123,7 +123,7 @@ def test_signal_to_a_local_run_exits_nonzero_and_the_printed_command_resumes_it(
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # the printed command names the pause callback:
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))  # importable
+    env = with_tiny_runs_importable(env)
     resumed = subprocess.run(
         [sys.executable, str(REPO_ROOT / "train.py"), *command[2:]],
         cwd=tmp_path,

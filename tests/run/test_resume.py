@@ -25,7 +25,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from attnlab.callbacks.checkpoint import AtomicCheckpointIO, SlurmRequeue, requeue_slurm_job
 from attnlab.pipeline import resolve_ckpt_path, train
 from attnlab.run.claim import RunDirError
-from tiny_runs import KILL_AFTER, STEPS, TESTS_DIR, pause_at, train_main, wait_until_paused
+from tiny_runs import KILL_AFTER, STEPS, pause_at, train_main, wait_until_paused, with_tiny_runs_importable
 from tiny_runs import TINY_RESUMABLE as TINY
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def _start(
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), full_env.get("PYTHONPATH")]))
+    full_env = with_tiny_runs_importable(full_env)
     return subprocess.Popen(
         command,
         cwd=tmp_path,
@@ -398,7 +398,7 @@ def _readme_run(tmp_path: Path, *overrides: str, pause: bool = False) -> subproc
     command = [sys.executable, str(REPO_ROOT / "train.py"), *TINY, *overrides, *held]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+    env = with_tiny_runs_importable(env)
     return subprocess.Popen(
         command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -154,13 +154,11 @@ def test_a_second_run_started_while_the_first_writes_the_dir_is_refused(tmp_path
     import subprocess
     import sys
 
-    from tiny_runs import REPO_ROOT, TESTS_DIR, pause_at, wait_until_paused
+    from tiny_runs import REPO_ROOT, pause_at, wait_until_paused, with_tiny_runs_importable
 
     run, marker = tmp_path / "run", tmp_path / "paused"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(
-        OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
-    )
+    env = with_tiny_runs_importable({**env, "OMP_NUM_THREADS": "1"})
     command = [sys.executable, str(REPO_ROOT / "train.py"), *SHORT, "logger=none", f"hydra.run.dir={run}"]
     first = subprocess.Popen(
         [*command, *pause_at(0, marker)], cwd=tmp_path, env=env,

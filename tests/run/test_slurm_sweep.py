@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_runs import TESTS_DIR, TINY_LISTOPS, pause_at
+from tiny_runs import TINY_LISTOPS, pause_at, with_tiny_runs_importable
 
 pytestmark = pytest.mark.xdist_group("slurm")  # jobs on one cluster of 2 CPUs: one test at a time
 
@@ -84,10 +84,7 @@ class Sweep:
     def __init__(self, cwd: Path, args: list[str]) -> None:
         self.cwd, self.log = cwd, cwd / "sweep.log"
         # the jobs inherit this environment (sbatch --export=ALL): tiny_runs importable for `pause_at`
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
-        }
+        env = with_tiny_runs_importable(dict(os.environ))
         with self.log.open("w") as out:
             self.process = subprocess.Popen(
                 [sys.executable, str(REPO_ROOT / "train.py"), "-m", *args],
