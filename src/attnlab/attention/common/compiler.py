@@ -8,14 +8,19 @@ The sorted and causal sliced ops and the Triton launches cannot be traced: their
 saved state depend on the data (sort orders, lists of tied pairs sized by the data, a first-use
 check against the torch code). Under compile they run as ``torch.library`` custom ops
 (`opaque_op`): a fake implementation gives the output's shape, and the registered backward is a
-second custom op. A custom op keeps no Python state between its forward and its backward, so that
-backward recomputes the op's forward with autograd on and differentiates it: one extra forward of
-the op per training step, the price of compiling the layer around it in one graph
-(docs/benchmarks.md, "CPU: torch.compile").
+second custom op. A custom op's schema has no place for such state, so on the CPU the forward runs
+the eager op with autograd on and keeps its graph in `_RECORDED` under a key it returns as a small
+tensor (the handle); the backward looks the graph up and differentiates it, as the eager op's own
+backward would. The entry lives as long as the handle: the compiled graph saves the handle for its
+backward, and an inference call drops it at once. On CUDA, where a host read of the key would stall
+the stream, and wherever the graph is gone, the backward recomputes the op's forward with
+autograd on (one extra forward of the op).
 """
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -47,7 +52,7 @@ def _autograd_back_on():
     """A context in which autograd records again inside a custom op's kernel.
 
     The dispatcher runs a kernel below autograd (its keys excluded from the thread's dispatch
-    state), so ``enable_grad`` alone records nothing there; the backward's recompute needs them.
+    state), so ``enable_grad`` alone records nothing there; the recorded graph needs them.
     torch has no public guard for this; ``_ForceDispatchKeyGuard`` is what its own higher-order ops
     use to the same end."""
     excluded = torch._C._dispatch_tls_local_exclude_set()
@@ -61,55 +66,92 @@ def registered_op(name: str):
     return getattr(namespace, name).default if hasattr(namespace, name) else None
 
 
+#: the graphs that opaque ops' forwards recorded for their backwards: key -> (output, leaves)
+_RECORDED: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+_KEYS = itertools.count()
+NOT_RECORDED = -1  # the handle of a forward that kept no graph (CUDA, inference mode)
+
+
+def _differentiable_call(op: Callable[..., torch.Tensor], args, differentiable: int):
+    """``op(*args)`` recorded by autograd from fresh leaves for its first ``differentiable`` arguments."""
+    with _autograd_back_on(), torch.enable_grad():
+        leaves = [x.detach().requires_grad_() for x in args[:differentiable]]
+        return op(*leaves, *args[differentiable:]), leaves
+
+
+def _record(out: torch.Tensor, leaves: list[torch.Tensor]) -> torch.Tensor:
+    """A handle (0-d int64 CPU tensor) for the graph of ``out``; the entry goes with the handle."""
+    key = next(_KEYS)
+    _RECORDED[key] = (out, leaves)
+    handle = torch.tensor(key)
+    weakref.finalize(handle, _RECORDED.pop, key, None)
+    return handle
+
+
 def opaque_op(name: str, op: Callable[..., torch.Tensor], arguments: str, differentiable: int):
     """``op`` registered as the custom op ``attnlab::<name>``, differentiable in its first
     ``differentiable`` arguments (tensors), for ``torch.compile`` to call without tracing it.
 
     ``arguments`` is the op's argument list in ``torch.library`` schema form (``"Tensor s, Tensor?
     mask, float eps, ..."``); the third argument is the ``v`` whose shape and dtype the output has
-    (every attention op's output: (B, H, T, Dv) in v's dtype). The forward runs ``op`` itself;
-    the backward runs it again with autograd on and differentiates it (module docstring). A module
-    imported twice gets back the op it registered the first time.
+    (every attention op's output: (B, H, T, Dv) in v's dtype). The custom op returns the output and
+    the handle of its recorded graph (module docstring); the function returned here returns the
+    output only. A module imported twice gets back the op it registered the first time.
     """
     qualified = f"{NAMESPACE}::{name}"
-    if (registered := registered_op(name)) is not None:
-        return registered
+    if (registered := registered_op(name)) is None:
+        registered = _register(qualified, op, arguments, differentiable)
+    return lambda *args: registered(*args)[0]
+
+
+def _register(qualified: str, op: Callable[..., torch.Tensor], arguments: str, differentiable: int):
     grads = ", ".join(["Tensor"] * differentiable)
 
-    @torch.library.custom_op(qualified, mutates_args=(), schema=f"({arguments}) -> Tensor")
+    @torch.library.custom_op(qualified, mutates_args=(), schema=f"({arguments}) -> (Tensor, Tensor)")
     def forward(*args):
-        with torch.no_grad():
-            return op(*args).contiguous()
+        device = args[2].device
+        if device.type != "cpu" or torch.is_inference_mode_enabled():
+            with torch.no_grad():
+                out = op(*args).contiguous()
+            return out, torch.full((), NOT_RECORDED, dtype=torch.int64, device=device)
+        out, leaves = _differentiable_call(op, args, differentiable)
+        # a copy: the compiled graph may write into its outputs' memory, which the graph saved
+        return out.detach().clone(memory_format=torch.contiguous_format), _record(out, leaves)
 
     @torch.library.custom_op(
-        f"{qualified}_backward", mutates_args=(), schema=f"(Tensor grad, {arguments}) -> ({grads})"
+        f"{qualified}_backward",
+        mutates_args=(),
+        schema=f"(Tensor grad, Tensor handle, {arguments}) -> ({grads})",
     )
-    def backward(grad, *args):
+    def backward(grad, handle, *args):
+        recorded = _RECORDED.pop(int(handle), None) if handle.device.type == "cpu" else None
         with _autograd_back_on(), torch.enable_grad():
-            leaves = [x.detach().requires_grad_() for x in args[:differentiable]]
-            out = op(*leaves, *args[differentiable:])
+            out, leaves = recorded if recorded is not None else _differentiable_call(op, args, differentiable)
             found = torch.autograd.grad(out, leaves, grad, allow_unused=True)
         return tuple(
-            torch.zeros_like(x) if g is None else g.contiguous() for g, x in zip(found, leaves, strict=True)
+            torch.zeros_like(x) if g is None else g.contiguous()
+            for g, x in zip(found, args[:differentiable], strict=True)
         )
 
     @forward.register_fake
     def _(*args):
-        return args[2].new_empty(args[2].shape)
+        v = args[2]
+        return v.new_empty(v.shape), torch.empty((), dtype=torch.int64, device=v.device)
 
     @backward.register_fake
-    def _(grad, *args):
+    def _(grad, handle, *args):
         return tuple(x.new_empty(x.shape) for x in args[:differentiable])
 
     def setup_context(ctx, inputs, output):
         ctx.is_tensor = [isinstance(x, torch.Tensor) for x in inputs]
-        ctx.save_for_backward(*(x for x in inputs if isinstance(x, torch.Tensor)))
+        ctx.save_for_backward(output[1], *(x for x in inputs if isinstance(x, torch.Tensor)))
         ctx.others = [None if tensor else x for tensor, x in zip(ctx.is_tensor, inputs, strict=True)]
 
-    def differentiate(ctx, grad):
-        saved = iter(ctx.saved_tensors)
+    def differentiate(ctx, grad, _):
+        handle, *saved = ctx.saved_tensors
+        saved = iter(saved)
         inputs = [next(saved) if tensor else x for tensor, x in zip(ctx.is_tensor, ctx.others, strict=True)]
-        return (*backward(grad, *inputs), *[None] * (len(inputs) - differentiable))
+        return (*backward(grad, handle, *inputs), *[None] * (len(inputs) - differentiable))
 
     forward.register_autograd(differentiate, setup_context=setup_context)
     return forward
