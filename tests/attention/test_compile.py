@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from attnlab.attention.common import compiler
+from attnlab.attention.common.rope import RotaryEmbedding
 from attnlab.attention.registry import build_attention
 
 DIM, HEADS, LENGTH = 16, 2, 40
@@ -255,3 +256,24 @@ def test_a_lost_graph_is_recomputed():
     compiler._RECORDED.pop(int(handle))
     out.sum().backward()
     assert calls[0] == 2 and torch.allclose(x.grad, w) and torch.allclose(w.grad, x)
+
+
+def test_compiled_rope_reads_its_tables_as_one_op():
+    """Under compile the RoPE tables come from one ``attnlab::rope_tables`` call, not from cos and
+    sin in the graph (inductor would evaluate those at every element of q and k), and the rotation
+    equals eager's at every length, the cache growing between them."""
+    rope = RotaryEmbedding(8)
+    graphs = []
+
+    def keep_graph(graph_module, example_inputs):
+        graphs.append(graph_module.graph)
+        return graph_module.forward
+
+    compiled = torch.compile(rope, backend=keep_graph, dynamic=True, fullgraph=True)
+    for length in (5, 40, 7):
+        q, k = torch.randn(2, 3, length, 8), torch.randn(2, 3, length, 8)
+        for got, want in zip(compiled(q, k), rope(q, k), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    targets = {str(node.target) for graph in graphs for node in graph.nodes if node.op == "call_function"}
+    assert "attnlab.rope_tables.default" in targets
+    assert not any("cos" in target or "sin" in target for target in targets), targets

@@ -23,8 +23,57 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotate_half(x) * sin
 
 
+#: cos, sin tables per (head_dim, base, device, dtype), grown on demand (`_cached_tables`)
+_CACHE: dict[tuple[int, float, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _compute(size: int, head_dim: int, base: float, device: torch.device, dtype: torch.dtype):
+    """cos, sin (size, head_dim): angles in float64, cast once."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+    angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _cached_tables(length: int, head_dim: int, base: float, device, dtype):
+    """The first ``length`` rows of the cached tables, the cache doubled when it is too short."""
+    key = (head_dim, base, torch.device(device), dtype)
+    cached = _CACHE.get(key)
+    if cached is None or cached[0].shape[0] < length:
+        size = max(length, 2 * cached[0].shape[0]) if cached is not None else length
+        cached = _CACHE[key] = _compute(size, head_dim, base, device, dtype)
+    return cached[0][:length], cached[1][:length]
+
+
+def _tables_op():
+    """``attnlab::rope_tables``: the tables as ``torch.compile`` reads them, one op whose outputs are
+    buffers. Traced instead, inductor fuses the angles' float64 cos and sin into every element of q
+    and k that reads them (forward and backward), which cost a compiled model more than its attention
+    at 4,096 tokens (docs/benchmarks.md, "CPU: torch.compile"). The op returns copies of the cache: a
+    compiled graph may reuse its buffers' memory."""
+    if (registered := compiler.registered_op("rope_tables")) is not None:
+        return registered
+
+    @torch.library.custom_op(f"{compiler.NAMESPACE}::rope_tables", mutates_args=())
+    def rope_tables(
+        length: int, head_dim: int, base: float, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = _cached_tables(length, head_dim, base, device, dtype)
+        return cos.clone(), sin.clone()
+
+    @rope_tables.register_fake
+    def _(length, head_dim, base, dtype, device):
+        return tuple(torch.empty(length, head_dim, dtype=dtype, device=device) for _ in range(2))
+
+    return rope_tables
+
+
+_ROPE_TABLES = _tables_op()
+
+
 class RotaryEmbedding(nn.Module):
-    """Applies RoPE to q and k; cos/sin tables are cached per (device, dtype) and grown on demand.
+    """Applies RoPE to q and k; the cos/sin tables are cached per (head_dim, base, device, dtype) and
+    grown on demand (`_cached_tables`).
 
     The tables are computed in float64 and cast once, and kept out of the module's buffers on purpose:
     `model.half()` would otherwise round the angles of far positions.
@@ -38,30 +87,14 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"rope base must be positive, got {base}")
         self.head_dim = head_dim
         self.base = float(base)
-        self._cache: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tables(
         self, length: int, device: torch.device, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape (length, D) for positions 0..length-1."""
-        if compiler.compiling():  # in the graph, where inductor fuses them: a cache would recompile
-            return self._compute(length, device, dtype)
-        key = (torch.device(device), dtype)
-        cached = self._cache.get(key)
-        if cached is None or cached[0].shape[0] < length:
-            size = max(length, 2 * cached[0].shape[0]) if cached is not None else length
-            cached = self._cache[key] = self._compute(size, device, dtype)
-        return cached[0][:length], cached[1][:length]
-
-    def _compute(
-        self, size: int, device: torch.device, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq = self.base ** (
-            -torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device) / self.head_dim
-        )
-        angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
-        angles = torch.cat((angles, angles), dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        if compiler.compiling():  # one custom op: the tables are read from the cache, not recomputed
+            return _ROPE_TABLES(length, self.head_dim, self.base, dtype, device)
+        return _cached_tables(length, self.head_dim, self.base, device, dtype)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None
