@@ -115,7 +115,7 @@ def _register(qualified: str, op: Callable[..., torch.Tensor], arguments: str, d
                 out = op(*args).contiguous()
             return out, torch.full((), NOT_RECORDED, dtype=torch.int64, device=device)
         out, leaves = _differentiable_call(op, args, differentiable)
-        # a copy: the compiled graph may write into its outputs' memory, which the graph saved
+        # a copy: the recorded graph saved `out`, and a compiled graph may reuse its outputs' memory
         return out.detach().clone(memory_format=torch.contiguous_format), _record(out, leaves)
 
     @torch.library.custom_op(
