@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.attention.common import compiler
+from attnlab.attention.common import compiler, rope
 from attnlab.attention.common.rope import RotaryEmbedding
 from attnlab.attention.registry import build_attention
 
@@ -277,3 +277,11 @@ def test_compiled_rope_reads_its_tables_as_one_op():
     targets = {str(node.target) for graph in graphs for node in graph.nodes if node.op == "call_function"}
     assert "attnlab.rope_tables.default" in targets
     assert not any("cos" in target or "sin" in target for target in targets), targets
+
+
+def test_rope_tables_off_the_cpu_are_computed_not_copied_from_the_cache():
+    """Off the CPU the op computes its tables (a CUDA graph replaying it must not read a cache that
+    has since grown); ``meta`` takes that branch without a GPU."""
+    cos, sin = torch.ops.attnlab.rope_tables.default(6, 8, 10000.0, torch.float32, torch.device("meta"))
+    assert cos.device.type == sin.device.type == "meta" and cos.shape == sin.shape == (6, 8)
+    assert not any(device.type == "meta" for _, _, device, _ in rope._CACHE)

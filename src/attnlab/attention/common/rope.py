@@ -49,8 +49,9 @@ def _tables_op():
     """``attnlab::rope_tables``: the tables as ``torch.compile`` reads them, one op whose outputs are
     buffers. Traced instead, inductor fuses the angles' float64 cos and sin into every element of q
     and k that reads them (forward and backward), which cost a compiled model more than its attention
-    at 4,096 tokens (docs/benchmarks.md, "CPU: torch.compile"). The op returns copies of the cache: a
-    compiled graph may reuse its buffers' memory."""
+    at 4,096 tokens (docs/benchmarks.md, "CPU: torch.compile"). On the CPU the op returns copies of
+    the cache (a compiled graph may reuse its buffers' memory); elsewhere it computes the tables, so
+    that a CUDA graph replaying it never reads a cache that has since grown and been freed."""
     if (registered := compiler.registered_op("rope_tables")) is not None:
         return registered
 
@@ -58,6 +59,8 @@ def _tables_op():
     def rope_tables(
         length: int, head_dim: int, base: float, dtype: torch.dtype, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if device.type != "cpu":
+            return _compute(length, head_dim, base, device, dtype)
         cos, sin = _cached_tables(length, head_dim, base, device, dtype)
         return cos.clone(), sin.clone()
 
