@@ -230,7 +230,7 @@ def _counted_op(name: str):
 
 def test_the_backward_differentiates_the_forwards_graph_instead_of_running_it_again():
     """One call of the op per compiled step, forward and backward; the recorded graph is freed by
-    the backward, and an inference call keeps none."""
+    the backward or with the output, and an inference call keeps none."""
     op, calls = _counted_op("test_counted_times")
     x, w = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4, requires_grad=True)
     compiled = torch.compile(lambda x, w: op(x, w, x).sin().sum(), backend="aot_eager", fullgraph=True)
@@ -245,6 +245,11 @@ def test_the_backward_differentiates_the_forwards_graph_instead_of_running_it_ag
         compiled(x, w)
     gc.collect()
     assert calls[0] == 3 and len(compiler._RECORDED) == before
+    loss = compiled(x, w)  # a graph kept for a backward that never comes goes with the output
+    assert len(compiler._RECORDED) == before + 1
+    del loss
+    gc.collect()
+    assert len(compiler._RECORDED) == before
 
 
 def test_a_lost_graph_is_recomputed():
