@@ -267,17 +267,17 @@ def test_compiled_rope_reads_its_tables_as_one_op():
     """Under compile the RoPE tables come from one ``attnlab::rope_tables`` call, not from cos and
     sin in the graph (inductor would evaluate those at every element of q and k), and the rotation
     equals eager's at every length, the cache growing between them."""
-    rope = RotaryEmbedding(8)
+    rotary = RotaryEmbedding(8)
     graphs = []
 
     def keep_graph(graph_module, example_inputs):
         graphs.append(graph_module.graph)
         return graph_module.forward
 
-    compiled = torch.compile(rope, backend=keep_graph, dynamic=True, fullgraph=True)
+    compiled = torch.compile(rotary, backend=keep_graph, dynamic=True, fullgraph=True)
     for length in (5, 40, 7):
         q, k = torch.randn(2, 3, length, 8), torch.randn(2, 3, length, 8)
-        for got, want in zip(compiled(q, k), rope(q, k), strict=True):
+        for got, want in zip(compiled(q, k), rotary(q, k), strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
     targets = {str(node.target) for graph in graphs for node in graph.nodes if node.op == "call_function"}
     assert "attnlab.rope_tables.default" in targets
