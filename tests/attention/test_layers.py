@@ -161,6 +161,19 @@ def test_standardised_scores_share_mean_and_std_over_valid_tokens():
         torch.testing.assert_close(pooled.argsort(-1), raw.argsort(-1))
 
 
+def test_rope_tables_first_built_under_inference_mode_train_afterwards():
+    """A validation step under ``torch.inference_mode`` may be the first to ask for the tables (the
+    sanity check, another model of the same head dim): training then reuses them, so they are normal
+    tensors."""
+    rope = RotaryEmbedding(6, base=321.0)  # a head dim and base no other test caches
+    with torch.inference_mode():
+        rope(torch.randn(1, 1, 9, 6), torch.randn(1, 1, 9, 6))
+    q = torch.randn(1, 1, 9, 6, requires_grad=True)
+    rotated, _ = rope(q, torch.randn(1, 1, 9, 6))
+    rotated.sum().backward()
+    assert q.grad is not None
+
+
 def test_rope_is_relative_and_rejects_odd_head_dim():
     rope = RotaryEmbedding(8)
     q = torch.randn(1, 1, 1, 8, dtype=torch.float64).expand(1, 1, 10, 8)

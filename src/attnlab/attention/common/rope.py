@@ -27,8 +27,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 _CACHE: dict[tuple[int, float, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
+@torch.inference_mode(False)
 def _compute(size: int, head_dim: int, base: float, device: torch.device, dtype: torch.dtype):
-    """cos, sin (size, head_dim): angles in float64, cast once."""
+    """cos, sin (size, head_dim): angles in float64, cast once. Never inference tensors, even when
+    first asked for under ``torch.inference_mode`` (a validation step): training reuses the cache,
+    and autograd cannot save an inference tensor."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
     angles = torch.arange(size, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
     angles = torch.cat((angles, angles), dim=-1)
