@@ -66,6 +66,16 @@ def registered_op(name: str):
     return getattr(namespace, name).default if hasattr(namespace, name) else None
 
 
+def library_op(name: str, fn: Callable, fake: Callable, mutates_args: tuple[str, ...] = ()):
+    """``fn`` (annotated: its schema is inferred) as the custom op ``attnlab::<name>`` with ``fake``
+    as its fake implementation, or the op a module imported a second time registered before."""
+    if (registered := registered_op(name)) is not None:
+        return registered
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=mutates_args)(fn)
+    op.register_fake(fake)
+    return op
+
+
 #: the graphs that opaque ops' forwards recorded for their backwards: key -> (output, leaves)
 _RECORDED: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
 _KEYS = itertools.count()

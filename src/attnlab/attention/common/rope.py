@@ -48,33 +48,26 @@ def _cached_tables(length: int, head_dim: int, base: float, device, dtype):
     return cached[0][:length], cached[1][:length]
 
 
-def _tables_op():
+def _rope_tables(
+    length: int, head_dim: int, base: float, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``attnlab::rope_tables``: the tables as ``torch.compile`` reads them, one op whose outputs are
     buffers. Traced instead, inductor fuses the angles' float64 cos and sin into every element of q
     and k that reads them (forward and backward), which cost a compiled model more than its attention
     at 4,096 tokens (docs/benchmarks.md, "CPU: torch.compile"). On the CPU the op returns copies of
     the cache (a compiled graph may reuse its buffers' memory); elsewhere it computes the tables, so
     that a CUDA graph replaying it never reads a cache that has since grown and been freed."""
-    if (registered := compiler.registered_op("rope_tables")) is not None:
-        return registered
-
-    @torch.library.custom_op(f"{compiler.NAMESPACE}::rope_tables", mutates_args=())
-    def rope_tables(
-        length: int, head_dim: int, base: float, dtype: torch.dtype, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if device.type != "cpu":
-            return _compute(length, head_dim, base, device, dtype)
-        cos, sin = _cached_tables(length, head_dim, base, device, dtype)
-        return cos.clone(), sin.clone()
-
-    @rope_tables.register_fake
-    def _(length, head_dim, base, dtype, device):
-        return tuple(torch.empty(length, head_dim, dtype=dtype, device=device) for _ in range(2))
-
-    return rope_tables
+    if device.type != "cpu":
+        return _compute(length, head_dim, base, device, dtype)
+    cos, sin = _cached_tables(length, head_dim, base, device, dtype)
+    return cos.clone(), sin.clone()
 
 
-_ROPE_TABLES = _tables_op()
+def _rope_tables_fake(length, head_dim, base, dtype, device):
+    return tuple(torch.empty(length, head_dim, dtype=dtype, device=device) for _ in range(2))
+
+
+_ROPE_TABLES = compiler.library_op("rope_tables", _rope_tables, fake=_rope_tables_fake)
 
 
 class RotaryEmbedding(nn.Module):

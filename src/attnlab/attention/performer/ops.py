@@ -225,14 +225,12 @@ def _registered_schedule_step():
     """`_schedule_step` as the custom op ``attnlab::performer_schedule_step``: ``torch.compile``
     calls it in the graph (no break) and never reads the counters, so the graph does not depend on
     them (as plain ints on the module they were guarded: a recompile at every call)."""
-    name = "performer_schedule_step"
-    if (op := compiler.registered_op(name)) is not None:
-        return op
-    op = torch.library.custom_op(f"{compiler.NAMESPACE}::{name}", mutates_args=("projection", "schedule"))(
-        _schedule_step
+    return compiler.library_op(
+        "performer_schedule_step",
+        _schedule_step,
+        fake=lambda projection, schedule, seed, interval: None,
+        mutates_args=("projection", "schedule"),
     )
-    op.register_fake(lambda projection, schedule, seed, interval: None)
-    return op
 
 
 _SCHEDULE_STEP = _registered_schedule_step()
