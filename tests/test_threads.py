@@ -151,7 +151,7 @@ runpy.run_path("train.py", run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("user_threads", [None, "1"])
+@pytest.mark.parametrize("user_threads", [None, pytest.param("1", marks=pytest.mark.slow)])
 def test_train_py_sets_threads_before_torch_loads_and_the_users_win(tmp_path, user_threads):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", MARKER)}
     env.pop("OMP_WAIT_POLICY", None)

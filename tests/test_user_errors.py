@@ -213,6 +213,7 @@ def test_a_missing_dataset_is_one_line_and_the_run_dir_keeps_its_config(train_co
     assert (Path(cfg.paths.run_dir) / "config.yaml").is_file()  # written when the run starts
 
 
+@pytest.mark.slow
 def test_a_default_run_prints_each_line_once_without_adverts(tmp_path):
     done = run_train_py(*TINY_LISTOPS, "task.max_steps=12", cwd=tmp_path, timeout=300, single_thread=True)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -188,6 +188,7 @@ def _graphs_over_lengths(backends, lengths) -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
+@pytest.mark.slow
 def test_new_lengths_reuse_the_compiled_graphs():
     """With dynamic shapes a new length compiles nothing new; only the sliced ops' dense/sorted
     crossover (T = 64 for sliced ReLU on the CPU) splits the graph. (A length formatted into a

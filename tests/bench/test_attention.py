@@ -237,3 +237,28 @@ def test_an_out_dir_that_is_a_file_is_refused_by_name(tmp_path, capsys, command)
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert f"argument --out-dir: {taken} is a file, not a folder" in err and "Traceback" not in err
+
+
+def test_sigterm_while_measuring_keeps_the_cells_so_far_and_exits_143(tmp_path, monkeypatch, capsys):
+    """A time limit's SIGTERM part way through a cell: the cells measured so far are written, the one
+    being measured is marked stopped, and the command exits 143 as the signal's own exit would."""
+    import os
+    import signal
+    import time
+
+    def terminated_while_measuring(args, log=print, cells=None):
+        cells.append(bench.Cell("softmax", "fwd", 16, args.batch, args.heads, args.dim, args.dtype, "cpu"))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler raises SystemExit at once
+
+    monkeypatch.setattr(bench, "run_bench", terminated_while_measuring)
+    previous = signal.getsignal(signal.SIGTERM)
+    assert run(tmp_path, "--seq-lens", "16") == 143
+    assert signal.getsignal(signal.SIGTERM) is previous
+    (row,) = read_rows(tmp_path)
+    assert (row["backend"], row["status"], row["note"]) == (
+        "softmax",
+        "stopped",
+        "interrupted while measuring",
+    )
+    assert "stopped; the 1 cells so far are in" in capsys.readouterr().out

@@ -115,6 +115,7 @@ def test_sliced_relu_moves_at_most_two_and_a_half_floors(monkeypatch, length):
     assert _ratio("sliced_relu", length) <= 2.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length", LENGTHS)
 def test_relu_bump_moves_at_most_four_floors(monkeypatch, length):
     """The Triton ReLU-bump's bound: tile walks over the sorted keys, one per direction."""

@@ -123,6 +123,7 @@ def test_the_floor_at_gpu_lengths_is_the_floor_bench_bytes_counts(backend):
         assert gpu_results.floor_bytes_at(backend, 2, 3, 1000, 8, "bfloat16", backward) == direct
 
 
+@pytest.mark.slow
 def test_a_stopped_bench_keeps_the_cells_it_measured(tmp_path, terminal_signals):
     """`timeout` (make bench-gpu's budget) sends SIGTERM: the CSV still holds every finished cell."""
     import os
@@ -282,6 +283,7 @@ def test_a_new_check_summarises_nothing_stale_from_the_last(tmp_path):
     assert results["training"] and all(r["status"] == "failed" for r in results["training"])
 
 
+@pytest.mark.slow
 def test_a_check_stopped_at_the_budget_is_not_taken_for_a_pass(tmp_path):
     done, calls, _ = _fake_bench(tmp_path, budget_s=7, step_s=0.05, check_s=30)
     assert done.returncode == 0, done.stderr

@@ -17,6 +17,7 @@ from attnlab.cli.main import main
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 @pytest.mark.skipif(
     not (REPO_ROOT / ".venv" / "bin" / "attnlab").exists(), reason="needs the .venv that make builds"

@@ -95,7 +95,8 @@ def test_sigterm_then_sigint_in_process_save_at_the_step_reached_and_resume_exac
     assert third["test_acc"] == uninterrupted["test_acc"]
 
 
-@pytest.mark.parametrize("signum", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
 def test_signal_to_a_local_run_exits_nonzero_and_the_printed_command_resumes_it(
     tmp_path, signum, terminal_signals, uninterrupted
 ):

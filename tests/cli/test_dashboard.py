@@ -295,6 +295,7 @@ class _Browser:
         os.close(self._from_browser)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (.ci/run installs it from Debian)")
 def test_runs_table_renders_in_headless_chromium(outputs, tmp_path):
     """The HPARAMS table as a browser draws it: every run's row with its numbers, and a non-blank image.
@@ -457,3 +458,28 @@ def test_a_host_beyond_this_machine_is_warned_about(outputs, capsys):
     assert "warning: --host 192.0.2.1 serves the runs" in capsys.readouterr().err
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.8.0.3", "::1", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.org"))
+
+
+def test_the_server_waits_until_sigterm_and_gives_the_handler_back():
+    """The main thread's wait (the server is a daemon thread) outlasts its poll interval and ends on
+    SIGTERM, with the caller's SIGTERM handler restored."""
+    import threading
+    import time
+
+    from attnlab.cli.dashboard import _wait_until_stopped
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def terminate_once_waiting():
+        while signal.getsignal(signal.SIGTERM) is previous:  # until the wait's handler is in
+            time.sleep(0.01)
+        time.sleep(0.8)  # past one 0.5 s poll
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=terminate_once_waiting)
+    started = time.monotonic()
+    sender.start()
+    _wait_until_stopped()
+    sender.join()
+    assert time.monotonic() - started >= 0.8
+    assert signal.getsignal(signal.SIGTERM) is previous

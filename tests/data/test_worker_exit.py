@@ -9,6 +9,7 @@ import textwrap
 import time
 from functools import partial
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -36,6 +37,7 @@ FAILING_TEST = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_failing_test_holding_loader_workers_does_not_hang_pytest(tmp_path):
     """At exit multiprocessing sent the workers SIGTERM, which they ignore, and waited forever."""
     (tmp_path / "test_holds_workers.py").write_text(FAILING_TEST)
@@ -53,6 +55,7 @@ def test_a_failing_test_holding_loader_workers_does_not_hang_pytest(tmp_path):
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.slow
 def test_a_worker_ends_when_its_parent_is_killed(tmp_path):
     """A parent killed with kill -9 runs no exit handler: each worker watches its parent itself."""
     script = tmp_path / "parent.py"
@@ -132,3 +135,24 @@ def test_shutting_down_ends_the_workers_of_an_iterator_still_held():
     shut_down_loader_workers()
     worker.join(timeout=10)
     assert not worker.is_alive() and held is not None
+
+
+def test_the_exit_handler_kills_a_worker_that_ignores_sigterm_after_the_grace():
+    """`_end_workers_at_exit` in the process itself: the worker ignores SIGTERM (`_worker_init`), so
+    it lives through the grace and is then killed; nothing waits forever."""
+    import signal
+
+    from attnlab.data.loaders import _end_workers_at_exit
+
+    batches = iter(_one_worker_loader())
+    next(batches)
+    (worker,) = batches._workers
+    sigchld = signal.getsignal(signal.SIGCHLD)  # the handler resets torch's, as at exit
+    started = time.monotonic()
+    try:
+        _end_workers_at_exit(grace_s=0.5)
+        assert not worker.is_alive() and worker.exitcode == -signal.SIGKILL
+        assert time.monotonic() - started >= 0.5
+    finally:
+        signal.signal(signal.SIGCHLD, sigchld)
+        batches._shutdown_workers()

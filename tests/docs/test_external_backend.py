@@ -138,6 +138,7 @@ def test_registration_is_checked(clean_registry):
     assert Mine.name == "mine" and build_attention("mine", 8, 2, causal=True).causal
 
 
+@pytest.mark.slow
 def test_documented_command_trains_a_tiny_model(tmp_path):
     """The page's command as typed (tiny data and run dirs added), the class in a folder on PYTHONPATH."""
     project = tmp_path / "my_project"
@@ -171,3 +172,19 @@ def test_documented_command_trains_a_tiny_model(tmp_path):
     assert 0.0 <= summary["test_acc"] <= 1.0
     config = (tmp_path / "run" / "config.yaml").read_text()
     assert "module: my_attention" in config and "temperature: 10.0" in config
+
+
+def test_the_flop_counter_counts_a_users_backend_by_its_projections(user_project):
+    """attnlab has no FLOP formula for a user's attention: its Linear projections are counted, the
+    attention itself is left out, and the run goes on (throughput is logged for every backend)."""
+    import my_attention  # noqa: F401
+
+    from attnlab.flops import FlopCounter
+
+    layer = build_attention("my_attn", 16, 4, rope=False)
+    counter = FlopCounter().attach(layer)
+    layer(torch.randn(2, 7, 16))
+    linears = [m for m in layer.modules() if isinstance(m, nn.Linear)]
+    assert linears and counter.forward_flops == sum(
+        2.0 * 2 * 7 * m.in_features * m.out_features for m in linears
+    )

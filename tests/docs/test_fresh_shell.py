@@ -73,6 +73,7 @@ def test_python_and_attnlab_after_activating_the_venv():
     assert "usage: attnlab" in done.stdout and "Powered by Hydra" in done.stdout
 
 
+@pytest.mark.slow
 @needs_venv
 def test_the_readmes_commands_in_a_fresh_shell():
     commands = _concrete("README.md")

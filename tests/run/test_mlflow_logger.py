@@ -121,6 +121,7 @@ def _assert_store_healthy(node: dict) -> None:
     assert client.get_run(later.run_id).data.metrics["val/acc"] == 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("processes")  # several processes at once: never two such tests together
 def test_processes_starting_together_on_a_fresh_store_all_log(train_config, tmp_path):
     node = _mlflow_node(train_config)

@@ -102,6 +102,7 @@ def _weights_and_optimizer(path: Path) -> tuple[dict, dict]:
     return ckpt["state_dict"], ckpt["optimizer_states"][0]["state"]
 
 
+@pytest.mark.slow
 def test_run_killed_mid_epoch_resumes_to_the_same_weights_and_metrics(train_config, tmp_path, uninterrupted):
     uninterrupted, uninterrupted_dir = uninterrupted
 
@@ -167,6 +168,7 @@ def _loops(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)["loops"]
 
 
+@pytest.mark.slow
 def test_sigusr1_under_slurm_checkpoints_at_a_step_boundary_requeues_and_the_restart_matches(
     tmp_path, uninterrupted
 ):
@@ -411,6 +413,7 @@ def _metric_steps(run_dir: Path, column: str) -> list[int]:
         return [int(row["step"]) for row in csv.DictReader(handle) if row.get(column)]
 
 
+@pytest.mark.slow
 def test_resume_as_the_readme_writes_it_continues_the_same_run(tmp_path):
     """``ckpt_path=<run>/checkpoints/last.ckpt``, no ``hydra.run.dir``: same run dir, best-checkpoint
     tracking restored, metric rows and wall time of the killed attempt kept, attempts counted."""

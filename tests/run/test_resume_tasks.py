@@ -120,13 +120,10 @@ RESUMABLE["cifar10_vit as configured"] = [
 ]
 PREPARE = {"cifar10_vit as configured": lambda data_dir: write_cifar(data_dir, per_batch=40)}
 WORKERS = {"cifar10_vit as configured": 4}  # the preset's; 2 for the others
-# make test-all: shapes runs no line that digits_vit and test_resume's kills leave out (coverage checked)
-SLOW = {"listops", "cifar10_vit as configured", "shapes"}
 
 
-@pytest.mark.parametrize(
-    "task", [pytest.param(t, marks=pytest.mark.slow) if t in SLOW else t for t in RESUMABLE]
-)
+@pytest.mark.slow  # make test-all: the in-process resume tests run its lines (coverage checked)
+@pytest.mark.parametrize("task", RESUMABLE)
 def test_killed_run_with_loader_workers_resumes_bit_identical(train_config, tmp_path, task):
     """The kill -9 runs: kill -9 while held after step 14, ``ckpt_path=auto`` in the same
     run dir; weights, EMA, optimizer state, validation and test accuracy equal the uninterrupted run's."""

@@ -131,6 +131,7 @@ def test_a_resume_may_raise_the_budget(train_config, finished_run):
     assert summary["steps"] == 4
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_a_second_fresh_run_in_one_line(tmp_path):
     args = [*SHORT, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
     differs = [*args, "seed=3"]  # Hydra would record these overrides over the first run's
@@ -146,6 +147,7 @@ def test_the_command_line_refuses_a_second_fresh_run_in_one_line(tmp_path):
     assert (tmp_path / "run" / ".hydra" / "overrides.yaml").read_bytes() == hydra_record  # before Hydra
 
 
+@pytest.mark.slow
 def test_a_second_run_started_while_the_first_writes_the_dir_is_refused(tmp_path, terminal_signals):
     """Two runs started together in one dir raced: one crashed in the CSV logger, or both exited 0
     and one summary replaced the other. The second is refused; the first runs on, untouched."""

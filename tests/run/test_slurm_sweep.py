@@ -170,6 +170,7 @@ def _table_row(output: str, run: str) -> list[str]:
     return rows[0]
 
 
+@pytest.mark.slow
 def test_documented_sweep_runs_as_one_job_array(slurm_cluster: None, sweep_in) -> None:
     sweep = sweep_in(*DOCUMENTED_SWEEP.split(), *TINY)
     rc = sweep.wait()
@@ -251,6 +252,7 @@ def _checkpoint_step(checkpoint: Path) -> int:
     return torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"]
 
 
+@pytest.mark.slow
 def test_multinode_sbatch_script_runs_cpu_ddp_over_two_tasks(slurm_cluster: None, tmp_path: Path) -> None:
     """The script as the README shows it, with the GPUs swapped for CPUs on the command line: srun starts
     2 tasks, the trainer gets devices/num_nodes from SLURM and Lightning runs DDP (gloo) over them."""

@@ -304,6 +304,7 @@ def test_grid_preset_sweeps_batch_size_and_learning_rate(tmp_path):
     assert grid["task.data.batch_size"] == "16,32" and grid["task.module.optimizer.lr"] == "1e-5,2e-5,3e-5"
 
 
+@pytest.mark.slow
 def test_documented_grid_sweep_and_report_run_as_written(tmp_path, pretrained):
     """docs/mlm.md: ``python train.py -m experiment=glue/grid task.glue_task=... task.pretrained=<mlm ckpt>
     attn=softmax`` then ``attnlab report outputs/multirun`` (only step counts added; SST-2 is the fixture),

@@ -140,6 +140,7 @@ def test_modelnet10_needs_its_class_count(train_config, tmp_path):
         train(cfg)
 
 
+@pytest.mark.slow
 def test_shapes_short_run_beats_chance(train_config, tmp_path):
     """`python train.py task=shapes attn=sliced_relu_bump` (README), with a smaller set and model."""
     cfg = train_config(

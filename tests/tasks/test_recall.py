@@ -94,6 +94,7 @@ TINY_MQAR = [
 ]
 
 
+@pytest.mark.slow
 def test_a_short_mqar_run_recalls_far_above_chance(train_config, tmp_path):
     """Chance (best constant guess) is ~1/16 and choosing among the 3 bound values gives 1/3: only
     recalling which value goes with which key reaches the asserted accuracy."""

@@ -104,16 +104,9 @@ def test_chunked_scan_and_d_blocks(interpret, monkeypatch, kind):
     compare(kind, args, mask)
 
 
-# the padded tied case jumps in every walk as the other two do, and over tied runs too; the other
-# two add no line of coverage to the fast suite (coverage.py, line sets compared): slow
-@pytest.mark.parametrize(
-    ("padded", "scores"),
-    [
-        pytest.param(False, "random", marks=pytest.mark.slow),
-        pytest.param(True, "random", marks=pytest.mark.slow),
-        (True, "tied"),
-    ],
-)
+# make test-all: the wide-window precision tests run every jump's lines (coverage.py, line sets compared)
+@pytest.mark.slow
+@pytest.mark.parametrize(("padded", "scores"), [(False, "random"), (True, "random"), (True, "tied")])
 def test_bump_walks_jump_over_runs_of_keys_and_queries(interpret, monkeypatch, padded, scores):
     """Wide windows over small blocks: every walk (forward, both backward sides) jumps over runs
     whose sums come from the float64 prefix tables; a wrong table row, carry or side breaks the
