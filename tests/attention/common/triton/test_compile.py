@@ -18,7 +18,7 @@ from attnlab.attention.common.triton import runtime
 
 triton = pytest.importorskip("triton")
 from attnlab.attention.linear.triton import launch_config  # noqa: E402
-from triton_builds import CASES, DTYPES, TARGETS, LaunchSpy, build, cuobjdump, resource_usage  # noqa: E402
+from triton_builds import CASES, LaunchSpy, build, cuobjdump, resource_usage  # noqa: E402
 
 SPILL_BOUND = 1024  # bytes of stack per thread
 
@@ -26,28 +26,12 @@ SPILL_BOUND = 1024  # bytes of stack per thread
 SHARED = ("sm_80", "fp32")  # what the offset check (test_offsets.py) builds of every kernel
 
 
-def _fast_cases() -> set[tuple[str, str, str]]:
-    """Two builds per kernel: ``SHARED`` (Triton's cache has it from the offset check), and one other
-    target × dtype, taken in turn from the rest of the square, so every target and dtype is built.
-
-    The other cases run the same Python (only Triton's compiler sees the target and dtype), so they
-    add minutes and no line of coverage; they stay in the matrix as ``slow`` (``make test-all``). A
-    kernel built in one dtype only keeps every target."""
-    others = [(t, d) for t in TARGETS for d in DTYPES if (t, d) != SHARED]
-    fast, turn = set(), 0
-    for kernel in dict.fromkeys(case[0] for case in CASES):
-        cases = [case for case in CASES if case[0] == kernel]
-        if len(cases) == len(TARGETS):  # one dtype: every target
-            fast.update(cases)
-            continue
-        fast.update({(kernel, *SHARED), (kernel, *others[turn % len(others)])})
-        turn += 1
-    return fast
-
-
-FAST = _fast_cases()
+# make test: each kernel built once, for ``SHARED`` (Triton's cache has it from the offset check). The
+# other targets and dtypes run the same Python (only Triton's compiler sees them), so they add minutes
+# on a cold cache and no line of coverage: they stay in the matrix as ``slow`` (``make test-all``).
 MATRIX = [
-    pytest.param(*case, id="-".join(case), marks=() if case in FAST else pytest.mark.slow) for case in CASES
+    pytest.param(*case, id="-".join(case), marks=() if case[1:] == SHARED else pytest.mark.slow)
+    for case in CASES
 ]
 
 
