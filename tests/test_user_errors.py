@@ -52,6 +52,7 @@ def test_check_config_names_each_bad_value(train_config, override, expected):
     assert expected in str(caught.value)
 
 
+@pytest.mark.slow
 def test_every_shipped_config_passes_the_checks(train_config):
     for task in sorted(p.stem for p in (REPO_ROOT / "conf" / "task").glob("*.yaml")):
         check_config(train_config(f"task={task}"))

@@ -94,6 +94,7 @@ def test_tensorboard_event_files_carry_the_hyperparameters(train_config, tmp_pat
     assert hparams["seed"].number_value == 6
 
 
+@pytest.mark.slow
 def test_runs_of_a_project_share_one_mlflow_store(train_config, tmp_path):
     quick = [*TINY_LISTOPS, "trainer.max_steps=2", "task.val_check_interval=2", "test=false", "logger=mlflow"]
     first = train_config(*quick, "attn=linear", "seed=1")

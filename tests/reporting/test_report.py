@@ -262,6 +262,7 @@ def test_report_files_and_tables(sweep: Path, tmp_path: Path):
         assert data.startswith(PNG_MAGIC) and len(data) > 5000, name
 
 
+@pytest.mark.slow
 def test_report_is_deterministic(sweep: Path, tmp_path: Path):
     first = make_report([sweep], tmp_path / "a")
     second = make_report([sweep], tmp_path / "b")

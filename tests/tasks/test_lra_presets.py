@@ -414,6 +414,7 @@ def test_every_preset_builds_its_model(train_config, preset, attn):
     assert out.shape == (2, cfg.task.num_classes) and torch.isfinite(out).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["lra/listops", "lra_paper/listops"])
 def test_listops_presets_train_end_to_end(train_config, preset):
     """Full-size models on a tiny generated set: the optimizer, schedule and trainer settings run."""

@@ -96,6 +96,7 @@ def test_missing_image_dataset_stops_with_the_expected_path(train_config, tmp_pa
         train(cfg)
 
 
+@pytest.mark.slow
 def test_digits_vit_learns_in_seconds(train_config, tmp_path):
     """docs/vision.md's `python train.py task=digits_vit attn=sliced_relu`, cut to 100 steps: far above
     chance (10 %) on the real test images; `attnlab report` tables it beside an LRA run."""
