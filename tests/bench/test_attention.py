@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import csv
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -242,9 +245,6 @@ def test_an_out_dir_that_is_a_file_is_refused_by_name(tmp_path, capsys, command)
 def test_sigterm_while_measuring_keeps_the_cells_so_far_and_exits_143(tmp_path, monkeypatch, capsys):
     """A time limit's SIGTERM part way through a cell: the cells measured so far are written, the one
     being measured is marked stopped, and the command exits 143 as the signal's own exit would."""
-    import os
-    import signal
-    import time
 
     def terminated_while_measuring(args, log=print, cells=None):
         cells.append(bench.Cell("softmax", "fwd", 16, args.batch, args.heads, args.dim, args.dtype, "cpu"))

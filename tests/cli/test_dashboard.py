@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -463,9 +464,6 @@ def test_a_host_beyond_this_machine_is_warned_about(outputs, capsys):
 def test_the_server_waits_until_sigterm_and_gives_the_handler_back():
     """The main thread's wait (the server is a daemon thread) outlasts its poll interval and ends on
     SIGTERM, with the caller's SIGTERM handler restored."""
-    import threading
-    import time
-
     from attnlab.cli.dashboard import _wait_until_stopped
 
     previous = signal.getsignal(signal.SIGTERM)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -140,8 +141,6 @@ def test_shutting_down_ends_the_workers_of_an_iterator_still_held():
 def test_the_exit_handler_kills_a_worker_that_ignores_sigterm_after_the_grace():
     """`_end_workers_at_exit` in the process itself: the worker ignores SIGTERM (`_worker_init`), so
     it lives through the grace and is then killed; nothing waits forever."""
-    import signal
-
     from attnlab.data.loaders import _end_workers_at_exit
 
     batches = iter(_one_worker_loader())

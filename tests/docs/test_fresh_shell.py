@@ -5,7 +5,7 @@ Each command runs as typed with a flag that stops it before any work: ``python t
 Hydra's ``--cfg job`` (attnlab's own checks of the command line, then the composed config printed;
 a sweep's first point),
 ``attnlab ...`` with ``--help`` (the sub-command exists; its arguments are parsed in-process by
-``test_docs_commands``). The README's commands are in the fast suite; every page's are ``slow``.
+``test_docs_commands``). Both run in ``make test-all``; ``make test`` keeps the activated venv's check.
 """
 
 from __future__ import annotations
