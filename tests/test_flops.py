@@ -107,19 +107,39 @@ def test_no_mfu_on_cpu_without_a_peak(train_config, tmp_path):
 @pytest.mark.parametrize("backend", ["sliced_relu", "sliced_relu_bump"])
 @pytest.mark.parametrize("rope", [False, True])
 def test_model_counter_counts_a_packed_batch_as_it_runs(backend, rope):
-    """Under packing the projections (folded or not) run on the packed rows and attention on each
-    sequence: the count is the matmuls torch sees plus the op's formula for (N, M)."""
+    """Under packing the projections (folded or not) run on the packed rows, and so does attention
+    (the segment-aware sliced ops; a causal layer would attend each sequence laid out alone): the
+    count is the matmuls torch sees plus the op's formula for the (B, L) rows."""
     layer = build_attention(backend, dim=32, num_heads=4, rope=rope, path="sorted")
+    assert layer.attends_packed_rows
     lengths = [20, 7, 13, 9, 11, 4]  # in five rows: more than Π's width of 4 (unpacked, RoPE would fold)
     layout = PackedLayout.from_rows(lengths, [[0], [1, 2], [3], [4], [5]], 24)
     x = torch.randn(5, 24, 32)
     counter = FlopCounter().attach(layer)
     seen = counted(layer, x, packing=layout)
-    s, t, v = torch.randn(6, 4, 20), torch.randn(6, 4, 20), torch.randn(6, 4, 20, 8)
+    s, t, v = torch.randn(5, 4, 24), torch.randn(5, 4, 24), torch.randn(5, 4, 24, 8)
+    in_op = counted(layer.attend_segments, s, t, v, layout.segments)  # the op's own matmuls, if any
+    counter.reset()
+    layer(x, packing=layout)
+    op = 5 * 4 * attention_flops(backend, 24, 8)
+    assert counter.forward_flops - op == pytest.approx(seen - in_op, rel=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["sliced_relu", "sliced_relu_bump"])
+def test_model_counter_counts_a_causal_packed_batch_per_sequence(backend):
+    """A causal sliced layer lays each packed sequence out alone: attention is priced on (N, M)."""
+    layer = build_attention(backend, dim=32, num_heads=4, causal=True, path="sorted")
+    assert not layer.attends_packed_rows
+    lengths = [20, 7, 13]
+    layout = PackedLayout.from_rows(lengths, [[0], [1, 2]], 20)
+    x = torch.randn(2, 20, 32)
+    counter = FlopCounter().attach(layer)
+    seen = counted(layer, x, packing=layout)
+    s, t, v = torch.randn(3, 4, 20), torch.randn(3, 4, 20), torch.randn(3, 4, 20, 8)
     in_op = counted(layer.attend_scores, s, t, v, layout.mask)  # the masked op's own small matmuls
     counter.reset()
     layer(x, packing=layout)
-    op = len(lengths) * 4 * attention_flops(backend, max(lengths), 8)
+    op = 3 * 4 * attention_flops(backend, 20, 8, causal=True)
     assert counter.forward_flops - op == pytest.approx(seen - in_op, rel=1e-12)
 
 

@@ -90,8 +90,9 @@ class SlicedAttentionLayer(AttentionLayer):
         self, x: torch.Tensor, key_padding_mask: torch.Tensor | None, packing: PackedLayout
     ) -> torch.Tensor:
         """A packed batch: the projection, RoPE and Π run on the packed tokens (folded as `forward`
-        folds without RoPE); the scores and values are laid out one sequence per row for the op, whose
-        standardisation and centring are per sequence."""
+        folds without RoPE). Layers that `attends_packed_rows` run their op on the packed rows
+        (`attend_segments`); the others lay the scores and values out one sequence per row for the
+        padded op. Standardisation and centring are per sequence either way."""
         refusal = self.packing_refusal()
         if refusal:
             raise ValueError(f"{refusal}; set task.data.packing=false or score_layout=token")
@@ -101,6 +102,8 @@ class SlicedAttentionLayer(AttentionLayer):
         else:
             q, k, v = self.split_heads(self.qkv(x), positions=packing.positions)
             s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
+        if self.attends_packed_rows:
+            return self.out_proj(self.merge(self.attend_segments(s, t, v, packing.segments)))
         s, t, v = (packing.unpack_heads(y) for y in (s, t, v))
         return self.out_proj(packing.pack(self.merge(self.attend_scores(s, t, v, packing.mask))))
 
@@ -111,3 +114,7 @@ class SlicedAttentionLayer(AttentionLayer):
 
     def attend_scores(self, s, t, v, key_padding_mask):
         raise NotImplementedError(f"{type(self).__name__} must implement attend_scores()")
+
+    def attend_segments(self, s, t, v, segments):
+        """The op on packed rows (scores (B, H, L), ``segments`` (B, L)), where `attends_packed_rows`."""
+        raise NotImplementedError(f"{type(self).__name__} must implement attend_segments()")

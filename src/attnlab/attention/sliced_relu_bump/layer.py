@@ -12,6 +12,7 @@ from attnlab.attention.sliced_common.layer import SlicedAttentionLayer
 from attnlab.attention.sliced_common.path import check_path
 from attnlab.attention.sliced_relu_bump.normaliser import check_bump_normaliser
 from attnlab.attention.sliced_relu_bump.ops import sliced_relu_bump_attention
+from attnlab.attention.sliced_relu_bump.segments import sliced_relu_bump_attention_segments
 
 
 class SlicedReLUBumpAttention(SlicedAttentionLayer):
@@ -52,6 +53,15 @@ class SlicedReLUBumpAttention(SlicedAttentionLayer):
     def bandwidth(self) -> torch.Tensor:
         """Per-head hat width b_h = softplus(θ_h) + 1e-4 (> 0 so the kernel never degenerates)."""
         return F.softplus(self.bandwidth_logit) + 1e-4
+
+    @property
+    def attends_packed_rows(self) -> bool:
+        """Bidirectional layers attend on packed rows (`sliced_relu_bump_attention_segments`, sorted);
+        causal ones and `path="dense"` lay each sequence out alone."""
+        return not self.causal and self.path != "dense"
+
+    def attend_segments(self, s, t, v, segments):
+        return self.output_dropout(sliced_relu_bump_attention_segments(s, t, v, self.bandwidth, segments))
 
     def attend_scores(self, s, t, v, key_padding_mask):
         o = sliced_relu_bump_attention(

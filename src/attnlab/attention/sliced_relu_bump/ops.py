@@ -113,18 +113,7 @@ def sliced_relu_bump_attention(
     """
     check_scores_inputs(OP, s, t, v, key_padding_mask)
     batch, heads, length, _ = v.shape
-    if not isinstance(bandwidth, torch.Tensor) or tuple(bandwidth.shape) != (heads,):
-        shape = tuple(bandwidth.shape) if isinstance(bandwidth, torch.Tensor) else type(bandwidth).__name__
-        raise ValueError(f"{OP}: bandwidth must have shape (H,) = ({heads},), got {shape}")
-    if not bandwidth.is_floating_point():
-        raise TypeError(f"{OP}: bandwidth must be a float tensor, got {bandwidth.dtype}")
-    # b = inf would be the plain mean of v, but the window formula turns it into inf - inf = NaN
-    positive = f"{OP}: bandwidth must be finite and > 0 everywhere"
-    good = ((bandwidth > 0) & torch.isfinite(bandwidth)).all()
-    if not compiler.host_reads_allowed(bandwidth):  # checked on the device: no stall, no graph break
-        torch._assert_async(good, positive)
-    elif not bool(good):
-        raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
+    check_bandwidth(OP, bandwidth, heads)
     check_bump_normaliser(OP, normaliser, mass_eps, causal)
     check_padded_queries(OP, padded_queries, causal)
     check_choice(OP, impl, path)
@@ -144,6 +133,23 @@ def sliced_relu_bump_attention(
         s, t, v, bandwidth, key_padding_mask, causal, impl, normaliser, float(mass_eps), padded_queries, path
     )
     return run_first(IMPLEMENTATIONS, request, call, opaque)
+
+
+def check_bandwidth(op: str, bandwidth, heads: int) -> None:
+    """``bandwidth`` is a float (H,) tensor, finite and > 0 (checked on the device when the host may
+    not read it: no stall, no graph break)."""
+    if not isinstance(bandwidth, torch.Tensor) or tuple(bandwidth.shape) != (heads,):
+        shape = tuple(bandwidth.shape) if isinstance(bandwidth, torch.Tensor) else type(bandwidth).__name__
+        raise ValueError(f"{op}: bandwidth must have shape (H,) = ({heads},), got {shape}")
+    if not bandwidth.is_floating_point():
+        raise TypeError(f"{op}: bandwidth must be a float tensor, got {bandwidth.dtype}")
+    # b = inf would be the plain mean of v, but the window formula turns it into inf - inf = NaN
+    positive = f"{op}: bandwidth must be finite and > 0 everywhere"
+    good = ((bandwidth > 0) & torch.isfinite(bandwidth)).all()
+    if not compiler.host_reads_allowed(bandwidth):
+        torch._assert_async(good, positive)
+    elif not bool(good):
+        raise ValueError(f"{positive}, got {bandwidth.detach().tolist()}")
 
 
 #: the op as ``torch.compile`` calls its sorted and Triton forms (``attnlab.attention.common.compiler``)

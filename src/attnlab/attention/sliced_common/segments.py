@@ -1,0 +1,194 @@
+"""The sliced ops on packed rows: several sequences (segments) end to end in each row, each query
+summing the keys of its own segment only.
+
+Sorting each row by (segment, score) puts every segment's keys in one contiguous run of the sorted
+order, at the same positions its tokens hold in the row (segments are contiguous runs). Prefix sums
+over the whole sorted row then give a segment's sums as differences ``P[k] - P[start]``: the sums
+restart at each segment without a loop over segments. The searches use integer codes
+``run · K + rank`` (``rank``: the dense rank of a score among every score and window bound of the
+row), so a search never leaves its segment and ties compare exactly as the floats do.
+
+Scores are centred per segment (``segment_centre``: the shift ``centre_scores`` makes for a padded
+row, from the segment's own statistics) and values per segment (``w = v − mean``), so each segment's
+running totals stay of its own order. A segment holding a non-finite score or value gives NaN at its
+own tokens and nothing else: its inputs are zeroed before the shared prefix sums (a NaN there would
+reach every later segment of the row).
+
+The ops are written with differentiable torch ops: autograd derives the backward pass, and the
+formulas take the kink conventions of the references (``relu'(0) = abs'(0) = 0``: tied keys in
+neither one-sided sum). That keeps the sort and gather intermediates alive for the backward pass,
+O(T·D) memory like the padded ops, with a larger constant than their hand-written backward passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.attention.common.precision import FLOAT_DTYPES, accumulation_dtype
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Where each token's segment lies in its row, for rows ``(N = B·H, L)``.
+
+    ``local``: the segment's index within its row (0, 1, ...); ``start``: the position of its first
+    token; ``size``: its number of tokens, each (N, L) int64 per token.
+    """
+
+    local: torch.Tensor
+    start: torch.Tensor
+    size: torch.Tensor
+
+    @property
+    def end(self) -> torch.Tensor:
+        return self.start + self.size
+
+    def flat(self) -> torch.Tensor:
+        """Each token's segment as an index into (N·L) per-segment slots (row n's at n·L + local)."""
+        rows, length = self.local.shape
+        return (self.local + torch.arange(rows, device=self.local.device)[:, None] * length).reshape(-1)
+
+
+def segment_runs(segments: torch.Tensor, heads: int) -> Runs:
+    """The `Runs` of packed rows ``segments`` (B, L), repeated for ``heads`` rows per batch row.
+
+    A new segment starts wherever the id changes: ids need only differ between neighbouring
+    segments (`PackedLayout.segments` gives each sequence its own, empty slots one more)."""
+    batch, length = segments.shape
+    change = segments[:, 1:] != segments[:, :-1]
+    edge = torch.ones(batch, 1, dtype=torch.bool, device=segments.device)
+    first, last = torch.cat([edge, change], dim=1), torch.cat([change, edge], dim=1)
+    position = torch.arange(length, device=segments.device).expand(batch, -1)
+    local = first.long().cumsum(1) - 1
+    start = torch.where(first, position, 0).cummax(1).values
+    end = torch.where(last, position + 1, length).flip(1).cummin(1).values.flip(1)
+    return Runs(*(x.repeat_interleave(heads, dim=0) for x in (local, start, end - start)))
+
+
+def segment_sum(x: torch.Tensor, runs: Runs) -> torch.Tensor:
+    """Each token's segment total of ``x`` (N, L[, D]), back at every token of the segment."""
+    rows, length = runs.local.shape
+    index = runs.flat()
+    flat = x.reshape(rows * length, -1)
+    totals = flat.new_zeros(flat.shape).index_add(0, index, flat)
+    return totals.index_select(0, index).view(x.shape)
+
+
+def segment_mean(x: torch.Tensor, runs: Runs) -> torch.Tensor:
+    """Each token's segment mean of ``x`` (N, L[, D])."""
+    size = runs.size.to(x.dtype)
+    return segment_sum(x, runs) / (size if x.dim() == 2 else size[..., None])
+
+
+def broken_segments(runs: Runs, *tensors: torch.Tensor) -> torch.Tensor:
+    """(N, L) bool: the tokens whose segment holds a non-finite entry in any of ``tensors``
+    ((N, L) or (N, L, D))."""
+    bad = torch.zeros_like(runs.local, dtype=torch.bool)
+    for x in tensors:
+        finite = torch.isfinite(x)
+        bad |= ~(finite if x.dim() == 2 else finite.all(-1))
+    return segment_sum(bad.to(torch.float32), runs) > 0
+
+
+def segment_centre(s: torch.Tensor, t: torch.Tensor, runs: Runs) -> torch.Tensor:
+    """The per-segment shift of ``centre_scores``: the mean of the segment's scores rounded to a power
+    of two near their spread, so that subtracting it is exact and the ops see the very same
+    differences s − t. (N, L), constant over each segment; no gradient flows through it."""
+    s, t = s.detach(), t.detach()
+    mean = segment_mean(s + t, runs) / 2
+    spread = segment_mean((s - mean).square() + (t - mean).square(), runs) / 2
+    step = torch.exp2(torch.floor(torch.log2(spread.sqrt())))  # 0 when all scores are equal
+    ok = (step > 0) & torch.isfinite(step)
+    return torch.where(ok, torch.round(mean / torch.where(ok, step, 1.0)) * step, mean)
+
+
+def dense_ranks(values: torch.Tensor) -> torch.Tensor:
+    """Each entry's rank among the distinct values of its row (N, K): equal values, equal rank."""
+    ordered, order = torch.sort(values, dim=1)
+    new = torch.ones_like(ordered, dtype=torch.bool)
+    new[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    return torch.empty_like(order).scatter_(1, order, new.long().cumsum(1))
+
+
+@dataclass(frozen=True)
+class SortedKeys:
+    """Keys sorted by (segment, score) and the searches among them (`sort_keys`).
+
+    ``order`` (N, L): the sort; ``codes``: the keys' codes in that order (nondecreasing);
+    ``probe_codes`` (N, P·L): the probes' codes, probe after probe, each ``width`` wide."""
+
+    order: torch.Tensor
+    codes: torch.Tensor
+    probe_codes: torch.Tensor
+    width: int
+
+    def rank(self, probe: int, side: str) -> torch.Tensor:
+        """Sorted position of the first key of probe ``probe``'s segment with a score ``>=`` it
+        (side "left": its own segment's keys ``<`` it, plus every earlier segment's keys) or
+        ``>`` it (side "right")."""
+        codes = self.probe_codes[:, probe * self.width : (probe + 1) * self.width]
+        return torch.searchsorted(self.codes, codes.contiguous(), side=side)
+
+
+def sort_keys(t: torch.Tensor, probes: list[torch.Tensor], runs: Runs) -> SortedKeys:
+    """Sort the keys ``t`` (N, L) by (segment, score) and code the ``probes`` (each (N, L): a score
+    compared with its own token's segment) for searches among them (`SortedKeys.rank`)."""
+    rows, length = t.shape
+    values = torch.cat([t.detach(), *(p.detach() for p in probes)], dim=1)
+    ranks = dense_ranks(values)
+    codes = runs.local.repeat(1, 1 + len(probes)) * (values.shape[1] + 1) + ranks
+    key_codes, order = torch.sort(codes[:, :length], dim=1)
+    return SortedKeys(order, key_codes, codes[:, length:], length)
+
+
+def exclusive_prefix(x: torch.Tensor) -> torch.Tensor:
+    """(N, L[, D]) → (N, L + 1[, D]) prefix sums along dim 1 starting at 0 (differentiable)."""
+    zero = torch.zeros_like(x[:, :1])
+    return torch.cat([zero, x.cumsum(1)], dim=1)
+
+
+def take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[n, index[n, m]]`` for ``table`` (N, K[, D]) and ``index`` (N, M), differentiable."""
+    if table.dim() == 2:
+        return torch.gather(table, 1, index)
+    rows, size, width = table.shape
+    flat = (index + torch.arange(rows, device=index.device)[:, None] * size).reshape(-1)
+    return table.reshape(rows * size, width).index_select(0, flat).view(rows, -1, width)
+
+
+def check_segment_inputs(name: str, s, t, v, segments) -> None:
+    """s, t (B, H, L) and v (B, H, L, D) floats on one device, ``segments`` (B, L) integers."""
+    for label, x in (("s", s), ("t", t), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: {label} must be a float16/bfloat16/float32/float64 tensor")
+    if v.dim() != 4 or v.shape[2] == 0:
+        raise ValueError(f"{name}: v must have shape (B, H, L, D) with L >= 1, got {tuple(v.shape)}")
+    for label, x in (("s", s), ("t", t)):
+        if tuple(x.shape) != tuple(v.shape[:3]):
+            raise ValueError(
+                f"{name}: {label} must have shape (B, H, L) = {tuple(v.shape[:3])}, got {tuple(x.shape)}"
+            )
+    if not isinstance(segments, torch.Tensor) or segments.is_floating_point() or segments.dtype == torch.bool:
+        raise TypeError(f"{name}: segments must be an integer tensor (B, L) of segment ids")
+    if tuple(segments.shape) != (v.shape[0], v.shape[2]):
+        want = (v.shape[0], v.shape[2])
+        raise ValueError(f"{name}: segments must have shape (B, L) = {want}, got {tuple(segments.shape)}")
+    if not (s.device == t.device == v.device == segments.device):
+        raise ValueError(f"{name}: s, t, v and segments must be on one device")
+
+
+def standardise_scores_segments(
+    s: torch.Tensor, t: torch.Tensor, segments: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`standardise_scores` on packed rows: s, t (B, H, L) shifted and scaled by the pooled mean and
+    std of their own segment's scores (``segments`` (B, L)), as each sequence alone would be."""
+    batch, heads, length = s.shape
+    acc = accumulation_dtype(s.dtype)
+    runs = segment_runs(segments, heads)
+    s, t = s.to(acc).reshape(-1, length), t.to(acc).reshape(-1, length)
+    mean = segment_mean(s + t, runs) / 2
+    var_s, var_t = segment_mean((s - mean) ** 2, runs), segment_mean((t - mean) ** 2, runs)
+    std = torch.sqrt((var_s + var_t) / 2 + eps)
+    return ((s - mean) / std).view(batch, heads, length), ((t - mean) / std).view(batch, heads, length)
