@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlab.attention import build_attention
 from attnlab.attention.common.packing import PackedLayout
 from attnlab.attention.sliced_common.scores import standardise_scores
 from attnlab.attention.sliced_common.segments import segment_runs, standardise_scores_segments
@@ -131,3 +132,22 @@ def test_bad_inputs_are_refused_by_name():
         sliced_relu_bump_attention_segments(s, t, v, torch.ones(3, dtype=F64), layout.segments)
     with pytest.raises(ValueError, match="bandwidth must be finite and > 0"):
         sliced_relu_bump_attention_segments(s, t, v, torch.tensor([1.0, 0.0], dtype=F64), layout.segments)
+
+
+@pytest.mark.parametrize(
+    "backend", ["sliced_relu", pytest.param("sliced_relu_bump", marks=pytest.mark.slow)]
+)  # one compile each (3-5 s): the second, whose ops are the same kind, in make test-all
+def test_a_packed_layer_compiles_without_a_graph_break(backend):
+    """`torch.compile(fullgraph=True)` traces the ops on packed rows (no host read, no data-dependent
+    shape): the same outputs and gradients as eager."""
+    layout = PackedLayout.from_rows(LENGTHS, ROWS)
+    torch.manual_seed(0)
+    layer = build_attention(backend, 16, HEADS)
+    x = torch.randn(*layout.pack_index.shape, 16, requires_grad=True)
+    eager = layer(x, packing=layout)
+    eager.backward(torch.ones_like(eager))
+    eager_grad, x.grad = x.grad, None
+    compiled = torch.compile(lambda x: layer(x, packing=layout), fullgraph=True, backend="aot_eager")(x)
+    compiled.backward(torch.ones_like(compiled))
+    torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(x.grad, eager_grad)

@@ -149,13 +149,16 @@ def exclusive_prefix(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([zero, x.cumsum(1)], dim=1)
 
 
-def take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``table[n, index[n, m]]`` for ``table`` (N, K[, D]) and ``index`` (N, M), differentiable."""
-    if table.dim() == 2:
-        return torch.gather(table, 1, index)
-    rows, size, width = table.shape
-    flat = (index + torch.arange(rows, device=index.device)[:, None] * size).reshape(-1)
-    return table.reshape(rows * size, width).index_select(0, flat).view(rows, -1, width)
+def take(table: torch.Tensor, *indices: torch.Tensor) -> list[torch.Tensor]:
+    """``table[n, index[n, m]]`` for ``table`` (N, K[, C]) and each ``index`` (N, M): one
+    differentiable ``index_select`` for all of them (one pass and one backward scatter, not one per
+    index)."""
+    rows, size = table.shape[:2]
+    offsets = torch.arange(rows, device=table.device)[:, None] * size
+    flat = torch.cat([(index + offsets).reshape(-1) for index in indices])
+    picked = table.reshape(rows * size, -1).index_select(0, flat)
+    shape = (rows, -1) if table.dim() == 2 else (rows, -1, table.shape[2])
+    return [part.view(shape) for part in picked.chunk(len(indices))]
 
 
 def check_segment_inputs(name: str, s, t, v, segments) -> None:

@@ -51,18 +51,20 @@ def _segmented(s, t, v, runs, eps):
 
     keys = sort_keys(t, [s], runs)
     t_sorted = torch.gather(t, 1, keys.order)
-    w_sorted = take(w, keys.order)
-    p_w = exclusive_prefix(w_sorted)
-    p_tw = exclusive_prefix(w_sorted * t_sorted[..., None])
+    dim = w.shape[2]
+    # one table of w and t·w (one gather, one cumsum); the key scores' sums in float64 beside it
+    table = exclusive_prefix(take(torch.cat([w, w * t[..., None]], dim=2), keys.order)[0])
     p_t = exclusive_prefix(t_sorted.to(torch.float64))
     below, at_or_below = keys.rank(0, "left"), keys.rank(0, "right")  # global sorted positions
     start, end = runs.start, runs.end
 
     # Σ_{t_j<s_i} (s_i − t_j) w_j over the segment = s_i (P_w[below] − P_w[start]) − (P_tw[...] − ...)
-    num = s[..., None] * (take(p_w, below) - take(p_w, start)) - (take(p_tw, below) - take(p_tw, start))
+    at_below, at_start = take(table, below, start)
+    sums = at_below - at_start
+    num = s[..., None] * sums[..., :dim] - sums[..., dim:]
     # Σ_j |s_i − t_j| = s_i (#below − #above) + Σ_{above} t − Σ_{below} t: tied keys add 0, value and slope
     counts = (below + at_or_below - 2 * start - runs.size).to(s.dtype)
-    key_sums = take(p_t, end) + take(p_t, start) - take(p_t, below) - take(p_t, at_or_below)
-    den = s * counts + key_sums.to(s.dtype)
+    t_end, t_start, t_below, t_at = take(p_t, end, start, below, at_or_below)
+    den = s * counts + (t_end + t_start - t_below - t_at).to(s.dtype)
     out = num * (2.0 / den.clamp_min(eps))[..., None]
     return out.masked_fill(bad[..., None], float("nan"))

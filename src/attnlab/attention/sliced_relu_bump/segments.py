@@ -54,30 +54,34 @@ def _segmented(s, t, v, b, runs):
 
     keys = sort_keys(t, [s - b, s, s + b], runs)
     t_sorted = torch.gather(t, 1, keys.order)
-    w_sorted = take(w, keys.order)
-    p_w = exclusive_prefix(w_sorted)
-    p_tw = exclusive_prefix(w_sorted * t_sorted[..., None])
-    p_n = exclusive_prefix(torch.ones_like(t_sorted, dtype=torch.float64))
+    dim = w.shape[2]
+    # one table of w and t·w (one gather, one cumsum); the key scores' sums in float64 beside it
+    table = exclusive_prefix(take(torch.cat([w, w * t[..., None]], dim=2), keys.order)[0])
     p_t = exclusive_prefix(t_sorted.to(torch.float64))
     lo = keys.rank(0, "right")  # keys <= s − b: outside the window
     tied_lo, tied_hi = keys.rank(1, "left"), keys.rank(1, "right")  # keys < s, keys <= s
     hi = keys.rank(2, "left")  # keys < s + b
-
-    def window(table, a, z):
-        return take(table, z) - take(table, a)
+    bounds = (lo, tied_lo, tied_hi, hi)
 
     # b · Σ_j hat(s − t_j) x_j over the window, split so tied keys (weight b, slope 0) stand alone:
     # (b − s) Σ_{(s−b, s)} x + Σ_{(s−b, s)} t x + b Σ_{t = s} x + (b + s) Σ_{(s, s+b)} x − Σ_{(s, s+b)} t x
-    def hat_sum(p_x, p_tx, scale):
-        return (
-            scale(b - s) * window(p_x, lo, tied_lo)
-            + window(p_tx, lo, tied_lo)
-            + scale(b) * window(p_x, tied_lo, tied_hi)
-            + scale(b + s) * window(p_x, tied_hi, hi)
-            - window(p_tx, tied_hi, hi)
-        )
+    def hat_sum(left, left_t, tied, right, right_t, scale):
+        return scale(b - s) * left + left_t + scale(b) * tied + scale(b + s) * right - right_t
 
-    weighted = hat_sum(p_w, p_tw, lambda c: c[..., None])
-    mass = hat_sum(p_n, p_t, lambda c: c.to(torch.float64)).to(s.dtype)
+    at = take(table, *bounds)
+    left, tied, right = (z - a for a, z in zip(at[:-1], at[1:], strict=True))  # window sums of [w, t·w]
+    weighted = hat_sum(
+        left[..., :dim],
+        left[..., dim:],
+        tied[..., :dim],
+        right[..., :dim],
+        right[..., dim:],
+        lambda c: c[..., None],
+    )
+    # the same with x = 1: key counts are position differences, key-score sums float64 differences
+    n_left, n_tied, n_right = ((z - a).to(s.dtype) for a, z in zip(bounds[:-1], bounds[1:], strict=True))
+    at_t = take(p_t, *bounds)
+    t_left, _, t_right = ((z - a).to(s.dtype) for a, z in zip(at_t[:-1], at_t[1:], strict=True))
+    mass = hat_sum(n_left, t_left, n_tied, n_right, t_right, lambda c: c)
     out = (weighted + mass[..., None] * vbar) / (b * runs.size.to(s.dtype))[..., None]
     return out.masked_fill(bad[..., None], float("nan"))
