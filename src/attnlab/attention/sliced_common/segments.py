@@ -123,6 +123,13 @@ class SortedKeys:
     codes: torch.Tensor
     probe_codes: torch.Tensor
     width: int
+    base: int  # codes are run · base + rank, rank < base
+
+    def descending(self, probe: int, runs: Runs) -> torch.Tensor:
+        """Codes that order probe ``probe`` by (segment, −score): a sort of them puts each segment's
+        probes in one run, largest score first."""
+        codes = self.probe_codes[:, probe * self.width : (probe + 1) * self.width]
+        return (2 * runs.local + 1) * self.base - codes
 
     def rank(self, probe: int, side: str) -> torch.Tensor:
         """Sorted position of the first key of probe ``probe``'s segment with a score ``>=`` it
@@ -138,9 +145,10 @@ def sort_keys(t: torch.Tensor, probes: list[torch.Tensor], runs: Runs) -> Sorted
     rows, length = t.shape
     values = torch.cat([t.detach(), *(p.detach() for p in probes)], dim=1)
     ranks = dense_ranks(values)
-    codes = runs.local.repeat(1, 1 + len(probes)) * (values.shape[1] + 1) + ranks
+    base = values.shape[1] + 1
+    codes = runs.local.repeat(1, 1 + len(probes)) * base + ranks
     key_codes, order = torch.sort(codes[:, :length], dim=1)
-    return SortedKeys(order, key_codes, codes[:, length:], length)
+    return SortedKeys(order, key_codes, codes[:, length:], length, base)
 
 
 def exclusive_prefix(x: torch.Tensor) -> torch.Tensor:

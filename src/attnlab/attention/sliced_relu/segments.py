@@ -5,16 +5,27 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.attention.common import compiler
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
+from attnlab.attention.sliced_common.rows import (
+    count_greater,
+    cumsum_rows_,
+    exclusive_cumsum,
+    first_order_only,
+    rowdot,
+    sorted_rows,
+    take_rows,
+    take_scalar,
+    times_scores,
+)
 from attnlab.attention.sliced_common.segments import (
+    Runs,
     broken_segments,
     check_segment_inputs,
-    exclusive_prefix,
     segment_centre,
     segment_mean,
     segment_runs,
     sort_keys,
-    take,
 )
 
 __all__ = ["sliced_relu_attention_segments"]
@@ -29,10 +40,13 @@ def sliced_relu_attention_segments(
     several sequences end to end in each row, ``segments`` (B, L) says which each position belongs
     to (contiguous runs, `PackedLayout.segments`), and every sum and mean runs over the query's own
     segment: each sequence gets what it gets alone. O(L log L) per row, torch code on every device
-    (no Triton kernel reads segments yet); differentiable in s, t and v."""
+    (no Triton kernel reads segments yet); differentiable in s, t and v (first order: the backward
+    pass is hand-written)."""
     check_segment_inputs(OP, s, t, v, segments)
     if not eps > 0:
         raise ValueError(f"{OP}: eps must be > 0, got {eps}")
+    if compiler.compiling():  # its hand-written backward pass: called, not traced
+        return _OPAQUE(s, t, v, segments, float(eps))
     batch, heads, length, dim = v.shape
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
     with no_autocast(v.device):
@@ -46,25 +60,85 @@ def _segmented(s, t, v, runs, eps):
     bad = broken_segments(runs, s, t, v)
     s, t, v = s.masked_fill(bad, 0.0), t.masked_fill(bad, 0.0), v.masked_fill(bad[..., None], 0.0)
     centre = segment_centre(s, t, runs)
-    s, t = s - centre, t - centre
-    w = v - segment_mean(v, runs)  # centred per segment: each segment's totals are of its own order
-
-    keys = sort_keys(t, [s], runs)
-    t_sorted = torch.gather(t, 1, keys.order)
-    dim = w.shape[2]
-    # one table of w and t·w (one gather, one cumsum); the key scores' sums in float64 beside it
-    table = exclusive_prefix(take(torch.cat([w, w * t[..., None]], dim=2), keys.order)[0])
-    p_t = exclusive_prefix(t_sorted.to(torch.float64))
-    below, at_or_below = keys.rank(0, "left"), keys.rank(0, "right")  # global sorted positions
-    start, end = runs.start, runs.end
-
-    # Σ_{t_j<s_i} (s_i − t_j) w_j over the segment = s_i (P_w[below] − P_w[start]) − (P_tw[...] − ...)
-    at_below, at_start = take(table, below, start)
-    sums = at_below - at_start
-    num = s[..., None] * sums[..., :dim] - sums[..., dim:]
-    # Σ_j |s_i − t_j| = s_i (#below − #above) + Σ_{above} t − Σ_{below} t: tied keys add 0, value and slope
-    counts = (below + at_or_below - 2 * start - runs.size).to(s.dtype)
-    t_end, t_start, t_below, t_at = take(p_t, end, start, below, at_or_below)
-    den = s * counts + (t_end + t_start - t_below - t_at).to(s.dtype)
-    out = num * (2.0 / den.clamp_min(eps))[..., None]
+    out = SegmentedSlicedReLU.apply(s - centre, t - centre, v, runs.local, runs.start, runs.size, eps)
     return out.masked_fill(bad[..., None], float("nan"))
+
+
+class SegmentedSlicedReLU(torch.autograd.Function):
+    """`SlicedReLU` on packed rows: centred rows ``s, t (N, L)``, ``v (N, L, D)`` in the accumulation
+    dtype and the `Runs` (as tensors) of their segments. The same prefix-table algebra with every
+    table read as a difference from its segment's start, and the same hand-written backward pass
+    (queries sorted by segment and descending score), so nothing of autograd's intermediates is kept."""
+
+    @staticmethod
+    def forward(ctx, s, t, v, local, start, size, eps):
+        runs = Runs(local, start, size)
+        w = v - segment_mean(v, runs)  # centred per segment: each segment's totals of its own order
+        keys = sort_keys(t, [s], runs)
+        t_sorted = torch.gather(t, 1, keys.order)
+        p_w = sorted_rows(w, keys.order, None, None)
+        p_tw = times_scores(p_w, t_sorted)
+        cumsum_rows_(p_w)
+        cumsum_rows_(p_tw)
+        p_t = exclusive_cumsum(t_sorted.to(torch.float64))
+        below, at_or_below = keys.rank(0, "left"), keys.rank(0, "right")  # global sorted positions
+        end = start + size
+
+        below_w = take_rows(p_w, below).sub_(take_rows(p_w, start))  # Σ_{seg, t_j<s_i} w_j
+        below_tw = take_rows(p_tw, below).sub_(take_rows(p_tw, start))
+        del p_w, p_tw
+        # Σ_j |s_i − t_j| = s_i (#below − #above) + Σ_{above} t − Σ_{below} t (ties add 0)
+        counts = (below + at_or_below - 2 * start - size).to(s.dtype)
+        ends = [take_scalar(p_t, k) for k in (end, start, below, at_or_below)]
+        den = s * counts + (ends[0] + ends[1] - ends[2] - ends[3]).to(s.dtype)
+        scale = 2.0 / den.clamp_min(eps)
+        out = below_tw.mul_(-scale[..., None]).addcmul_(below_w, (s * scale)[..., None])
+
+        ctx.save_for_backward(
+            s, t, w, keys.order, below, at_or_below, counts, den, out, below_w, local, start, size
+        )
+        ctx.eps, ctx.descending = eps, keys.descending(0, runs)
+        return out
+
+    @staticmethod
+    @first_order_only("sliced_relu_attention_segments")
+    def backward(ctx, grad_out):
+        s, t, w, order, below, at_or_below, counts, den, out, below_w, local, start, size = ctx.saved_tensors
+        runs, length = Runs(local, start, size), s.shape[1]
+        grad_out = grad_out.contiguous()
+        # o_i = 2 N_i / d_i, d_i = max(den_i, eps): dL/dN_i = a_i g_i, dL/dden_i = -(g_i · o_i) / d_i
+        inv_d = 1.0 / den.clamp_min(ctx.eps)
+        a_scale = 2.0 * inv_d
+        grad_den = -rowdot(grad_out, out) * inv_d * (den >= ctx.eps)
+        grad_s = a_scale * rowdot(grad_out, below_w) + grad_den * counts
+
+        # Keys: each segment's queries by descending score, so that a prefix of its run is the set
+        # {i : s_i > t_j}. A key at sorted position p has #{i : below_i > p} queries above it, less
+        # the queries of the later segments (whose ranks all lie past p); earlier segments' lie before.
+        _, q_order = torch.sort(ctx.descending, dim=1)
+        q_a = sorted_rows(grad_out, q_order, None, torch.gather(a_scale, 1, q_order))
+        q_sa = times_scores(q_a, torch.gather(s, 1, q_order))
+        cumsum_rows_(q_a)
+        cumsum_rows_(q_sa)
+        q_den = exclusive_cumsum(torch.gather(grad_den, 1, q_order))
+        later = length - runs.end
+        above = start + count_greater(below, order) - later  # start + #{i in segment : s_i > t_j}
+        at_or_above = start + count_greater(at_or_below, order) - later
+        sum_a = take_rows(q_a, above).sub_(take_rows(q_a, start))
+        grad_w = take_rows(q_sa, above).sub_(take_rows(q_sa, start))
+        del q_a, q_sa
+        grad_w.addcmul_(sum_a, t[..., None], value=-1.0)  # Σ_{s_i>t_j} (s_i − t_j) a_i
+        den_above = take_scalar(q_den, above) - take_scalar(q_den, start)
+        den_below = take_scalar(q_den, runs.end) - take_scalar(q_den, at_or_above)
+        grad_t = den_below - den_above - rowdot(w, sum_a)
+        grad_v = grad_w.sub_(segment_mean(grad_w, runs))  # w = v − its segment's mean
+        return grad_s, grad_t, grad_v, None, None, None, None
+
+
+#: the op as ``torch.compile`` calls it (``attnlab.attention.common.compiler``)
+_OPAQUE = compiler.opaque_op(
+    OP,
+    sliced_relu_attention_segments,
+    "Tensor s, Tensor t, Tensor v, Tensor segments, float eps",
+    differentiable=3,
+)
