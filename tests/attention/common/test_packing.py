@@ -10,8 +10,10 @@ import torch
 
 from attnlab.attention import available_backends, backend_capabilities, build_attention
 from attnlab.attention.common.packing import PackedLayout, first_fit
+from attnlab.attention.sliced_common.path import crossover
 
 DIM, HEADS = 12, 3
+SLICED = ("sliced_relu", "sliced_relu_bump")
 LENGTHS = [5, 3, 1, 7, 2, 2]
 ROWS = [[0, 1, 2], [3], [4, 5]]  # three rows of 9 slots: full, 2 empty, 5 empty
 
@@ -69,15 +71,30 @@ def _layer(name: str, **options):
 
 def _cases():
     for name in available_backends():
-        yield pytest.param(name, False, False, id=f"{name}")
-        yield pytest.param(name, False, True, id=f"{name}-rope")
+        yield pytest.param(name, False, False, {}, id=f"{name}")
+        yield pytest.param(name, False, True, {}, id=f"{name}-rope")
         if backend_capabilities(name).causal:
-            yield pytest.param(name, True, True, id=f"{name}-causal-rope")
+            yield pytest.param(name, True, True, {}, id=f"{name}-causal-rope")
+        if name in SLICED:  # the op on the packed rows (at 9 tokens `auto` lays each sequence out, dense)
+            yield pytest.param(name, False, True, {"path": "sorted"}, id=f"{name}-rope-rows")
 
 
-@pytest.mark.parametrize(("name", "causal", "rope"), list(_cases()))
-def test_packed_batch_gives_each_sequence_what_it_gets_alone(name, causal, rope):
-    _check_packed_equals_alone(_layer(name, causal=causal, rope=rope))
+@pytest.mark.parametrize(("name", "causal", "rope", "options"), list(_cases()))
+def test_packed_batch_gives_each_sequence_what_it_gets_alone(name, causal, rope, options):
+    _check_packed_equals_alone(_layer(name, causal=causal, rope=rope, **options))
+
+
+@pytest.mark.parametrize("name", SLICED)
+def test_sliced_layers_attend_on_the_rows_past_the_dense_crossover(name):
+    """``path="auto"``: rows up to the dense crossover lay each sequence out (dense), longer rows take
+    the op on the rows; ``"sorted"`` always the rows; ``"dense"`` and causal layers never."""
+    longest = crossover("relu" if name == "sliced_relu" else "bump", "cpu", torch.float32)
+    at, past = torch.zeros(1, longest, DIM), torch.zeros(1, longest + 1, DIM)
+    auto = build_attention(name, DIM, HEADS)
+    assert not auto.attends_packed(at) and auto.attends_packed(past)
+    assert build_attention(name, DIM, HEADS, path="sorted").attends_packed(at)
+    assert not build_attention(name, DIM, HEADS, path="dense").attends_packed(past)
+    assert not build_attention(name, DIM, HEADS, causal=True, path="sorted").attends_packed(past)
 
 
 def test_the_authors_score_layout_is_refused_by_name():

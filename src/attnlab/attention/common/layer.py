@@ -82,8 +82,8 @@ class AttentionLayer(nn.Module):
 
     name: str = ""
     capabilities = Capabilities()
-    #: True where `forward_packed` attends on the packed rows themselves (a segment-aware op), False
-    #: where it lays each sequence out alone; `attnlab.flops` prices the attention accordingly
+    #: True where `forward_packed` can attend on the packed rows themselves (a segment-aware op), False
+    #: where it lays each sequence out alone; `attends_packed` says which a given batch takes
     attends_packed_rows = False
     padded_query_modes: tuple[str, ...] = COMMON_PADDED_QUERIES  # what `padded_queries` may be
     dropout_site = "output"  # the sliced layers may move their dropout into the slicing projection
@@ -205,6 +205,11 @@ class AttentionLayer(nn.Module):
         )
         o = self.attend(q, k, v, packing.mask)
         return self.out_proj(packing.pack(self.merge(o)))
+
+    def attends_packed(self, x: torch.Tensor) -> bool:
+        """Whether the packed rows ``x`` (B, L, dim) are attended on the rows (a segment-aware op) or
+        each sequence laid out alone; `attnlab.flops` prices the attention accordingly."""
+        return self.attends_packed_rows
 
     def check_packed_input(
         self, x: torch.Tensor, key_padding_mask: torch.Tensor | None, packing: PackedLayout

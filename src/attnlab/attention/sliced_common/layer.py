@@ -8,6 +8,8 @@ from torch import nn
 
 from attnlab.attention.common.layer import AttentionLayer
 from attnlab.attention.common.packing import PackedLayout
+from attnlab.attention.common.precision import accumulation_dtype
+from attnlab.attention.sliced_common.path import crossover
 from attnlab.attention.sliced_common.scores import (
     check_score_layout,
     first_map,
@@ -34,6 +36,7 @@ class SlicedAttentionLayer(AttentionLayer):
     """
 
     slicer: nn.Module
+    kernel: str  # "relu" or "bump": the kernel's name in `attnlab.attention.sliced_common.path`
 
     def __init__(self, dim: int, num_heads: int, *, score_layout: str = "token", **common) -> None:
         super().__init__(dim, num_heads, **common)
@@ -90,9 +93,9 @@ class SlicedAttentionLayer(AttentionLayer):
         self, x: torch.Tensor, key_padding_mask: torch.Tensor | None, packing: PackedLayout
     ) -> torch.Tensor:
         """A packed batch: the projection, RoPE and Π run on the packed tokens (folded as `forward`
-        folds without RoPE). Layers that `attends_packed_rows` run their op on the packed rows
-        (`attend_segments`); the others lay the scores and values out one sequence per row for the
-        padded op. Standardisation and centring are per sequence either way."""
+        folds without RoPE). Where `attends_packed`, the op runs on the packed rows
+        (`attend_segments`); elsewhere the scores and values are laid out one sequence per row for
+        the padded op. Standardisation and centring are per sequence either way."""
         refusal = self.packing_refusal()
         if refusal:
             raise ValueError(f"{refusal}; set task.data.packing=false or score_layout=token")
@@ -102,10 +105,19 @@ class SlicedAttentionLayer(AttentionLayer):
         else:
             q, k, v = self.split_heads(self.qkv(x), positions=packing.positions)
             s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
-        if self.attends_packed_rows:
+        if self.attends_packed(x):
             return self.out_proj(self.merge(self.attend_segments(s, t, v, packing.segments)))
         s, t, v = (packing.unpack_heads(y) for y in (s, t, v))
         return self.out_proj(packing.pack(self.merge(self.attend_scores(s, t, v, packing.mask))))
+
+    def attends_packed(self, x: torch.Tensor) -> bool:
+        """On the rows where the layer can (`attends_packed_rows`), except where ``path="auto"`` takes
+        the dense evaluation at the rows' length: there each sequence laid out alone and evaluated
+        densely is the faster of the two (its length is at most the rows')."""
+        if not self.attends_packed_rows:
+            return False
+        dense_up_to = crossover(self.kernel, x.device, accumulation_dtype(x.dtype))
+        return not (self.path == "auto" and x.shape[1] <= dense_up_to)
 
     def attend(self, q, k, v, key_padding_mask):
         s = slice_tokens(self.slicer, q, self.score_layout)

@@ -40,6 +40,7 @@ class SlicedReLUAttention(SlicedAttentionLayer):
     """
 
     name = "sliced_relu"
+    kernel = "relu"
     capabilities = Capabilities(causal=True, recurrent_step=True)
 
     def __init__(

@@ -27,6 +27,7 @@ class SlicedReLUBumpAttention(SlicedAttentionLayer):
     """
 
     name = "sliced_relu_bump"
+    kernel = "bump"
     capabilities = Capabilities(causal=True, recurrent_step=True)
 
     def __init__(
