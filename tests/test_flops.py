@@ -111,10 +111,10 @@ def test_model_counter_counts_a_packed_batch_as_it_runs(backend, rope):
     (the segment-aware sliced ops; a causal layer would attend each sequence laid out alone): the
     count is the matmuls torch sees plus the op's formula for the (B, L) rows."""
     layer = build_attention(backend, dim=32, num_heads=4, rope=rope, path="sorted")
-    assert layer.attends_packed_rows
-    lengths = [20, 7, 13, 9, 11, 4]  # in five rows: more than Π's width of 4 (unpacked, RoPE would fold)
-    layout = PackedLayout.from_rows(lengths, [[0], [1, 2], [3], [4], [5]], 24)
+    lengths = [12, 12, 10, 14, 8, 16, 12, 12, 6, 18]  # five rows of 24: 1.5x fewer slots than (10, 18)
+    layout = PackedLayout.from_rows(lengths, [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]], 24)
     x = torch.randn(5, 24, 32)
+    assert layer.attends_packed(x, layout)
     counter = FlopCounter().attach(layer)
     seen = counted(layer, x, packing=layout)
     s, t, v = torch.randn(5, 4, 24), torch.randn(5, 4, 24), torch.randn(5, 4, 24, 8)
@@ -129,10 +129,10 @@ def test_model_counter_counts_a_packed_batch_as_it_runs(backend, rope):
 def test_model_counter_counts_a_causal_packed_batch_per_sequence(backend):
     """A causal sliced layer lays each packed sequence out alone: attention is priced on (N, M)."""
     layer = build_attention(backend, dim=32, num_heads=4, causal=True, path="sorted")
-    assert not layer.attends_packed_rows
     lengths = [20, 7, 13]
     layout = PackedLayout.from_rows(lengths, [[0], [1, 2]], 20)
     x = torch.randn(2, 20, 32)
+    assert not layer.attends_packed(x, layout)
     counter = FlopCounter().attach(layer)
     seen = counted(layer, x, packing=layout)
     s, t, v = torch.randn(3, 4, 20), torch.randn(3, 4, 20), torch.randn(3, 4, 20, 8)

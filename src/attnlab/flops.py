@@ -120,7 +120,7 @@ class FlopCounter:
         fold = getattr(module, "fold", None)
         if fold is not None and fold(batch, packed=packing is not None):  # q/k/v and Π Linear did not run
             self.forward_flops += module.folded_flops(batch, length, packed=packing is not None)
-        if packing is not None and not module.attends_packed(x):  # per sequence, laid out (N, M)
+        if packing is not None and not module.attends_packed(x, packing):  # per sequence, laid out (N, M)
             batch, length = packing.unpack_index.shape
         features = getattr(getattr(module, "feature_map", None), "num_features", None)
         try:

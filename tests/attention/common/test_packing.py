@@ -81,20 +81,31 @@ def _cases():
 
 @pytest.mark.parametrize(("name", "causal", "rope", "options"), list(_cases()))
 def test_packed_batch_gives_each_sequence_what_it_gets_alone(name, causal, rope, options):
-    _check_packed_equals_alone(_layer(name, causal=causal, rope=rope, **options))
+    layer = _layer(name, causal=causal, rope=rope, **options)
+    if options:  # the case of the op on the rows: 27 slots for 6 sequences laid out in 42
+        layout = PackedLayout.from_rows(LENGTHS, ROWS)
+        assert layer.attends_packed(torch.zeros(3, 9, DIM), layout)
+    _check_packed_equals_alone(layer)
 
 
 @pytest.mark.parametrize("name", SLICED)
-def test_sliced_layers_attend_on_the_rows_past_the_dense_crossover(name):
+def test_sliced_layers_attend_on_the_rows_where_it_pays(name):
     """``path="auto"``: rows up to the dense crossover lay each sequence out (dense), longer rows take
-    the op on the rows; ``"sorted"`` always the rows; ``"dense"`` and causal layers never."""
+    the op on the rows where they save enough slots; ``"sorted"`` the rows where they save enough;
+    ``"dense"`` and causal layers never."""
     longest = crossover("relu" if name == "sliced_relu" else "bump", "cpu", torch.float32)
-    at, past = torch.zeros(1, longest, DIM), torch.zeros(1, longest + 1, DIM)
+
+    def two_per_row(length):  # one row for a long and a short sequence: about 2x fewer slots than alone
+        return torch.zeros(1, length, DIM), PackedLayout.from_rows([length - 1, 1], [[0, 1]])
+
+    at, past = two_per_row(longest), two_per_row(longest + 1)
+    full = torch.zeros(2, longest + 1, DIM), PackedLayout.from_rows([longest + 1, longest], [[0], [1]])
     auto = build_attention(name, DIM, HEADS)
-    assert not auto.attends_packed(at) and auto.attends_packed(past)
-    assert build_attention(name, DIM, HEADS, path="sorted").attends_packed(at)
-    assert not build_attention(name, DIM, HEADS, path="dense").attends_packed(past)
-    assert not build_attention(name, DIM, HEADS, causal=True, path="sorted").attends_packed(past)
+    assert not auto.attends_packed(*at) and auto.attends_packed(*past)
+    assert not auto.attends_packed(*full)  # rows as full as each sequence alone: the padded op
+    assert build_attention(name, DIM, HEADS, path="sorted").attends_packed(*at)
+    assert not build_attention(name, DIM, HEADS, path="dense").attends_packed(*past)
+    assert not build_attention(name, DIM, HEADS, causal=True, path="sorted").attends_packed(*past)
 
 
 def test_the_authors_score_layout_is_refused_by_name():

@@ -151,3 +151,12 @@ def test_a_packed_layer_compiles_without_a_graph_break(backend):
     compiled.backward(torch.ones_like(compiled))
     torch.testing.assert_close(compiled, eager)
     torch.testing.assert_close(x.grad, eager_grad)
+
+
+def test_double_backward_is_refused_by_name():
+    layout, *inputs = _inputs(grid=False)
+    s, t, v = (x.requires_grad_(True) for x in inputs)
+    out = sliced_relu_attention_segments(s, t, v, layout.segments)
+    with pytest.raises(RuntimeError, match="sliced_relu_attention_segments: double backward") as refused:
+        torch.autograd.grad(out.sum(), s, create_graph=True)
+    assert "sliced_relu_attention(..., path='dense')" in str(refused.value)

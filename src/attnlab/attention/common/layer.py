@@ -206,9 +206,10 @@ class AttentionLayer(nn.Module):
         o = self.attend(q, k, v, packing.mask)
         return self.out_proj(packing.pack(self.merge(o)))
 
-    def attends_packed(self, x: torch.Tensor) -> bool:
-        """Whether the packed rows ``x`` (B, L, dim) are attended on the rows (a segment-aware op) or
-        each sequence laid out alone; `attnlab.flops` prices the attention accordingly."""
+    def attends_packed(self, x: torch.Tensor, packing: PackedLayout) -> bool:
+        """Whether the packed rows ``x`` (B, L, dim) of ``packing`` are attended on the rows (a
+        segment-aware op) or each sequence laid out alone; `attnlab.flops` prices the attention
+        accordingly."""
         return self.attends_packed_rows
 
     def check_packed_input(

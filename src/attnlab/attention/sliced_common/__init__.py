@@ -10,6 +10,8 @@ machinery lives here once and each family's folder holds only its own op, kernel
   batches); ``path``: the dense/sorted crossovers;
 - ``dense`` / ``causal`` / ``dominance`` / ``merged``: the helpers of the dense O(T²) path and of
   the causal ops (divide and conquer over time);
+- ``segments``: what the ops on packed rows share (segment runs, the sort by segment and score,
+  per-segment centring and standardisation);
 - ``decoding``: the sorted runs of recurrent decoding; ``scores``: Π and the score
   standardisation; ``layer``: the layer both sliced layers extend; ``triton_scores``: the sorts the
   Triton launchers start with; ``authors_reference``: the authors' layers written out (comparisons).

@@ -18,6 +18,11 @@ from attnlab.attention.sliced_common.scores import (
     slice_tokens,
 )
 
+#: How many times more slots each sequence laid out alone (N·M) must take than the packed rows (B·L)
+#: for the op on the rows to be the faster: measured with `attnlab bench training --packing both`
+#: (docs/benchmarks.md, "CPU: packed batches") and ListOps' near-full rows, where the rows lost.
+ROWS_PAY_FROM = 1.5
+
 
 class SlicedAttentionLayer(AttentionLayer):
     """What both sliced layers share: Π (`slicer`) maps q and k to one score per head, then
@@ -105,19 +110,23 @@ class SlicedAttentionLayer(AttentionLayer):
         else:
             q, k, v = self.split_heads(self.qkv(x), positions=packing.positions)
             s, t = slice_tokens(self.slicer, q), slice_tokens(self.slicer, k)
-        if self.attends_packed(x):
+        if self.attends_packed(x, packing):
             return self.out_proj(self.merge(self.attend_segments(s, t, v, packing.segments)))
         s, t, v = (packing.unpack_heads(y) for y in (s, t, v))
         return self.out_proj(packing.pack(self.merge(self.attend_scores(s, t, v, packing.mask))))
 
-    def attends_packed(self, x: torch.Tensor) -> bool:
-        """On the rows where the layer can (`attends_packed_rows`), except where ``path="auto"`` takes
-        the dense evaluation at the rows' length: there each sequence laid out alone and evaluated
-        densely is the faster of the two (its length is at most the rows')."""
+    def attends_packed(self, x: torch.Tensor, packing: PackedLayout) -> bool:
+        """On the rows where the layer can (`attends_packed_rows`) and it pays: the rows hold at most
+        1 / `ROWS_PAY_FROM` of the slots of each sequence laid out alone (the op on rows costs more
+        per slot than the padded op: its sort is by sequence and score), and ``path="auto"`` does
+        not take the dense evaluation at the rows' length (there each sequence laid out alone and
+        evaluated densely is faster; its length is at most the rows')."""
         if not self.attends_packed_rows:
             return False
         dense_up_to = crossover(self.kernel, x.device, accumulation_dtype(x.dtype))
-        return not (self.path == "auto" and x.shape[1] <= dense_up_to)
+        if self.path == "auto" and x.shape[1] <= dense_up_to:
+            return False
+        return packing.unpack_index.numel() >= ROWS_PAY_FROM * packing.pack_index.numel()
 
     def attend(self, q, k, v, key_padding_mask):
         s = slice_tokens(self.slicer, q, self.score_layout)

@@ -218,12 +218,15 @@ def nan_rows(x, bad, keep=None):
     return x.masked_fill_(where, float("nan"))
 
 
-def first_order_only(op_name: str):
+def first_order_only(op_name: str, way_out: str | None = None):
     """Refuse double backward up front: the hand-written backward passes are first order only.
 
     Run with ``create_graph=True``, they would fail deep inside with an ``out=`` error (or, run
-    without a graph, give silently wrong second derivatives); this names the op and the way out.
+    without a graph, give silently wrong second derivatives); this names the op and the way out
+    (``way_out``, by default the op's dense path and its reference).
     """
+    if way_out is None:
+        way_out = f"{op_name}(..., path='dense') or attnlab.attention.reference.{op_name} (O(T²) memory)"
 
     def decorate(backward):
         @functools.wraps(backward)
@@ -233,8 +236,7 @@ def first_order_only(op_name: str):
                     f"{op_name}: double backward (create_graph=True, e.g. gradient penalties, "
                     "Hessian-vector products, gradgradcheck) is not supported: its O(T log T) "
                     "backward pass is hand-written and first order only. For higher-order "
-                    f"gradients use {op_name}(..., path='dense') or "
-                    f"attnlab.attention.reference.{op_name} (O(T²) memory)."
+                    f"gradients use {way_out}."
                 )
             return backward(ctx, *grads)
 

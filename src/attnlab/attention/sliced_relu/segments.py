@@ -101,7 +101,11 @@ class SegmentedSlicedReLU(torch.autograd.Function):
         return out
 
     @staticmethod
-    @first_order_only("sliced_relu_attention_segments")
+    @first_order_only(
+        OP,
+        "each sequence laid out alone with sliced_relu_attention(..., path='dense') "
+        "(a packed layer: path='dense')",
+    )
     def backward(ctx, grad_out):
         s, t, w, order, below, at_or_below, counts, den, out, below_w, local, start, size = ctx.saved_tensors
         runs, length = Runs(local, start, size), s.shape[1]
