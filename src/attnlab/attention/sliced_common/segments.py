@@ -14,10 +14,11 @@ running totals stay of its own order. A segment holding a non-finite score or va
 own tokens and nothing else: its inputs are zeroed before the shared prefix sums (a NaN there would
 reach every later segment of the row).
 
-The ops are written with differentiable torch ops: autograd derives the backward pass, and the
+Sliced ReLU's op has a hand-written backward pass, as the padded op. ReLU-bump's is written with
+differentiable torch ops (`take`, `exclusive_prefix`) and autograd derives its backward pass; its
 formulas take the kink conventions of the references (``relu'(0) = abs'(0) = 0``: tied keys in
 neither one-sided sum). That keeps the sort and gather intermediates alive for the backward pass,
-O(T·D) memory like the padded ops, with a larger constant than their hand-written backward passes.
+O(L·D) memory like the padded ops, with a larger constant.
 """
 
 from __future__ import annotations
