@@ -14,11 +14,9 @@ running totals stay of its own order. A segment holding a non-finite score or va
 own tokens and nothing else: its inputs are zeroed before the shared prefix sums (a NaN there would
 reach every later segment of the row).
 
-Sliced ReLU's op has a hand-written backward pass, as the padded op. ReLU-bump's is written with
-differentiable torch ops (`take`, `exclusive_prefix`) and autograd derives its backward pass; its
-formulas take the kink conventions of the references (``relu'(0) = abs'(0) = 0``: tied keys in
-neither one-sided sum). That keeps the sort and gather intermediates alive for the backward pass,
-O(L·D) memory like the padded ops, with a larger constant.
+Both ops have hand-written backward passes, as the padded ops: the keys' side sorts each segment's
+queries (by descending score for sliced ReLU, ascending for ReLU-bump's windows), and the kinks take
+the references' conventions (``relu'(0) = abs'(0) = 0``: tied keys in neither one-sided sum).
 """
 
 from __future__ import annotations
@@ -105,6 +103,16 @@ def segment_centre(s: torch.Tensor, t: torch.Tensor, runs: Runs) -> torch.Tensor
     return torch.where(ok, torch.round(mean / torch.where(ok, step, 1.0)) * step, mean)
 
 
+def on_finite_segments(op, s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, runs: Runs) -> torch.Tensor:
+    """``op(s, t, v, runs)`` on scores centred per segment (`segment_centre`) and with every broken
+    segment (`broken_segments`) zeroed, then NaN at the broken segments' tokens: a NaN inside the
+    shared prefix sums would reach every later segment of the row."""
+    bad = broken_segments(runs, s, t, v)
+    s, t, v = s.masked_fill(bad, 0.0), t.masked_fill(bad, 0.0), v.masked_fill(bad[..., None], 0.0)
+    centre = segment_centre(s, t, runs)
+    return op(s - centre, t - centre, v, runs).masked_fill(bad[..., None], float("nan"))
+
+
 def dense_ranks(values: torch.Tensor) -> torch.Tensor:
     """Each entry's rank among the distinct values of its row (N, K): equal values, equal rank."""
     ordered, order = torch.sort(values, dim=1)
@@ -129,15 +137,23 @@ class SortedKeys:
     def descending(self, probe: int, runs: Runs) -> torch.Tensor:
         """Codes that order probe ``probe`` by (segment, −score): a sort of them puts each segment's
         probes in one run, largest score first."""
-        codes = self.probe_codes[:, probe * self.width : (probe + 1) * self.width]
-        return (2 * runs.local + 1) * self.base - codes
+        return (2 * runs.local + 1) * self.base - self.probe(probe)
+
+    def among(self, probe: int, others: list[int]) -> SortedKeys:
+        """Probe ``probe`` sorted as the keys, with probes ``others`` to search among them (the same
+        ranks: one sort of every score of the row serves both sides of a backward pass)."""
+        codes, order = torch.sort(self.probe(probe), dim=1)
+        return SortedKeys(order, codes, torch.cat([self.probe(i) for i in others], 1), self.width, self.base)
+
+    def probe(self, probe: int) -> torch.Tensor:
+        """The codes of probe ``probe`` (N, L)."""
+        return self.probe_codes[:, probe * self.width : (probe + 1) * self.width]
 
     def rank(self, probe: int, side: str) -> torch.Tensor:
         """Sorted position of the first key of probe ``probe``'s segment with a score ``>=`` it
         (side "left": its own segment's keys ``<`` it, plus every earlier segment's keys) or
         ``>`` it (side "right")."""
-        codes = self.probe_codes[:, probe * self.width : (probe + 1) * self.width]
-        return torch.searchsorted(self.codes, codes.contiguous(), side=side)
+        return torch.searchsorted(self.codes, self.probe(probe).contiguous(), side=side)
 
 
 def sort_keys(t: torch.Tensor, probes: list[torch.Tensor], runs: Runs) -> SortedKeys:
@@ -150,24 +166,6 @@ def sort_keys(t: torch.Tensor, probes: list[torch.Tensor], runs: Runs) -> Sorted
     codes = runs.local.repeat(1, 1 + len(probes)) * base + ranks
     key_codes, order = torch.sort(codes[:, :length], dim=1)
     return SortedKeys(order, key_codes, codes[:, length:], length, base)
-
-
-def exclusive_prefix(x: torch.Tensor) -> torch.Tensor:
-    """(N, L[, D]) → (N, L + 1[, D]) prefix sums along dim 1 starting at 0 (differentiable)."""
-    zero = torch.zeros_like(x[:, :1])
-    return torch.cat([zero, x.cumsum(1)], dim=1)
-
-
-def take(table: torch.Tensor, *indices: torch.Tensor) -> list[torch.Tensor]:
-    """``table[n, index[n, m]]`` for ``table`` (N, K[, C]) and each ``index`` (N, M): one
-    differentiable ``index_select`` for all of them (one pass and one backward scatter, not one per
-    index)."""
-    rows, size = table.shape[:2]
-    offsets = torch.arange(rows, device=table.device)[:, None] * size
-    flat = torch.cat([(index + offsets).reshape(-1) for index in indices])
-    picked = table.reshape(rows * size, -1).index_select(0, flat)
-    shape = (rows, -1) if table.dim() == 2 else (rows, -1, table.shape[2])
-    return [part.view(shape) for part in picked.chunk(len(indices))]
 
 
 def check_segment_inputs(name: str, s, t, v, segments) -> None:

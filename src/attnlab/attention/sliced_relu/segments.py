@@ -20,9 +20,8 @@ from attnlab.attention.sliced_common.rows import (
 )
 from attnlab.attention.sliced_common.segments import (
     Runs,
-    broken_segments,
     check_segment_inputs,
-    segment_centre,
+    on_finite_segments,
     segment_mean,
     segment_runs,
     sort_keys,
@@ -52,16 +51,9 @@ def sliced_relu_attention_segments(
     with no_autocast(v.device):
         s, t = (x.reshape(-1, length).to(acc) for x in (s, t))
         v_rows = v.reshape(-1, length, dim).to(acc)
-        out = _segmented(s, t, v_rows, segment_runs(segments, heads), float(eps))
+        op = lambda s, t, v, r: SegmentedSlicedReLU.apply(s, t, v, r.local, r.start, r.size, float(eps))  # noqa: E731
+        out = on_finite_segments(op, s, t, v_rows, segment_runs(segments, heads))
     return out.view(batch, heads, length, dim).to(v.dtype)
-
-
-def _segmented(s, t, v, runs, eps):
-    bad = broken_segments(runs, s, t, v)
-    s, t, v = s.masked_fill(bad, 0.0), t.masked_fill(bad, 0.0), v.masked_fill(bad[..., None], 0.0)
-    centre = segment_centre(s, t, runs)
-    out = SegmentedSlicedReLU.apply(s - centre, t - centre, v, runs.local, runs.start, runs.size, eps)
-    return out.masked_fill(bad[..., None], float("nan"))
 
 
 class SegmentedSlicedReLU(torch.autograd.Function):

@@ -30,7 +30,7 @@ from attnlab.attention.sliced_common.rows import (
 )
 
 
-def _gather_combine(table, terms, dots_with=None, out=None, buffer=None):
+def gather_combine(table, terms, dots_with=None, out=None, buffer=None):
     """``out += Σ_k coef_k · table[index_k]`` (row-wise) and the row dots ``dots_with · table[index_k]``.
 
     ``terms`` is a list of ``(index (N, T), coef (N, T) or None)``; a ``None`` coefficient only
@@ -89,8 +89,8 @@ class SlicedReLUBump(torch.autograd.Function):
         if queries is not None:
             coef = coef.masked_fill(~queries, 0.0)
         rows, scored = hat_terms(lo, mid, hi, s, b, coef)
-        out, _, buffer = _gather_combine(p_v, rows)
-        out, _, _ = _gather_combine(p_tv, scored, out=out, buffer=buffer)
+        out, _, buffer = gather_combine(p_v, rows)
+        out, _, _ = gather_combine(p_tv, scored, out=out, buffer=buffer)
         # (1/n) Σ_j hat(s_i - t_j) = coef · ((b - s) n_left + t_left + (b + s) n_right - t_right)
         left_n, right_n, left_t, right_t = key_windows(p_t, lo, mid, hi, s.dtype)
         mass = coef * ((b - s) * left_n + left_t + (b + s) * right_n - right_t)
@@ -114,10 +114,10 @@ class SlicedReLUBump(torch.autograd.Function):
         # The tables hold w = v - vbar: window sums of v add vbar times the window's key count
         # (resp. its key-score sum), i.e. g·vbar times a scalar window term.
         below = torch.searchsorted(t_search, s, side="left")  # #{t < s}
-        _, (g_lo, g_mid, g_hi, g_below), buffer = _gather_combine(
+        _, (g_lo, g_mid, g_hi, g_below), buffer = gather_combine(
             p_v, [(lo, None), (mid, None), (hi, None), (below, None)], dots_with=grad_out
         )
-        _, (gx_lo, gx_mid, gx_hi), buffer = _gather_combine(
+        _, (gx_lo, gx_mid, gx_hi), buffer = gather_combine(
             p_tv, [(lo, None), (mid, None), (hi, None)], dots_with=grad_out, buffer=buffer
         )
         g_vbar = torch.bmm(grad_out, vbar[:, :, None])[..., 0]
@@ -140,9 +140,9 @@ class SlicedReLUBump(torch.autograd.Function):
         k_lo, k_mid, k_hi = hat_windows(s_search, t, b)
         k_below = torch.searchsorted(s_search, t, side="left")
         rows, scored = hat_terms(k_lo, k_mid, k_hi, t, b, torch.ones_like(coef))
-        grad_v, (v_lo, v_mid, v_hi), buffer = _gather_combine(q_g, rows, dots_with=v, buffer=buffer)
-        _, (v_below,), buffer = _gather_combine(q_g, [(k_below, None)], dots_with=v, buffer=buffer)
-        grad_v, _, _ = _gather_combine(q_sg, scored, out=grad_v, buffer=buffer)
+        grad_v, (v_lo, v_mid, v_hi), buffer = gather_combine(q_g, rows, dots_with=v, buffer=buffer)
+        _, (v_below,), buffer = gather_combine(q_g, [(k_below, None)], dots_with=v, buffer=buffer)
+        grad_v, _, _ = gather_combine(q_sg, scored, out=grad_v, buffer=buffer)
         grad_t = v_hi - v_mid + v_lo - v_below
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
