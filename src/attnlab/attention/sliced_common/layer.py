@@ -19,8 +19,8 @@ from attnlab.attention.sliced_common.scores import (
 )
 
 #: How many times more slots each sequence laid out alone (N·M) must take than the packed rows (B·L)
-#: for the op on the rows to be the faster: measured with `attnlab bench training --packing both`
-#: (docs/benchmarks.md, "CPU: packed batches") and ListOps' near-full rows, where the rows lost.
+#: for the layer to take the op on the rows: chosen between measurements (docs/benchmarks.md, "CPU:
+#: packed batches"), where the rows won at 1.9x and 3.2x fewer slots and lost on ListOps' full rows.
 ROWS_PAY_FROM = 1.5
 
 
@@ -137,5 +137,5 @@ class SlicedAttentionLayer(AttentionLayer):
         raise NotImplementedError(f"{type(self).__name__} must implement attend_scores()")
 
     def attend_segments(self, s, t, v, segments):
-        """The op on packed rows (scores (B, H, L), ``segments`` (B, L)), where `attends_packed_rows`."""
+        """The op on packed rows (scores (B, H, L), ``segments`` (B, L)), where `attends_packed`."""
         raise NotImplementedError(f"{type(self).__name__} must implement attend_segments()")
