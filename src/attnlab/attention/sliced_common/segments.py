@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.attention.common.precision import FLOAT_DTYPES, accumulation_dtype
+from attnlab.attention.common.precision import FLOAT_DTYPES, accumulation_dtype, no_autocast
 
 
 @dataclass(frozen=True)
@@ -103,14 +103,22 @@ def segment_centre(s: torch.Tensor, t: torch.Tensor, runs: Runs) -> torch.Tensor
     return torch.where(ok, torch.round(mean / torch.where(ok, step, 1.0)) * step, mean)
 
 
-def on_finite_segments(op, s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, runs: Runs) -> torch.Tensor:
-    """``op(s, t, v, runs)`` on scores centred per segment (`segment_centre`) and with every broken
-    segment (`broken_segments`) zeroed, then NaN at the broken segments' tokens: a NaN inside the
-    shared prefix sums would reach every later segment of the row."""
-    bad = broken_segments(runs, s, t, v)
-    s, t, v = s.masked_fill(bad, 0.0), t.masked_fill(bad, 0.0), v.masked_fill(bad[..., None], 0.0)
-    centre = segment_centre(s, t, runs)
-    return op(s - centre, t - centre, v, runs).masked_fill(bad[..., None], float("nan"))
+def on_packed_rows(op, s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, segments: torch.Tensor, acc):
+    """``op(s, t, v, runs)`` on rows (N = B·H, L[, D]) in the accumulation dtype ``acc``, back as
+    (B, H, L, D) in v's dtype: scores centred per segment (`segment_centre`), every broken segment
+    (`broken_segments`) zeroed on the way in and NaN at its tokens on the way out (a NaN inside the
+    shared prefix sums would reach every later segment of the row)."""
+    batch, heads, length, dim = v.shape
+    with no_autocast(v.device):
+        s, t = (x.reshape(-1, length).to(acc) for x in (s, t))
+        v_rows = v.reshape(-1, length, dim).to(acc)
+        runs = segment_runs(segments, heads)
+        bad = broken_segments(runs, s, t, v_rows)
+        s, t = s.masked_fill(bad, 0.0), t.masked_fill(bad, 0.0)
+        v_rows = v_rows.masked_fill(bad[..., None], 0.0)
+        centre = segment_centre(s, t, runs)
+        out = op(s - centre, t - centre, v_rows, runs).masked_fill(bad[..., None], float("nan"))
+    return out.view(batch, heads, length, dim).to(v.dtype)
 
 
 def dense_ranks(values: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.attention.common import compiler
-from attnlab.attention.common.precision import accumulation_dtype, no_autocast
+from attnlab.attention.common.precision import accumulation_dtype
 from attnlab.attention.sliced_common.rows import (
     count_greater,
     cumsum_rows_,
@@ -21,9 +21,8 @@ from attnlab.attention.sliced_common.rows import (
 from attnlab.attention.sliced_common.segments import (
     Runs,
     check_segment_inputs,
-    on_finite_segments,
+    on_packed_rows,
     segment_mean,
-    segment_runs,
     sort_keys,
 )
 
@@ -46,14 +45,8 @@ def sliced_relu_attention_segments(
         raise ValueError(f"{OP}: eps must be > 0, got {eps}")
     if compiler.compiling():  # its hand-written backward pass: called, not traced
         return _OPAQUE(s, t, v, segments, float(eps))
-    batch, heads, length, dim = v.shape
-    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
-    with no_autocast(v.device):
-        s, t = (x.reshape(-1, length).to(acc) for x in (s, t))
-        v_rows = v.reshape(-1, length, dim).to(acc)
-        op = lambda s, t, v, r: SegmentedSlicedReLU.apply(s, t, v, r.local, r.start, r.size, float(eps))  # noqa: E731
-        out = on_finite_segments(op, s, t, v_rows, segment_runs(segments, heads))
-    return out.view(batch, heads, length, dim).to(v.dtype)
+    op = lambda s, t, v, r: SegmentedSlicedReLU.apply(s, t, v, r.local, r.start, r.size, float(eps))  # noqa: E731
+    return on_packed_rows(op, s, t, v, segments, accumulation_dtype(s.dtype, t.dtype, v.dtype))
 
 
 class SegmentedSlicedReLU(torch.autograd.Function):

@@ -30,7 +30,7 @@ from attnlab.attention.sliced_common.rows import (
 )
 
 
-def gather_combine(table, terms, dots_with=None, out=None, buffer=None):
+def _gather_combine(table, terms, dots_with=None, out=None, buffer=None):
     """``out += Σ_k coef_k · table[index_k]`` (row-wise) and the row dots ``dots_with · table[index_k]``.
 
     ``terms`` is a list of ``(index (N, T), coef (N, T) or None)``; a ``None`` coefficient only
@@ -88,13 +88,7 @@ class SlicedReLUBump(torch.autograd.Function):
         coef = (1.0 / (count[:, None] * b)).expand(-1, length)  # 1 / (n b)
         if queries is not None:
             coef = coef.masked_fill(~queries, 0.0)
-        rows, scored = hat_terms(lo, mid, hi, s, b, coef)
-        out, _, buffer = gather_combine(p_v, rows)
-        out, _, _ = gather_combine(p_tv, scored, out=out, buffer=buffer)
-        # (1/n) Σ_j hat(s_i - t_j) = coef · ((b - s) n_left + t_left + (b + s) n_right - t_right)
-        left_n, right_n, left_t, right_t = key_windows(p_t, lo, mid, hi, s.dtype)
-        mass = coef * ((b - s) * left_n + left_t + (b + s) * right_n - right_t)
-        out.addcmul_(mass[..., None], vbar[:, None, :])
+        out = hat_output(p_v, p_tv, p_t, (lo, mid, hi), s, b, coef, vbar[:, None, :])
         nan_rows(out, bad, queries)
 
         ctx.save_for_backward(s, t, v, b, t_search, p_v, p_tv, p_t, vbar, lo, mid, hi, coef)
@@ -107,43 +101,17 @@ class SlicedReLUBump(torch.autograd.Function):
         valid, queries = ctx.valid, ctx.queries
         grad_out = grad_out.contiguous()
 
-        # Queries. hat'(r) = -sign(r)/b inside the window and 0 at r = 0 and |r| = b, so
-        #   dL/ds_i = coef g_i · (Σ_{t∈(s,s+b)} v - Σ_{t∈(s-b,s)} v)
-        #           = coef g_i · (P[hi] - P[mid] + P[lo] - P[below])   (keys tied with s_i drop out)
-        #   dL/db   = Σ_i coef/b · g_i · Σ_{|r|<b} |r| v_j = coef/b · g_i · (s (L - R) + R_x - L_x).
-        # The tables hold w = v - vbar: window sums of v add vbar times the window's key count
-        # (resp. its key-score sum), i.e. g·vbar times a scalar window term.
         below = torch.searchsorted(t_search, s, side="left")  # #{t < s}
-        _, (g_lo, g_mid, g_hi, g_below), buffer = gather_combine(
-            p_v, [(lo, None), (mid, None), (hi, None), (below, None)], dots_with=grad_out
-        )
-        _, (gx_lo, gx_mid, gx_hi), buffer = gather_combine(
-            p_tv, [(lo, None), (mid, None), (hi, None)], dots_with=grad_out, buffer=buffer
-        )
         g_vbar = torch.bmm(grad_out, vbar[:, :, None])[..., 0]
-        left_n, right_n, left_t, right_t = key_windows(p_t, lo, mid, hi, s.dtype)
-        tied = (mid - below).to(s.dtype)  # keys with t = s: in the left window, not in the derivative
-        grad_s = coef * (g_hi - g_mid + g_lo - g_below + g_vbar * (right_n - left_n + tied))
-        left, right = g_mid - g_lo + g_vbar * left_n, g_hi - g_mid + g_vbar * right_n
-        left_x, right_x = gx_mid - gx_lo + g_vbar * left_t, gx_hi - gx_mid + g_vbar * right_t
-        grad_b = (coef / b * (s * (left - right) + right_x - left_x)).sum(dim=1, keepdim=True)
-
-        # Keys: the same windows with queries and keys exchanged (the hat is symmetric), on
-        # prefix tables of c_i g_i and s_i c_i g_i over the queries sorted by s (c = coef).
-        #   dL/dv_j = Σ_i c_i hat(s_i - t_j) g_i
-        #   dL/dt_j = v_j · (Σ_{s∈(t,t+b)} c g - Σ_{s∈(t-b,t)} c g)
+        grad_s, grad_b, buffer = query_gradients(
+            p_v, p_tv, p_t, (lo, below, mid, hi), grad_out, g_vbar, s, b, coef
+        )
         s_search, s_sorted, q_order = sort_real_first(s, queries)
-        q_g = sorted_rows(grad_out, q_order, None, torch.gather(coef, 1, q_order))
-        q_sg = times_scores(q_g, s_sorted)
-        cumsum_rows_(q_g)
-        cumsum_rows_(q_sg)
         k_lo, k_mid, k_hi = hat_windows(s_search, t, b)
         k_below = torch.searchsorted(s_search, t, side="left")
-        rows, scored = hat_terms(k_lo, k_mid, k_hi, t, b, torch.ones_like(coef))
-        grad_v, (v_lo, v_mid, v_hi), buffer = gather_combine(q_g, rows, dots_with=v, buffer=buffer)
-        _, (v_below,), buffer = gather_combine(q_g, [(k_below, None)], dots_with=v, buffer=buffer)
-        grad_v, _, _ = gather_combine(q_sg, scored, out=grad_v, buffer=buffer)
-        grad_t = v_hi - v_mid + v_lo - v_below
+        grad_v, grad_t = key_gradients(
+            grad_out, q_order, s_sorted, (k_lo, k_below, k_mid, k_hi), t, v, b, coef, buffer
+        )
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
@@ -156,3 +124,65 @@ class SlicedReLUBump(torch.autograd.Function):
             nan_rows(grad_v, bad, valid),
         )
         return grad_s, grad_t, grad_v, nan_rows(grad_b, bad), None, None
+
+
+def hat_output(p_v, p_tv, p_t, windows, s, b, coef, vbar):
+    """The bump op's output from the key tables (`SlicedReLUBump`): ``p_v``, ``p_tv`` the prefix
+    tables of w = v − vbar and t·w over the sorted keys, ``p_t`` the float64 one of the key scores,
+    ``windows`` = (lo, mid, hi) each query's window bounds among them, ``coef`` = 1 / (n b) per query
+    and ``vbar`` its keys' mean value ((N, 1, D) or per query (N, T, D))."""
+    lo, mid, hi = windows
+    rows, scored = hat_terms(lo, mid, hi, s, b, coef)
+    out, _, buffer = _gather_combine(p_v, rows)
+    out, _, _ = _gather_combine(p_tv, scored, out=out, buffer=buffer)
+    # (1/n) Σ_j hat(s_i - t_j) = coef · ((b - s) n_left + t_left + (b + s) n_right - t_right)
+    left_n, right_n, left_t, right_t = key_windows(p_t, lo, mid, hi, s.dtype)
+    mass = coef * ((b - s) * left_n + left_t + (b + s) * right_n - right_t)
+    return out.addcmul_(mass[..., None], vbar)
+
+
+def query_gradients(p_v, p_tv, p_t, windows, grad_out, g_vbar, s, b, coef):
+    """dL/ds and dL/db from the forward pass's key tables (`hat_output`); ``windows`` = (lo, below,
+    mid, hi), ``below`` the keys strictly under each query; ``g_vbar`` = g_i · vbar. Returns them and
+    the gather buffer for reuse.
+
+    hat'(r) = -sign(r)/b inside the window and 0 at r = 0 and |r| = b, so
+      dL/ds_i = coef g_i · (Σ_{t∈(s,s+b)} v - Σ_{t∈(s-b,s)} v)
+              = coef g_i · (P[hi] - P[mid] + P[lo] - P[below])   (keys tied with s_i drop out)
+      dL/db   = Σ_i coef/b · g_i · Σ_{|r|<b} |r| v_j = coef/b · g_i · (s (L - R) + R_x - L_x).
+    The tables hold w = v - vbar: window sums of v add vbar times the window's key count (resp. its
+    key-score sum), i.e. g·vbar times a scalar window term.
+    """
+    lo, below, mid, hi = windows
+    _, (g_lo, g_mid, g_hi, g_below), buffer = _gather_combine(
+        p_v, [(lo, None), (mid, None), (hi, None), (below, None)], dots_with=grad_out
+    )
+    _, (gx_lo, gx_mid, gx_hi), buffer = _gather_combine(
+        p_tv, [(lo, None), (mid, None), (hi, None)], dots_with=grad_out, buffer=buffer
+    )
+    left_n, right_n, left_t, right_t = key_windows(p_t, lo, mid, hi, s.dtype)
+    tied = (mid - below).to(s.dtype)  # keys with t = s: in the left window, not in the derivative
+    grad_s = coef * (g_hi - g_mid + g_lo - g_below + g_vbar * (right_n - left_n + tied))
+    left, right = g_mid - g_lo + g_vbar * left_n, g_hi - g_mid + g_vbar * right_n
+    left_x, right_x = gx_mid - gx_lo + g_vbar * left_t, gx_hi - gx_mid + g_vbar * right_t
+    grad_b = (coef / b * (s * (left - right) + right_x - left_x)).sum(dim=1, keepdim=True)
+    return grad_s, grad_b, buffer
+
+
+def key_gradients(grad_out, q_order, s_sorted, windows, t, v, b, coef, buffer=None):
+    """dL/dv and dL/dt: the same windows with queries and keys exchanged (the hat is symmetric), on
+    prefix tables of c_i g_i and s_i c_i g_i over the queries sorted by s (``q_order``, ``s_sorted``;
+    c = coef); ``windows`` = (lo, below, mid, hi), each key's bounds among the sorted queries.
+      dL/dv_j = Σ_i c_i hat(s_i - t_j) g_i
+      dL/dt_j = v_j · (Σ_{s∈(t,t+b)} c g - Σ_{s∈(t-b,t)} c g)
+    """
+    k_lo, k_below, k_mid, k_hi = windows
+    q_g = sorted_rows(grad_out, q_order, None, torch.gather(coef, 1, q_order))
+    q_sg = times_scores(q_g, s_sorted)
+    cumsum_rows_(q_g)
+    cumsum_rows_(q_sg)
+    rows, scored = hat_terms(k_lo, k_mid, k_hi, t, b, torch.ones_like(coef))
+    grad_v, (v_lo, v_mid, v_hi), buffer = _gather_combine(q_g, rows, dots_with=v, buffer=buffer)
+    _, (v_below,), buffer = _gather_combine(q_g, [(k_below, None)], dots_with=v, buffer=buffer)
+    grad_v, _, _ = _gather_combine(q_sg, scored, out=grad_v, buffer=buffer)
+    return grad_v, v_hi - v_mid + v_lo - v_below
