@@ -167,7 +167,7 @@ class SortedKeys:
 def sort_keys(t: torch.Tensor, probes: list[torch.Tensor], runs: Runs) -> SortedKeys:
     """Sort the keys ``t`` (N, L) by (segment, score) and code the ``probes`` (each (N, L): a score
     compared with its own token's segment) for searches among them (`SortedKeys.rank`)."""
-    rows, length = t.shape
+    length = t.shape[1]
     values = torch.cat([t.detach(), *(p.detach() for p in probes)], dim=1)
     ranks = dense_ranks(values)
     base = values.shape[1] + 1

@@ -79,10 +79,8 @@ class SegmentedSlicedReLU(torch.autograd.Function):
         scale = 2.0 / den.clamp_min(eps)
         out = below_tw.mul_(-scale[..., None]).addcmul_(below_w, (s * scale)[..., None])
 
-        ctx.save_for_backward(
-            s, t, w, keys.order, below, at_or_below, counts, den, out, below_w, local, start, size
-        )
-        ctx.eps, ctx.descending = eps, keys.descending(0, runs)
+        ctx.save_for_backward(s, t, w, below, at_or_below, counts, den, out, below_w, local, start, size)
+        ctx.eps, ctx.keys = eps, keys
         return out
 
     @staticmethod
@@ -92,8 +90,8 @@ class SegmentedSlicedReLU(torch.autograd.Function):
         "(a packed layer: path='dense')",
     )
     def backward(ctx, grad_out):
-        s, t, w, order, below, at_or_below, counts, den, out, below_w, local, start, size = ctx.saved_tensors
-        runs, length = Runs(local, start, size), s.shape[1]
+        s, t, w, below, at_or_below, counts, den, out, below_w, local, start, size = ctx.saved_tensors
+        runs, length, order = Runs(local, start, size), s.shape[1], ctx.keys.order
         grad_out = grad_out.contiguous()
         # o_i = 2 N_i / d_i, d_i = max(den_i, eps): dL/dN_i = a_i g_i, dL/dden_i = -(g_i · o_i) / d_i
         inv_d = 1.0 / den.clamp_min(ctx.eps)
@@ -104,7 +102,7 @@ class SegmentedSlicedReLU(torch.autograd.Function):
         # Keys: each segment's queries by descending score, so that a prefix of its run is the set
         # {i : s_i > t_j}. A key at sorted position p has #{i : below_i > p} queries above it, less
         # the queries of the later segments (whose ranks all lie past p); earlier segments' lie before.
-        _, q_order = torch.sort(ctx.descending, dim=1)
+        _, q_order = torch.sort(ctx.keys.descending(0, runs), dim=1)
         q_a = sorted_rows(grad_out, q_order, None, torch.gather(a_scale, 1, q_order))
         q_sa = times_scores(q_a, torch.gather(s, 1, q_order))
         cumsum_rows_(q_a)
