@@ -202,7 +202,7 @@ def test_a_preempted_run_is_awaited_until_its_requeued_attempt_wrote_the_summary
     """The run is held at step 4 (`PauseAt`) and gets the time-limit warning there (SIGUSR1, what
     ``--signal=USR1@<signal_delay_s>`` sends): it saves ``hpc_ckpt_1.ckpt``, requeues itself and returns
     from its first attempt without a summary. The stock submitit launcher ended the sweep there, with
-    status 0; ``-m`` must return after the requeued attempt (~10 s later on this cluster: cred_expire in
+    status 0; ``-m`` must return after the requeued attempt (~5 s later on this cluster: cred_expire in
     .ci/slurm) has resumed from step 5 and written the summary."""
     steps, marker = 12, tmp_path / "paused"
     sweep = sweep_in(
