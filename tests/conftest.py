@@ -24,7 +24,8 @@ from omegaconf import open_dict  # noqa: E402
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Under ``--dist loadgroup`` (``make test``): the grouped tests first (``slurm``: jobs on the one
-    test cluster; ``processes``: tests that start several processes at once), so that each group's
+    test cluster; ``processes``: tests that start several processes at once; a module's name: tests that
+    share an expensive module fixture, built once on one worker), so that each group's
     worker starts its serial chain while the others take the rest; and a loud stop where pytest-xdist
     did not mark the groups (its node-id suffix), which would run them side by side without a word."""
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers only

@@ -16,6 +16,7 @@ from attnlab.errors import CheckpointError
 from attnlab.pipeline import train
 from attnlab.run.resume import read_checkpoint
 from attnlab.run.summary import SUMMARY_FIELDS
+from cross_product import each_value_once
 from tiny_runs import REPO_ROOT, run_train_py
 from tiny_runs import TINY_LISTOPS as TINY
 
@@ -42,8 +43,7 @@ ATTNS = sorted(p.stem for p in (REPO_ROOT / "conf" / "attn").glob("*.yaml"))
 TINY_LISTOPS = [*TINY, "trainer.log_every_n_steps=2", "logger=csv"]
 
 
-@pytest.mark.parametrize("task", TASKS)
-@pytest.mark.parametrize("attn", ATTNS)
+@pytest.mark.parametrize("attn,task", each_value_once(ATTNS, TASKS))
 def test_every_task_and_backend_composes_and_builds(train_config, task, attn):
     cfg = train_config(f"task={task}", f"attn={attn}")
     assert cfg.task.name == task and cfg.attn.name == attn

@@ -25,6 +25,9 @@ TINY = [
     "logger=csv", "test=false",
 ]  # fmt: skip
 
+# on one worker under `make test`: the module's two runs (`runs`) are trained once, not per worker
+pytestmark = pytest.mark.xdist_group("generate_runs")
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, corpus_data_dir):

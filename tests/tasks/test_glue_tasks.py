@@ -20,6 +20,9 @@ from attnlab.run.resume import read_checkpoint
 from attnlab.tasks.glue import GlueTask
 from conftest import CONF_DIR, compose_train_config
 
+# on one worker under `make test`: the module's MLM checkpoint (`pretrained`) is trained once, not per worker
+pytestmark = pytest.mark.xdist_group("glue_checkpoint")
+
 QUIET = ["trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0", "logger=csv"]
 TINY_MLM = [
     "task=mlm",

@@ -9,6 +9,7 @@ import pytest
 
 from attnlab.data.errors import MissingDataError
 from attnlab.pipeline import train
+from cross_product import each_value_once
 
 QUICK = [
     "trainer.max_steps=2",
@@ -70,8 +71,9 @@ def lra_data(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("attn", ["softmax", "sliced_relu"])
-@pytest.mark.parametrize("task", ["text", "retrieval", "image", "pathfinder"])
+@pytest.mark.parametrize(
+    "task,attn", each_value_once(["text", "retrieval", "image", "pathfinder"], ["softmax", "sliced_relu"])
+)
 def test_lra_task_trains_on_official_format_data(train_config, lra_data, task, attn):
     extra = {
         "text": ["task.data.source.max_length=64"],
