@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from attnlab import threads
+from attnlab.bench import threads as bench_threads
 from attnlab.threads import MARKER, ThreadGovernor, cgroup_cpu_quota, configure, usable_cpus
 from tiny_runs import REPO_ROOT, TINY_LISTOPS, attnlab_main
 
@@ -178,6 +179,63 @@ def test_train_py_sets_threads_before_torch_loads_and_the_users_win(tmp_path, us
         assert "memory: glibc keeps freed buffers for reuse" in log
 
 
+def test_each_setting_is_measured_with_its_own_thread_variables_only():
+    caller = {"PATH": "/bin", "OMP_NUM_THREADS": "7", "GOMP_SPINCOUNT": "0", MARKER: "1"}
+    assert bench_threads.setting_environment("attnlab", caller) == {"PATH": "/bin"}
+    assert bench_threads.setting_environment("one-thread", caller) == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    assert bench_threads.setting_environment("torch", caller) == {"PATH": "/bin", "ATTNLAB_THREADS": "off"}
+
+
+def test_a_measured_process_runs_the_training_steps_with_its_settings_threads():
+    result = bench_threads.measure("one-thread", steps=1, warmup=0, max_seconds=60)
+    assert result["threads"] == 1 and result["steps"] == 1 and result["ms_per_step"] > 0
+
+
+def test_bench_threads_tables_each_setting_quiet_and_busy_and_stops_its_busy_processes(tmp_path, monkeypatch):
+    """The command with each measured process stood in for (the real one: the test above, and the
+    whole command beside busy processes in ``make test-all``): every (condition, setting) is measured,
+    tabled, written, and the busy processes it started are gone at the end."""
+    busy_during: list[int] = []
+
+    def stand_in(setting, steps, warmup, max_seconds):
+        busy_during.append(len(_busy_children()))
+        return {"ms_per_step": 10.0 if setting == "attnlab" else 20.0, "steps": steps, "threads": 2}
+
+    monkeypatch.setattr(bench_threads, "measure", stand_in)
+    out_file = tmp_path / "threads.json"
+    out = attnlab_main(
+        "bench", "threads", "--busy", "1", "--steps", "2", "--warmup", "0", "--repeats", "1",
+        "--settings", "attnlab", "one-thread", "--out", str(out_file), cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "busy x1: attnlab runs 2.00x as fast as one-thread" in out.stdout
+    assert len(json.loads(out_file.read_text())) == 4
+    assert busy_during[:2] == [0, 0] and min(busy_during[2:]) >= 1  # quiet first, then beside one
+    (pids,) = re.findall(r"busy processes ([\d, ]+) \(stopped at the end\)", out.stdout)
+    assert not any("while True" in _cmdline(int(pid)) for pid in pids.split(", "))
+
+
+def _busy_children() -> list[int]:
+    """This process's children that run the bench's busy loop."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # not a process, or gone
+            continue
+        if parent == os.getpid() and "while True" in _cmdline(int(entry.name)):
+            children.append(int(entry.name))
+    return children
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:  # gone
+        return ""
+
+
+@pytest.mark.slow
 @pytest.mark.xdist_group("processes")  # several processes at once: never two such tests together
 def test_bench_threads_runs_each_setting_beside_busy_processes(tmp_path):
     """Each setting's fresh process gets its own thread environment, whatever this one holds (the bench

@@ -93,13 +93,20 @@ _WORKER = (
 )
 
 
+def setting_environment(setting: str, environ: dict[str, str]) -> dict[str, str]:
+    """The measured process's environment: ``environ`` without any thread variable (whatever the
+    caller holds), plus ``setting``'s own."""
+    env = {k: v for k, v in environ.items() if k not in THREAD_KEYS}
+    env.update(SETTINGS[setting])
+    return env
+
+
 def measure(setting: str, steps: int, warmup: int, max_seconds: float) -> dict:
     """One fresh process with ``setting``'s environment; its result as a dict."""
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_KEYS}
-    env.update(SETTINGS[setting])
     out = subprocess.run(
         [sys.executable, "-c", _WORKER, str(steps), str(warmup), str(max_seconds)],
-        env=env, capture_output=True, text=True, check=False, timeout=max_seconds + 600,
+        env=setting_environment(setting, dict(os.environ)), capture_output=True, text=True, check=False,
+        timeout=max_seconds + 600,
     )  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"the {setting} run failed:\n{out.stderr[-2000:]}")
