@@ -86,9 +86,16 @@ def broken_segments(runs: Runs, *tensors: torch.Tensor) -> torch.Tensor:
     ((N, L) or (N, L, D))."""
     bad = torch.zeros_like(runs.local, dtype=torch.bool)
     for x in tensors:
-        finite = torch.isfinite(x)
-        bad |= ~(finite if x.dim() == 2 else finite.all(-1))
+        bad |= ~_finite_tokens(x)
     return segment_sum(bad.to(torch.float32), runs) > 0
+
+
+def _finite_tokens(x: torch.Tensor) -> torch.Tensor:
+    """(N, L) bool: every entry of the token finite. For (N, L, D), through the largest and smallest
+    entry (NaN and ±inf reach them), about 5× faster on CPU than ``isfinite(x).all(-1)``."""
+    if x.dim() == 2:
+        return torch.isfinite(x)
+    return torch.isfinite(x.amax(-1)) & torch.isfinite(x.amin(-1))
 
 
 def segment_centre(s: torch.Tensor, t: torch.Tensor, runs: Runs) -> torch.Tensor:
@@ -114,10 +121,15 @@ def on_packed_rows(op, s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, segmen
         v_rows = v.reshape(-1, length, dim).to(acc)
         runs = segment_runs(segments, heads)
         bad = broken_segments(runs, s, t, v_rows)
-        s, t = s.masked_fill(bad, 0.0), t.masked_fill(bad, 0.0)
-        v_rows = v_rows.masked_fill(bad[..., None], 0.0)
+        # on the CPU a clean batch (the rule) skips the two passes over v; elsewhere no host read
+        clean = v.device.type == "cpu" and not bool(bad.any())
+        if not clean:
+            s, t = s.masked_fill(bad, 0.0), t.masked_fill(bad, 0.0)
+            v_rows = v_rows.masked_fill(bad[..., None], 0.0)
         centre = segment_centre(s, t, runs)
-        out = op(s - centre, t - centre, v_rows, runs).masked_fill(bad[..., None], float("nan"))
+        out = op(s - centre, t - centre, v_rows, runs)
+        if not clean:
+            out = out.masked_fill(bad[..., None], float("nan"))
     return out.view(batch, heads, length, dim).to(v.dtype)
 
 
