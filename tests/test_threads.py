@@ -202,17 +202,24 @@ def test_bench_threads_tables_each_setting_quiet_and_busy_and_stops_its_busy_pro
         return {"ms_per_step": 10.0 if setting == "attnlab" else 20.0, "steps": steps, "threads": 2}
 
     monkeypatch.setattr(bench_threads, "measure", stand_in)
+    out = _bench_threads_beside_one_busy_process(tmp_path)
+    assert "busy x1: attnlab runs 2.00x as fast as one-thread" in out
+    assert busy_during[:2] == [0, 0] and min(busy_during[2:]) >= 1  # quiet first, then beside one
+
+
+def _bench_threads_beside_one_busy_process(tmp_path) -> str:
+    """`attnlab bench threads` for two settings, quiet and beside one busy process, in this process;
+    checks its JSON (four figures) and that the busy processes it started are gone; its output."""
     out_file = tmp_path / "threads.json"
     out = attnlab_main(
         "bench", "threads", "--busy", "1", "--steps", "2", "--warmup", "0", "--repeats", "1",
         "--settings", "attnlab", "one-thread", "--out", str(out_file), cwd=REPO_ROOT,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "busy x1: attnlab runs 2.00x as fast as one-thread" in out.stdout
     assert len(json.loads(out_file.read_text())) == 4
-    assert busy_during[:2] == [0, 0] and min(busy_during[2:]) >= 1  # quiet first, then beside one
     (pids,) = re.findall(r"busy processes ([\d, ]+) \(stopped at the end\)", out.stdout)
     assert not any("while True" in _cmdline(int(pid)) for pid in pids.split(", "))
+    return out.stdout
 
 
 def _busy_children() -> list[int]:
@@ -240,16 +247,5 @@ def _cmdline(pid: int) -> str:
 def test_bench_threads_runs_each_setting_beside_busy_processes(tmp_path):
     """Each setting's fresh process gets its own thread environment, whatever this one holds (the bench
     drops the thread variables before it starts them), so the command runs in this process."""
-    out_file = tmp_path / "threads.json"
-    out = attnlab_main(
-        "bench", "threads", "--busy", "1", "--steps", "2", "--warmup", "0", "--repeats", "1",
-        "--settings", "attnlab", "one-thread", "--out", str(out_file), cwd=REPO_ROOT,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "busy x1: attnlab runs" in out.stdout and "as fast as one-thread" in out.stdout
-    assert out_file.exists() and len(json.loads(out_file.read_text())) == 4
-    (pids,) = re.findall(r"busy processes ([\d, ]+) \(stopped at the end\)", out.stdout)
-    for pid in map(int, pids.split(", ")):  # the busy processes it started are gone
-        assert (
-            not Path(f"/proc/{pid}").exists() or "while True" not in Path(f"/proc/{pid}/cmdline").read_text()
-        )
+    out = _bench_threads_beside_one_busy_process(tmp_path)
+    assert "busy x1: attnlab runs" in out and "as fast as one-thread" in out
