@@ -186,7 +186,8 @@ def test_each_setting_is_measured_with_its_own_thread_variables_only():
     assert bench_threads.setting_environment("torch", caller) == {"PATH": "/bin", "ATTNLAB_THREADS": "off"}
 
 
-def test_a_measured_process_runs_the_training_steps_with_its_settings_threads():
+def test_a_measured_process_runs_the_training_steps_with_its_settings_threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # this process's: not the measured one's
     result = bench_threads.measure("one-thread", steps=1, warmup=0, max_seconds=60)
     assert result["threads"] == 1 and result["steps"] == 1 and result["ms_per_step"] > 0
 
