@@ -187,9 +187,12 @@ def test_each_setting_is_measured_with_its_own_thread_variables_only():
 
 
 def test_a_measured_process_runs_the_training_steps_with_its_settings_threads(monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # this process's: not the measured one's
-    result = bench_threads.measure("one-thread", steps=1, warmup=0, max_seconds=60)
-    assert result["threads"] == 1 and result["steps"] == 1 and result["ms_per_step"] > 0
+    """attnlab's setting in a fresh process: its own cap and the governor that ticks at every step,
+    whatever thread count this process holds."""
+    monkeypatch.setenv("OMP_NUM_THREADS", str(usable_cpus() + 5))  # this process's: not the measured one's
+    result = bench_threads.measure("attnlab", steps=1, warmup=0, max_seconds=60)
+    assert 1 <= result["threads"] <= usable_cpus() and result["governor"] is not None
+    assert result["steps"] == 1 and result["ms_per_step"] > 0
 
 
 def test_bench_threads_tables_each_setting_quiet_and_busy_and_stops_its_busy_processes(tmp_path, monkeypatch):
