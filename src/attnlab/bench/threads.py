@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 
 from attnlab.bench.machine import load_average
 
@@ -93,7 +94,7 @@ _WORKER = (
 )
 
 
-def setting_environment(setting: str, environ: dict[str, str]) -> dict[str, str]:
+def setting_environment(setting: str, environ: Mapping[str, str]) -> dict[str, str]:
     """The measured process's environment: ``environ`` without any thread variable (whatever the
     caller holds), plus ``setting``'s own."""
     env = {k: v for k, v in environ.items() if k not in THREAD_KEYS}
@@ -105,7 +106,7 @@ def measure(setting: str, steps: int, warmup: int, max_seconds: float) -> dict:
     """One fresh process with ``setting``'s environment; its result as a dict."""
     out = subprocess.run(
         [sys.executable, "-c", _WORKER, str(steps), str(warmup), str(max_seconds)],
-        env=setting_environment(setting, dict(os.environ)), capture_output=True, text=True, check=False,
+        env=setting_environment(setting, os.environ), capture_output=True, text=True, check=False,
         timeout=max_seconds + 600,
     )  # fmt: skip
     if out.returncode != 0:
