@@ -105,12 +105,12 @@ def test_no_mfu_on_cpu_without_a_peak(train_config, tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["sliced_relu", "sliced_relu_bump"])
-@pytest.mark.parametrize("rope", [False, True])
-def test_model_counter_counts_a_packed_batch_as_it_runs(backend, rope):
+@pytest.mark.parametrize(("rope", "causal"), [(False, False), (True, False), (True, True)])
+def test_model_counter_counts_a_packed_batch_as_it_runs(backend, rope, causal):
     """Under packing the projections (folded or not) run on the packed rows, and so does attention
-    (the segment-aware sliced ops; a causal layer would attend each sequence laid out alone): the
-    count is the matmuls torch sees plus the op's formula for the (B, L) rows."""
-    layer = build_attention(backend, dim=32, num_heads=4, rope=rope, path="sorted")
+    (the segment-aware sliced ops, causal or not): the count is the matmuls torch sees plus the
+    op's formula for the (B, L) rows."""
+    layer = build_attention(backend, dim=32, num_heads=4, rope=rope, causal=causal, path="sorted")
     lengths = [12, 12, 10, 14, 8, 16, 12, 12, 6, 18]  # five rows of 24: 1.5x fewer slots than (10, 18)
     layout = PackedLayout.from_rows(lengths, [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]], 24)
     x = torch.randn(5, 24, 32)
@@ -121,25 +121,26 @@ def test_model_counter_counts_a_packed_batch_as_it_runs(backend, rope):
     in_op = counted(layer.attend_segments, s, t, v, layout.segments)  # the op's own matmuls, if any
     counter.reset()
     layer(x, packing=layout)
-    op = 5 * 4 * attention_flops(backend, 24, 8)
+    op = 5 * 4 * attention_flops(backend, 24, 8, causal=causal)
     assert counter.forward_flops - op == pytest.approx(seen - in_op, rel=1e-12)
 
 
 @pytest.mark.parametrize("backend", ["sliced_relu", "sliced_relu_bump"])
-def test_model_counter_counts_a_causal_packed_batch_per_sequence(backend):
-    """A causal sliced layer lays each packed sequence out alone: attention is priced on (N, M)."""
+def test_model_counter_counts_sequences_laid_out_alone_per_sequence(backend):
+    """Rows that save too few slots (`ROWS_PAY_FROM`): the sequences are laid out alone and attention
+    is priced on (N, M)."""
     layer = build_attention(backend, dim=32, num_heads=4, causal=True, path="sorted")
-    lengths = [20, 7, 13]
-    layout = PackedLayout.from_rows(lengths, [[0], [1, 2]], 20)
-    x = torch.randn(2, 20, 32)
+    lengths = [20, 7, 13, 20]
+    layout = PackedLayout.from_rows(lengths, [[0], [1, 2], [3]], 20)  # 60 slots for 80 laid out
+    x = torch.randn(3, 20, 32)
     assert not layer.attends_packed(x, layout)
     counter = FlopCounter().attach(layer)
     seen = counted(layer, x, packing=layout)
-    s, t, v = torch.randn(3, 4, 20), torch.randn(3, 4, 20), torch.randn(3, 4, 20, 8)
+    s, t, v = torch.randn(4, 4, 20), torch.randn(4, 4, 20), torch.randn(4, 4, 20, 8)
     in_op = counted(layer.attend_scores, s, t, v, layout.mask)  # the masked op's own small matmuls
     counter.reset()
     layer(x, packing=layout)
-    op = 3 * 4 * attention_flops(backend, 20, 8, causal=True)
+    op = 4 * 4 * attention_flops(backend, 20, 8, causal=True)
     assert counter.forward_flops - op == pytest.approx(seen - in_op, rel=1e-12)
 
 

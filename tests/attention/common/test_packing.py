@@ -77,6 +77,7 @@ def _cases():
             yield pytest.param(name, True, True, {}, id=f"{name}-causal-rope")
         if name in SLICED:  # the op on the packed rows (at 9 tokens `auto` lays each sequence out, dense)
             yield pytest.param(name, False, True, {"path": "sorted"}, id=f"{name}-rope-rows")
+            yield pytest.param(name, True, True, {"path": "sorted"}, id=f"{name}-causal-rope-rows")
 
 
 @pytest.mark.parametrize(("name", "causal", "rope", "options"), list(_cases()))
@@ -92,7 +93,7 @@ def test_packed_batch_gives_each_sequence_what_it_gets_alone(name, causal, rope,
 def test_sliced_layers_attend_on_the_rows_where_it_pays(name):
     """``path="auto"``: rows up to the dense crossover lay each sequence out (dense), longer rows take
     the op on the rows where they save enough slots; ``"sorted"`` the rows where they save enough;
-    ``"dense"`` and causal layers never."""
+    ``"dense"`` never; causal layers as bidirectional ones, by their own crossover."""
     longest = crossover("relu" if name == "sliced_relu" else "bump", "cpu", torch.float32)
 
     def two_per_row(length):  # one row for a long and a short sequence: about 2x fewer slots than alone
@@ -105,7 +106,11 @@ def test_sliced_layers_attend_on_the_rows_where_it_pays(name):
     assert not auto.attends_packed(*full)  # rows as full as each sequence alone: the padded op
     assert build_attention(name, DIM, HEADS, path="sorted").attends_packed(*at)
     assert not build_attention(name, DIM, HEADS, path="dense").attends_packed(*past)
-    assert not build_attention(name, DIM, HEADS, causal=True, path="sorted").attends_packed(*past)
+    assert build_attention(name, DIM, HEADS, causal=True, path="sorted").attends_packed(*at)
+    causal_longest = crossover(f"causal_{'relu' if name == 'sliced_relu' else 'bump'}", "cpu", torch.float32)
+    causal = build_attention(name, DIM, HEADS, causal=True)
+    assert not causal.attends_packed(*two_per_row(causal_longest))
+    assert causal.attends_packed(*two_per_row(causal_longest + 1))
 
 
 def test_the_authors_score_layout_is_refused_by_name():

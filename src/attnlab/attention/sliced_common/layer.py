@@ -123,7 +123,8 @@ class SlicedAttentionLayer(AttentionLayer):
         evaluated densely is faster; its length is at most the rows')."""
         if not self.attends_packed_rows:
             return False
-        dense_up_to = crossover(self.kernel, x.device, accumulation_dtype(x.dtype))
+        kernel = f"causal_{self.kernel}" if self.causal else self.kernel
+        dense_up_to = crossover(kernel, x.device, accumulation_dtype(x.dtype))
         if self.path == "auto" and x.shape[1] <= dense_up_to:
             return False
         return packing.unpack_index.numel() >= ROWS_PAY_FROM * packing.pack_index.numel()

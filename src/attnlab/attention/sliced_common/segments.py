@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.attention.common.precision import FLOAT_DTYPES, accumulation_dtype, no_autocast
+from attnlab.attention.sliced_common.rows import take_rows
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,21 @@ def segment_mean(x: torch.Tensor, runs: Runs) -> torch.Tensor:
     return segment_sum(x, runs) / (size if x.dim() == 2 else size[..., None])
 
 
+def within_segments(total: torch.Tensor, runs: Runs) -> torch.Tensor:
+    """A running total along dim 1 (``(N, L)`` or ``(N, L, D)``, inclusive) restarted at each
+    segment's start: less its value just before the start (`read_at`)."""
+    return total - read_at(total, runs.start - 1)
+
+
+def read_at(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[n, index[n, i]]`` for ``(N, L)`` or ``(N, L, D)``, zero where the index leaves the row."""
+    inside = (index >= 0) & (index < table.shape[1])
+    index = index.clamp(0, table.shape[1] - 1)
+    if table.dim() == 2:
+        return torch.gather(table, 1, index) * inside
+    return take_rows(table.contiguous(), index) * inside[..., None]
+
+
 def broken_segments(runs: Runs, *tensors: torch.Tensor) -> torch.Tensor:
     """(N, L) bool: the tokens whose segment holds a non-finite entry in any of ``tensors``
     ((N, L) or (N, L, D))."""
@@ -110,11 +126,14 @@ def segment_centre(s: torch.Tensor, t: torch.Tensor, runs: Runs) -> torch.Tensor
     return torch.where(ok, torch.round(mean / torch.where(ok, step, 1.0)) * step, mean)
 
 
-def on_packed_rows(op, s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, segments: torch.Tensor, acc):
+def on_packed_rows(
+    op, s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, segments: torch.Tensor, acc, centre: bool = True
+):
     """``op(s, t, v, runs)`` on rows (N = B·H, L[, D]) in the accumulation dtype ``acc``, back as
-    (B, H, L, D) in v's dtype: scores centred per segment (`segment_centre`), every broken segment
-    (`broken_segments`) zeroed on the way in and NaN at its tokens on the way out (a NaN inside the
-    shared prefix sums would reach every later segment of the row)."""
+    (B, H, L, D) in v's dtype: scores centred per segment (`segment_centre`; not with ``centre=False``:
+    the causal ops shift by each segment's first key instead, which sees no later token), every
+    broken segment (`broken_segments`) zeroed on the way in and NaN at its tokens on the way out (a
+    NaN inside the shared prefix sums would reach every later segment of the row)."""
     batch, heads, length, dim = v.shape
     with no_autocast(v.device):
         s, t = (x.reshape(-1, length).to(acc) for x in (s, t))
@@ -126,8 +145,10 @@ def on_packed_rows(op, s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, segmen
         if not clean:
             s, t = s.masked_fill(bad, 0.0), t.masked_fill(bad, 0.0)
             v_rows = v_rows.masked_fill(bad[..., None], 0.0)
-        centre = segment_centre(s, t, runs)
-        out = op(s - centre, t - centre, v_rows, runs)
+        if centre:
+            shift = segment_centre(s, t, runs)
+            s, t = s - shift, t - shift
+        out = op(s, t, v_rows, runs)
         if not clean:
             out = out.masked_fill(bad[..., None], float("nan"))
     return out.view(batch, heads, length, dim).to(v.dtype)
@@ -222,3 +243,24 @@ def standardise_scores_segments(
     var_s, var_t = segment_mean((s - mean) ** 2, runs), segment_mean((t - mean) ** 2, runs)
     std = torch.sqrt((var_s + var_t) / 2 + eps)
     return ((s - mean) / std).view(batch, heads, length), ((t - mean) / std).view(batch, heads, length)
+
+
+def standardise_scores_prefix_segments(
+    s: torch.Tensor, t: torch.Tensor, segments: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`standardise_scores_prefix` on packed rows: s_i, t_i (B, H, L) shifted and scaled by the running
+    pooled mean and std of their own segment's ``{s_j, t_j : j <= i}`` (``segments`` (B, L)), as each
+    sequence alone would be. The running sums are row sums restarted at each segment's start
+    (`within_segments`), taken in float64: a difference of two row totals would otherwise lose the
+    digits that earlier segments add."""
+    batch, heads, length = s.shape
+    acc = accumulation_dtype(s.dtype)
+    runs = segment_runs(segments, heads)
+    s, t = s.to(acc).reshape(-1, length), t.to(acc).reshape(-1, length)
+    shift = torch.gather(t, 1, runs.start)  # the segment's first key: no later token read
+    ds, dt = s - shift, t - shift
+    count = 2 * (torch.arange(1, length + 1, device=s.device) - runs.start).to(acc)
+    wide = (ds + dt).double(), (ds * ds + dt * dt).double()
+    mean, square = (within_segments(x.cumsum(1), runs).to(acc) / count for x in wide)
+    std = torch.sqrt((square - mean * mean).clamp_min(0.0) + eps)
+    return ((ds - mean) / std).view(batch, heads, length), ((dt - mean) / std).view(batch, heads, length)

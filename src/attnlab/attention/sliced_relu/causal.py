@@ -11,25 +11,32 @@ from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.sliced_common.causal import (
     DEFAULT_CHUNK,
     check_chunk,
-    prefix_sum,
+    later_sum,
+    running_sum,
+    segment_codes,
     shift_scores,
-    suffix_sum,
     tied_pairs,
 )
 from attnlab.attention.sliced_common.dominance import Query, dominance_sums, dominated_sums
 from attnlab.attention.sliced_common.merged import merged_dominance_sums, merged_dominated_sums
 from attnlab.attention.sliced_common.rows import as_rows, rowdot, take_rows, valid_rows
+from attnlab.attention.sliced_common.segments import Runs
 
 __all__ = ["causal_sliced_relu_attention"]
 
 
 class _CausalSlicedReLU(torch.autograd.Function):
-    """Rows ``s, t (N, T)``, ``v (N, T, D)`` in the accumulation dtype; ``valid (N, T)`` or None."""
+    """Rows ``s, t (N, T)``, ``v (N, T, D)`` in the accumulation dtype; ``valid (N, T)`` or None.
+
+    ``runs``: packed rows (valid None), each token attending the earlier keys of its own segment.
+    Keys and queries are then compared by their `segment_codes` (a key of an earlier segment above
+    every query of a later one: counted nowhere) and every running statistic restarts at a
+    segment's start (`running_sum`, `later_sum`)."""
 
     @staticmethod
-    def forward(ctx, s, t, v, valid, eps, chunk):
+    def forward(ctx, s, t, v, valid, eps, chunk, runs=None):
         with no_autocast(v.device):
-            return _CausalSlicedReLU._forward(ctx, s, t, v, valid, eps, chunk)
+            return _CausalSlicedReLU._forward(ctx, s, t, v, valid, eps, chunk, runs)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -37,34 +44,37 @@ class _CausalSlicedReLU(torch.autograd.Function):
             return _CausalSlicedReLU._backward(ctx, grad_out)
 
     @staticmethod
-    def _forward(ctx, s, t, v, valid, eps, chunk):
+    def _forward(ctx, s, t, v, valid, eps, chunk, runs):
         n_rows, length, dim = v.shape
-        s, t, first = shift_scores(s, t, valid)
-        v = v - take_rows(v, first[:, None])  # output is invariant to a common value shift
+        s, t, first = shift_scores(s, t, valid, runs)
+        v = v - take_rows(v, first)  # output is invariant to a common value shift
         real = None if valid is None else valid.to(v.dtype)
         if real is not None:
             v = v * real[..., None]  # padded values (finite garbage) vanish from every sum
         key = t if valid is None else t.masked_fill(~valid, float("inf"))
+        query = s  # what the keys are compared with
+        if runs is not None:
+            key, query = segment_codes([t, s], runs, later_first=True)
         ones = torch.ones_like(t) if real is None else real
         table = torch.cat([v, t[..., None] * v, ones[..., None], t[..., None]], dim=-1).contiguous()
-        below, levels = merged_dominance_sums(key, s, table, chunk)
+        below, levels = merged_dominance_sums(key, query, table, chunk)
         del table
         sum_v, sum_tv = below[..., :dim].contiguous(), below[..., dim : 2 * dim]  # A_i, B_i
         count, sum_t = below[..., 2 * dim], below[..., 2 * dim + 1]  # C_i, E_i: keys below s_i
         # #{j <= i : t_j <= s_i} (for the gradient) is #{t_j < s_i} plus the tied pairs
-        pairs = tied_pairs(s, t, valid)
+        pairs = tied_pairs(query, key, valid)
         if pairs is None:  # too many ties to list: count them in a pass of their own
             weights = ones[..., None].contiguous()
-            count_le = dominance_sums(key, weights, [Query(s, "right")], chunk)[0][..., 0]
+            count_le = dominance_sums(key, weights, [Query(query, "right")], chunk)[0][..., 0]
         else:
             count_le = count.contiguous()
             count_le.view(-1).index_add_(0, pairs[0], torch.ones_like(pairs[0], dtype=count.dtype))
         del below
 
-        n = ones.cumsum(1)  # real keys j <= i
+        n = running_sum(ones, runs)  # real keys j <= i
         n_safe = n.clamp_min(1)
-        vbar = prefix_sum(v).div_(n_safe[..., None])
-        total_t = t.cumsum(1)
+        vbar = running_sum(v, runs).div_(n_safe[..., None])
+        total_t = running_sum(t, runs)
         relu_mass = s * count - sum_t  # Σ_{j≤i} ReLU(s_i − t_j)
         # numerator Σ_{j≤i, t_j<s_i} (s_i − t_j)(v_j − vbar_i) = s A − B − vbar (s C − E)
         num = torch.addcmul(-sum_tv, sum_v, s[..., None]).sub_(vbar * relu_mass[..., None])
@@ -73,14 +83,15 @@ class _CausalSlicedReLU(torch.autograd.Function):
         if valid is not None:
             scale = scale.masked_fill(~valid, 0.0)
         out = num.mul_(scale[..., None])
-        ctx.save_for_backward(s, t, v, sum_v, vbar, count, count_le, n_safe, relu_mass, den, out)
+        ctx.save_for_backward(s, t, v, sum_v, vbar, count, count_le, n_safe, relu_mass, den, out, key, query)
         ctx.valid, ctx.eps, ctx.chunk, ctx.pairs, ctx.levels = valid, eps, chunk, pairs, levels
+        ctx.runs = runs
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
-        s, t, v, sum_v, vbar, count, count_le, n, relu_mass, den, out = ctx.saved_tensors
-        valid, eps, chunk, pairs = ctx.valid, ctx.eps, ctx.chunk, ctx.pairs
+        s, t, v, sum_v, vbar, count, count_le, n, relu_mass, den, out, key, query = ctx.saved_tensors
+        valid, eps, chunk, pairs, runs = ctx.valid, ctx.eps, ctx.chunk, ctx.pairs, ctx.runs
         dim = v.shape[-1]
         inv_d = 1.0 / den.clamp_min(eps)
         a = grad_out * (2.0 * inv_d)[..., None]  # dL/dnum_i
@@ -96,28 +107,27 @@ class _CausalSlicedReLU(torch.autograd.Function):
         # Keys: sums over the later queries i ≥ j with s_i > t_j (the transposed dominance sums,
         # over the forward pass's levels).
         table = torch.cat([a, s[..., None] * a, grad_den[..., None], a_vbar[..., None]], dim=-1)
-        key = t if valid is None else t.masked_fill(~valid, float("inf"))
-        above = merged_dominated_sums(key, s, table, chunk, ctx.levels)
+        above = merged_dominated_sums(key, query, table, chunk, ctx.levels)
         del table
         sum_a, sum_sa = above[..., :dim], above[..., dim : 2 * dim]
         den_above, vbar_a_above = above[..., 2 * dim], above[..., 2 * dim + 1]
         if pairs is None:  # Σ_{i≥j, s_i>=t_j} dden_i in a pass of its own
             weights = grad_den[..., None].contiguous()
-            at_or_above = dominated_sums(s, weights, [Query(key, "right")], chunk)[0][..., 0]
+            at_or_above = dominated_sums(query, weights, [Query(key, "right")], chunk)[0][..., 0]
         else:  # Σ_{i≥j, s_i>=t_j} dden_i: the tied pairs' share added to the strict sum
             at_or_above = den_above.contiguous()
             at_or_above.view(-1).index_add_(0, pairs[1], grad_den.reshape(-1)[pairs[0]])
         # dL/dv_j = Σ_{i≥j, s_i>t_j} (s_i − t_j) a_i − Σ_{i≥j} (ReLU mass_i / n_i) a_i   (vbar_i's share)
         grad_v = sum_sa.addcmul_(sum_a, t[..., None], value=-1.0)
-        grad_v -= suffix_sum(a * (relu_mass / n)[..., None])
+        grad_v -= later_sum(a * (relu_mass / n)[..., None], runs)
         # dL/dt_j = −(v_j − vbar_i)·a_i over s_i > t_j, − dden_i over s_i > t_j, + dden_i over s_i < t_j
-        den_below = suffix_sum(grad_den) - at_or_above
+        den_below = later_sum(grad_den, runs) - at_or_above
         grad_t = vbar_a_above - rowdot(v, sum_a) - den_above + den_below
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
             grad_s = grad_s.masked_fill(~valid, 0.0)
-        return grad_s, grad_t, grad_v, None, None, None
+        return grad_s, grad_t, grad_v, None, None, None, None
 
 
 def causal_sliced_relu_attention(s, t, v, key_padding_mask=None, eps=1e-4, chunk=DEFAULT_CHUNK):
@@ -132,3 +142,10 @@ def causal_sliced_relu_attention(s, t, v, key_padding_mask=None, eps=1e-4, chunk
     valid = valid_rows(key_padding_mask, heads, v.device)
     out = _CausalSlicedReLU.apply(as_rows(s, acc), as_rows(t, acc), as_rows(v, acc), valid, float(eps), chunk)
     return out.view(batch, heads, length, dim).to(v.dtype)
+
+
+def causal_sliced_relu_rows(s, t, v, runs: Runs, eps: float, chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """The causal op on packed rows ``s, t (N, L)``, ``v (N, L, D)`` (accumulation dtype): each token
+    attends the keys ``j ≤ i`` of its own segment (`sliced_relu_attention_segments` with causal)."""
+    check_chunk(chunk)
+    return _CausalSlicedReLU.apply(s, t, v, None, float(eps), chunk, runs)

@@ -8,7 +8,10 @@ from attnlab.attention.common.layer import Capabilities, check_dropout_site, che
 from attnlab.attention.sliced_common.layer import SlicedAttentionLayer
 from attnlab.attention.sliced_common.path import check_path
 from attnlab.attention.sliced_common.scores import standardise_scores, standardise_scores_prefix
-from attnlab.attention.sliced_common.segments import standardise_scores_segments
+from attnlab.attention.sliced_common.segments import (
+    standardise_scores_prefix_segments,
+    standardise_scores_segments,
+)
 from attnlab.attention.sliced_relu.authors import PADDING_RULES, authors_padded_sliced_relu
 from attnlab.attention.sliced_relu.ops import sliced_relu_attention
 from attnlab.attention.sliced_relu.segments import sliced_relu_attention_segments
@@ -97,14 +100,17 @@ class SlicedReLUAttention(SlicedAttentionLayer):
 
     @property
     def attends_packed_rows(self) -> bool:
-        """Bidirectional layers attend on packed rows (`sliced_relu_attention_segments`, sorted); causal
-        ones, `path="dense"` and the authors' padding rule lay each sequence out alone."""
-        return not self.causal and self.path != "dense" and self.padding_rule != "authors"
+        """Layers attend on packed rows (`sliced_relu_attention_segments`, sorted, causal or not);
+        `path="dense"` and the authors' padding rule lay each sequence out alone."""
+        return self.path != "dense" and self.padding_rule != "authors"
 
     def attend_segments(self, s, t, v, segments):
         if self.standardise == "sequence":
             s, t = standardise_scores_segments(s, t, segments)
-        return self.output_dropout(sliced_relu_attention_segments(s, t, v, segments, eps=self.eps))
+        elif self.standardise == "prefix":
+            s, t = standardise_scores_prefix_segments(s, t, segments)
+        o = sliced_relu_attention_segments(s, t, v, segments, eps=self.eps, causal=self.causal)
+        return self.output_dropout(o)
 
     def attend_scores(self, s, t, v, key_padding_mask):
         if self.padding_rule == "authors" and key_padding_mask is not None:

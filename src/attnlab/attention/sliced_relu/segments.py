@@ -25,6 +25,7 @@ from attnlab.attention.sliced_common.segments import (
     segment_mean,
     sort_keys,
 )
+from attnlab.attention.sliced_relu.causal import causal_sliced_relu_rows
 
 __all__ = ["sliced_relu_attention_segments"]
 
@@ -32,21 +33,33 @@ OP = "sliced_relu_attention_segments"
 
 
 def sliced_relu_attention_segments(
-    s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, segments: torch.Tensor, eps: float = 1e-4
+    s: torch.Tensor,
+    t: torch.Tensor,
+    v: torch.Tensor,
+    segments: torch.Tensor,
+    eps: float = 1e-4,
+    causal: bool = False,
 ) -> torch.Tensor:
-    """Bidirectional `sliced_relu_attention` inside segments: s, t (B, H, L), v (B, H, L, D) hold
-    several sequences end to end in each row, ``segments`` (B, L) says which each position belongs
-    to (contiguous runs, `PackedLayout.segments`), and every sum and mean runs over the query's own
-    segment: each sequence gets what it gets alone. O(L log L) per row, torch code on every device
-    (no Triton kernel reads segments yet); differentiable in s, t and v (first order: the backward
-    pass is hand-written)."""
+    """`sliced_relu_attention` inside segments: s, t (B, H, L), v (B, H, L, D) hold several
+    sequences end to end in each row, ``segments`` (B, L) says which each position belongs to
+    (contiguous runs, `PackedLayout.segments`), and every sum and mean runs over the query's own
+    segment: each sequence gets what it gets alone. O(L log L) per row; ``causal=True``: keys
+    ``j ≤ i`` of the segment only, every statistic over that prefix, O(L log² L)
+    (`causal_sliced_relu_rows`). Torch code on every device (no Triton kernel reads segments yet);
+    differentiable in s, t and v (first order: the backward passes are hand-written)."""
     check_segment_inputs(OP, s, t, v, segments)
     if not eps > 0:
         raise ValueError(f"{OP}: eps must be > 0, got {eps}")
+    if type(causal) is not bool:
+        raise TypeError(f"{OP}: causal must be True or False, got {causal!r}")
     if compiler.compiling():  # its hand-written backward pass: called, not traced
-        return _OPAQUE(s, t, v, segments, float(eps))
+        return _OPAQUE(s, t, v, segments, float(eps), causal)
+    acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
+    if causal:
+        op = lambda s, t, v, r: causal_sliced_relu_rows(s, t, v, r, eps)  # noqa: E731
+        return on_packed_rows(op, s, t, v, segments, acc, centre=False)
     op = lambda s, t, v, r: SegmentedSlicedReLU.apply(s, t, v, r.local, r.start, r.size, float(eps))  # noqa: E731
-    return on_packed_rows(op, s, t, v, segments, accumulation_dtype(s.dtype, t.dtype, v.dtype))
+    return on_packed_rows(op, s, t, v, segments, acc)
 
 
 class SegmentedSlicedReLU(torch.autograd.Function):
@@ -126,6 +139,6 @@ class SegmentedSlicedReLU(torch.autograd.Function):
 _OPAQUE = compiler.opaque_op(
     OP,
     sliced_relu_attention_segments,
-    "Tensor s, Tensor t, Tensor v, Tensor segments, float eps",
+    "Tensor s, Tensor t, Tensor v, Tensor segments, float eps, bool causal",
     differentiable=3,
 )

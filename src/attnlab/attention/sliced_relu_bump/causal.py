@@ -11,7 +11,8 @@ from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.sliced_common.causal import (
     DEFAULT_CHUNK,
     check_chunk,
-    reverse_key,
+    running_sum,
+    segment_codes,
     shift_scores,
     tied_pairs,
 )
@@ -20,6 +21,7 @@ from attnlab.attention.sliced_common.dominance import (
     combined_sums,
 )
 from attnlab.attention.sliced_common.rows import as_rows, rowdot, valid_rows
+from attnlab.attention.sliced_common.segments import Runs
 
 __all__ = ["causal_sliced_relu_bump_attention"]
 
@@ -31,8 +33,20 @@ __all__ = ["causal_sliced_relu_bump_attention"]
 ROW, X = 0, 1
 
 
-def _window_thresholds(centre, width):
-    return [(centre - width, "right"), (centre, "right"), (centre + width, "left")]
+def _compared(key, centre, width, valid, runs: Runs | None, later_first: bool):
+    """What the dominance sums compare: the keys (+inf at padded ones) and the window thresholds
+    c − b (≤), c (≤), c + b (<); on packed rows their `segment_codes` (scores of one segment
+    compared as they are, other segments' keys beyond every threshold)."""
+    values = [key, centre - width, centre, centre + width]
+    if runs is not None:
+        return segment_codes(values, runs, later_first)
+    if valid is not None:
+        values[0] = key.masked_fill(~valid, float("inf"))
+    return values
+
+
+def _window_thresholds(lo, mid, hi):
+    return [(lo, "right"), (mid, "right"), (hi, "left")]
 
 
 def _hat_terms(centre, width) -> list[Term]:
@@ -72,12 +86,15 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
     values (``combined_sums``' ``raw`` sums), window differences first: combined like the values,
     their prefix totals (counts of every key below a window, up to T) meet coefficients of the size
     of the scores and cancel far less exactly in float32 (the mass's relative error grew 40x).
+
+    ``runs``: packed rows (valid None), each token attending the earlier keys of its own segment
+    (compared by `segment_codes`, counts restarting at each segment's start).
     """
 
     @staticmethod
-    def forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads):
+    def forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads, runs=None):
         with no_autocast(v.device):
-            return _CausalSlicedReLUBump._forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads)
+            return _CausalSlicedReLUBump._forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads, runs)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -85,22 +102,21 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             return _CausalSlicedReLUBump._backward(ctx, grad_out)
 
     @staticmethod
-    def _prepare(s, t, v, valid):
-        """Shifted scores, values zero at padded keys, the sort key (+inf at padded keys) and the
-        real-key indicator (float)."""
-        s, t, _ = shift_scores(s, t, valid)
+    def _prepare(s, t, v, valid, runs):
+        """Shifted scores, values zero at padded keys and the real-key indicator (float)."""
+        s, t, _ = shift_scores(s, t, valid, runs)
         real = torch.ones_like(t) if valid is None else valid.to(v.dtype)
         if valid is not None:
             v = v * real[..., None]
-        key = t if valid is None else t.masked_fill(~valid, float("inf"))
-        return s, t, v, key, real
+        return s, t, v, real
 
     @staticmethod
-    def _forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads):
+    def _forward(ctx, s, t, v, b, valid, chunk, mass_eps, query_grads, runs):
         dim = v.shape[-1]
-        s, t, v, key, real = _CausalSlicedReLUBump._prepare(s, t, v, valid)
+        s, t, v, real = _CausalSlicedReLUBump._prepare(s, t, v, valid, runs)
         width = b.expand_as(s)
-        thresholds = _window_thresholds(s, width)
+        key, *windows = _compared(t, s, width, valid, runs, later_first=True)
+        thresholds = _window_thresholds(*windows)
         table = torch.cat([v, t[..., None] * v], dim=-1).contiguous()
         combos = [_hat_terms(s, width)]  # b Σ_j hat_ij v_j
         pairs = None
@@ -109,8 +125,8 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             # not depend on the output's gradient: taken here, in the same pass (one pass less).
             # Keys tied with s_i sit in the left window but have hat'(0) = 0: taken out by a fourth
             # threshold (t < s) when there are many, else added back from the list of tied pairs.
-            pairs = tied_pairs(s, t, valid)
-            thresholds += [(s, "left")] if pairs is None else []
+            pairs = tied_pairs(windows[1], key, valid)
+            thresholds += [(windows[1], "left")] if pairs is None else []
             ones = torch.ones_like(s)
             moment = [Term(0, ROW, -s), Term(1, ROW, 2 * s), Term(2, ROW, -s)]  # s (L − R) + R_x − L_x
             moment += [Term(0, X, ones), Term(1, X, -2 * ones), Term(2, X, ones)]
@@ -123,7 +139,7 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
         if pairs is not None:
             query_sums[0].view(-1, dim).index_add_(0, pairs[0], v.reshape(-1, dim)[pairs[1]])
         if mass_eps is None:
-            coef = 1.0 / (real.cumsum(1).clamp_min(1) * b)  # 1 / (n_i b)
+            coef = 1.0 / (running_sum(real, runs).clamp_min(1) * b)  # 1 / (n_i b)
         else:
             (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*windows[:3]))
             mass = (width - s) * left_n + left_t + (width + s) * right_n - right_t  # b · M_i
@@ -132,14 +148,15 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             coef = coef.masked_fill(~valid, 0.0)
         out = sums.mul_(coef[..., None])
         mass_parts = () if windows is None else (out, windows)
-        ctx.save_for_backward(s, t, v, b, coef, key, real, *query_sums, *mass_parts)
+        ctx.save_for_backward(s, t, v, b, coef, real, *query_sums, *mass_parts)
         ctx.valid, ctx.chunk, ctx.pairs, ctx.query_grads = valid, chunk, pairs, query_grads
+        ctx.runs = runs
         return out
 
     @staticmethod
     def _backward(ctx, grad_out):
-        s, t, v, b, coef, key, real, *rest = ctx.saved_tensors
-        valid, chunk, pairs, query_grads = ctx.valid, ctx.chunk, ctx.pairs, ctx.query_grads
+        s, t, v, b, coef, real, *rest = ctx.saved_tensors
+        valid, chunk, pairs, query_grads, runs = ctx.valid, ctx.chunk, ctx.pairs, ctx.query_grads, ctx.runs
         query_sums, mass_parts = (rest[:2], rest[2:]) if query_grads else ((), rest)
         dim = v.shape[-1]
         width = b.expand_as(s)
@@ -151,12 +168,14 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
 
         # Queries: dL/ds_i = g_i·(Σ_{t∈(s,s+b)} v − Σ_{t∈(s−b,s)} v) and dL/db = Σ_i g_i/b·Σ_window |r| v,
         # from the window sums the forward pass took (only when s or b needed a gradient).
+        # the keys' side compares the later queries' s_i with windows around t_j (time reversed below)
+        query_key, *key_windows = _compared(s, t, width, valid, runs, later_first=False)
         grad_s = grad_b = None
         if query_grads:
             slope, abs_moment = query_sums
             grad_s, grad_b = rowdot(g, slope), rowdot(g, abs_moment)
         else:
-            pairs = tied_pairs(s, t, valid)  # for the keys below
+            pairs = tied_pairs(query_key, key_windows[1], valid)  # for the keys below
         if query_grads and g_mass is not None:  # the mass's share: the windows' counts and score sums
             windows = mass_parts[1]
             (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*windows[:3]))
@@ -176,9 +195,10 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             g, v = torch.cat([g, g_mass[..., None]], dim=-1), torch.cat([v, real[..., None]], dim=-1)
         q_table = torch.cat([g, s[..., None] * g], dim=-1).flip(1).contiguous()
         t_rev, w_rev = t.flip(1), width.flip(1)
-        thresholds = _window_thresholds(t_rev, w_rev) + ([(t_rev, "left")] if pairs is None else [])
+        windows_rev = [x.flip(1) for x in key_windows]
+        thresholds = _window_thresholds(*windows_rev) + ([(windows_rev[1], "left")] if pairs is None else [])
         grad_v, k_slope = combined_sums(
-            reverse_key(s, valid),
+            query_key.flip(1),
             q_table,
             thresholds,
             [_hat_terms(t_rev, w_rev), _slope_terms(t_rev, pairs is None)],
@@ -195,7 +215,7 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
             grad_s = None if grad_s is None else grad_s.masked_fill(~valid, 0.0)
-        return grad_s, grad_t, grad_v, grad_b, None, None, None, None
+        return grad_s, grad_t, grad_v, grad_b, None, None, None, None, None
 
 
 def causal_sliced_relu_bump_attention(
@@ -218,3 +238,14 @@ def causal_sliced_relu_bump_attention(
         as_rows(s, acc), as_rows(t, acc), as_rows(v, acc), width, valid, chunk, eps, query_grads
     )
     return out.view(batch, heads, length, dim).to(v.dtype)
+
+
+def causal_sliced_relu_bump_rows(
+    s, t, v, width, runs: Runs, chunk: int = DEFAULT_CHUNK, mass_eps: float | None = None
+) -> torch.Tensor:
+    """The causal op on packed rows ``s, t (N, L)``, ``v (N, L, D)``, per-row bandwidth ``width (N, 1)``
+    (accumulation dtype): each token attends the keys ``j ≤ i`` of its own segment
+    (`sliced_relu_bump_attention_segments` with causal). ``mass_eps`` None: the count normaliser."""
+    check_chunk(chunk)
+    query_grads = torch.is_grad_enabled() and (s.requires_grad or width.requires_grad)
+    return _CausalSlicedReLUBump.apply(s, t, v, width, None, chunk, mass_eps, query_grads, runs)

@@ -57,12 +57,15 @@ class SlicedReLUBumpAttention(SlicedAttentionLayer):
 
     @property
     def attends_packed_rows(self) -> bool:
-        """Bidirectional layers attend on packed rows (`sliced_relu_bump_attention_segments`, sorted);
-        causal ones and `path="dense"` lay each sequence out alone."""
-        return not self.causal and self.path != "dense"
+        """Layers attend on packed rows (`sliced_relu_bump_attention_segments`, sorted, causal or not);
+        `path="dense"` lays each sequence out alone."""
+        return self.path != "dense"
 
     def attend_segments(self, s, t, v, segments):
-        return self.output_dropout(sliced_relu_bump_attention_segments(s, t, v, self.bandwidth, segments))
+        o = sliced_relu_bump_attention_segments(
+            s, t, v, self.bandwidth, segments, self.causal, self.normaliser, self.mass_eps
+        )
+        return self.output_dropout(o)
 
     def attend_scores(self, s, t, v, key_padding_mask):
         o = sliced_relu_bump_attention(

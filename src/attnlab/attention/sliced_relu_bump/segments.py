@@ -23,6 +23,8 @@ from attnlab.attention.sliced_common.segments import (
     segment_mean,
     sort_keys,
 )
+from attnlab.attention.sliced_relu_bump.causal import causal_sliced_relu_bump_rows
+from attnlab.attention.sliced_relu_bump.normaliser import check_bump_normaliser
 from attnlab.attention.sliced_relu_bump.ops import check_bandwidth
 from attnlab.attention.sliced_relu_bump.sorted import hat_output, key_gradients, query_gradients
 
@@ -32,19 +34,35 @@ OP = "sliced_relu_bump_attention_segments"
 
 
 def sliced_relu_bump_attention_segments(
-    s: torch.Tensor, t: torch.Tensor, v: torch.Tensor, bandwidth: torch.Tensor, segments: torch.Tensor
+    s: torch.Tensor,
+    t: torch.Tensor,
+    v: torch.Tensor,
+    bandwidth: torch.Tensor,
+    segments: torch.Tensor,
+    causal: bool = False,
+    normaliser: str = "count",
+    mass_eps: float = 1e-2,
 ) -> torch.Tensor:
-    """Bidirectional `sliced_relu_bump_attention` (count normaliser) inside segments:
+    """`sliced_relu_bump_attention` inside segments:
     ``o_i = (1/n) Σ_j max(0, 1 − |s_i − t_j| / b_h) v_j`` over the n keys of the query's own segment
     (``segments`` (B, L), contiguous runs, `PackedLayout.segments`); s, t (B, H, L), v (B, H, L, D),
-    ``bandwidth`` (H,). O(L log L) per row, torch code on every device; differentiable in s, t, v
-    and the bandwidth (first order: the backward pass is hand-written)."""
+    ``bandwidth`` (H,). O(L log L) per row; ``causal=True``: keys ``j ≤ i`` of the segment only,
+    ``normaliser`` and ``mass_eps`` as in `sliced_relu_bump_attention`, O(L log² L)
+    (`causal_sliced_relu_bump_rows`). Torch code on every device; differentiable in s, t, v and the
+    bandwidth (first order: the backward passes are hand-written)."""
     check_segment_inputs(OP, s, t, v, segments)
     check_bandwidth(OP, bandwidth, v.shape[1])
+    if type(causal) is not bool:
+        raise TypeError(f"{OP}: causal must be True or False, got {causal!r}")
+    check_bump_normaliser(OP, normaliser, mass_eps, causal)
     if compiler.compiling():  # its hand-written backward pass: called, not traced
-        return _OPAQUE(s, t, v, bandwidth, segments)
+        return _OPAQUE(s, t, v, bandwidth, segments, causal, normaliser, float(mass_eps))
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
     width = bandwidth.to(device=v.device, dtype=acc).repeat(v.shape[0])[:, None]  # row (b, h) → b_h
+    if causal:
+        eps = None if normaliser == "count" else float(mass_eps)
+        op = lambda s, t, v, r: causal_sliced_relu_bump_rows(s, t, v, width, r, mass_eps=eps)  # noqa: E731
+        return on_packed_rows(op, s, t, v, segments, acc, centre=False)
     op = lambda s, t, v, r: SegmentedSlicedReLUBump.apply(s, t, v, width, r.local, r.start, r.size)  # noqa: E731
     return on_packed_rows(op, s, t, v, segments, acc)
 
@@ -103,6 +121,7 @@ class SegmentedSlicedReLUBump(torch.autograd.Function):
 _OPAQUE = compiler.opaque_op(
     OP,
     sliced_relu_bump_attention_segments,
-    "Tensor s, Tensor t, Tensor v, Tensor bandwidth, Tensor segments",
+    "Tensor s, Tensor t, Tensor v, Tensor bandwidth, Tensor segments, bool causal, str normaliser, "
+    "float mass_eps",
     differentiable=4,
 )
