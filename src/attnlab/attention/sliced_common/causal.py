@@ -28,6 +28,12 @@ attention`` prints the ratio):
   (``tied_pairs``) instead of one more pass over every level, unless there are many;
 - prefix sums over a middle dimension add rows instead of calling ``cumsum`` (``prefix_sums_``).
 
+Packed rows (several sequences end to end, ``attnlab.attention.sliced_common.segments``) run the same
+ops over the whole row: keys and thresholds are compared by ``segment_codes``, which order (sequence,
+score) with a later sequence below an earlier one, so no query counts a key of an earlier sequence
+(causality already excludes the later ones), and every running statistic restarts at its sequence's
+start (``running_sum``, ``later_sum``). Scores are shifted by each sequence's first key score.
+
 Precision. Sums accumulate in float32 for half/float32 inputs and float64 for float64. Scores are
 shifted by the key score of the row's first real token (and, for sliced ReLU, whose output does
 not depend on a common shift of the values, values by that token's value): a per-row constant that
