@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from attnlab.attention.common import compiler
 from attnlab.attention.common.precision import FLOAT_DTYPES
@@ -30,6 +31,23 @@ def take_rows(table: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None
         return table.view(-1, width).index_select(0, flat).view(n_rows, -1, width)
     torch.index_select(table.view(-1, width), 0, flat, out=out.view(-1, width))
     return out
+
+
+def take_difference(table: torch.Tensor, plus: torch.Tensor, minus: torch.Tensor) -> torch.Tensor:
+    """``table[n, plus[n, m]] − table[n, minus[n, m]]`` for a contiguous table ``(N, L, C)`` and
+    indices ``(N, M)``: prefix sums read as a difference (a segment's sum up to a rank, less its sum
+    before its start).
+
+    One ``embedding_bag`` of two-row bags weighted +1 and −1: each output row is written once, where
+    two ``take_rows`` and a ``sub_`` write two gathered tensors and pass over them again (the same
+    numbers: one rounding of the difference either way).
+    """
+    n_rows, row_len, width = table.shape
+    offsets = row_offsets(n_rows, row_len, plus.device)
+    bags = torch.stack([plus + offsets, minus + offsets], dim=-1).view(-1, 2)
+    signs = torch.tensor([1.0, -1.0], dtype=table.dtype, device=table.device).expand(bags.shape[0], 2)
+    out = F.embedding_bag(bags, table.view(-1, width), per_sample_weights=signs.contiguous(), mode="sum")
+    return out.view(n_rows, -1, width)
 
 
 def reuse_buffer(table: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -14,7 +14,7 @@ from attnlab.attention.sliced_common.rows import (
     first_order_only,
     rowdot,
     sorted_rows,
-    take_rows,
+    take_difference,
     take_scalar,
     times_scores,
 )
@@ -82,8 +82,8 @@ class SegmentedSlicedReLU(torch.autograd.Function):
         below, at_or_below = keys.rank(0, "left"), keys.rank(0, "right")  # global sorted positions
         end = start + size
 
-        below_w = take_rows(p_w, below).sub_(take_rows(p_w, start))  # Σ_{seg, t_j<s_i} w_j
-        below_tw = take_rows(p_tw, below).sub_(take_rows(p_tw, start))
+        below_w = take_difference(p_w, below, start)  # Σ_{seg, t_j<s_i} w_j
+        below_tw = take_difference(p_tw, below, start)
         del p_w, p_tw
         # Σ_j |s_i − t_j| = s_i (#below − #above) + Σ_{above} t − Σ_{below} t (ties add 0)
         counts = (below + at_or_below - 2 * start - size).to(s.dtype)
@@ -124,8 +124,8 @@ class SegmentedSlicedReLU(torch.autograd.Function):
         later = length - runs.end
         above = start + count_greater(below, order) - later  # start + #{i in segment : s_i > t_j}
         at_or_above = start + count_greater(at_or_below, order) - later
-        sum_a = take_rows(q_a, above).sub_(take_rows(q_a, start))
-        grad_w = take_rows(q_sa, above).sub_(take_rows(q_sa, start))
+        sum_a = take_difference(q_a, above, start)
+        grad_w = take_difference(q_sa, above, start)
         del q_a, q_sa
         grad_w.addcmul_(sum_a, t[..., None], value=-1.0)  # Σ_{s_i>t_j} (s_i − t_j) a_i
         den_above = take_scalar(q_den, above) - take_scalar(q_den, start)
