@@ -231,6 +231,21 @@ def test_causal_parallel_rows(tmp_path):
     assert all(r["state_mb"] == "nan" for r in rows)
 
 
+def test_packed_rows_run_beside_the_sorted_op_with_their_ratio(tmp_path, capsys):
+    """The ``*_rows`` backends time the ops on packed rows of T slots (segment ids given, no gradient
+    asked of them) and print their time over the sorted op's at the same T."""
+    names = [
+        "sliced_relu_sorted",
+        "sliced_relu_rows",
+        "sliced_relu_bump_causal_sorted",
+        "sliced_relu_bump_causal_rows",
+    ]
+    assert run(tmp_path, "--backends", *names, "--seq-lens", "64", "--mode", "fwdbwd", "--repeats", "1") == 0
+    assert [(r["backend"], r["status"]) for r in read_rows(tmp_path)] == [(name, "ok") for name in names]
+    out = capsys.readouterr().out
+    assert "time sliced_relu rows / sorted" in out and "time sliced_relu_bump_causal rows / sorted" in out
+
+
 @pytest.mark.parametrize("command", [["bench", "attention"], ["bench", "bytes"], ["bench", "generate"]])
 def test_an_out_dir_that_is_a_file_is_refused_by_name(tmp_path, capsys, command):
     taken = tmp_path / "results"

@@ -10,11 +10,13 @@ from attnlab.attention.linear.decoding import linear_attention_state, linear_att
 from attnlab.attention.linear.ops import linear_attention
 from attnlab.attention.sliced_relu.decoding import sliced_relu_attention_state, sliced_relu_attention_step
 from attnlab.attention.sliced_relu.ops import sliced_relu_attention
+from attnlab.attention.sliced_relu.segments import sliced_relu_attention_segments
 from attnlab.attention.sliced_relu_bump.decoding import (
     sliced_relu_bump_attention_state,
     sliced_relu_bump_attention_step,
 )
 from attnlab.attention.sliced_relu_bump.ops import sliced_relu_bump_attention
+from attnlab.attention.sliced_relu_bump.segments import sliced_relu_bump_attention_segments
 from attnlab.attention.softmax.ops import softmax_attention
 
 __all__ = [
@@ -22,9 +24,11 @@ __all__ = [
     "linear_attention_state",
     "linear_attention_step",
     "sliced_relu_attention",
+    "sliced_relu_attention_segments",
     "sliced_relu_attention_state",
     "sliced_relu_attention_step",
     "sliced_relu_bump_attention",
+    "sliced_relu_bump_attention_segments",
     "sliced_relu_bump_attention_state",
     "sliced_relu_bump_attention_step",
     "softmax_attention",

@@ -10,8 +10,10 @@ is one step of causal sliced ReLU (`sliced_relu_attention_step`: sorted runs, O(
 `state_mb` column is the decoding state each keeps of the past ((D + 4) numbers per token and head in
 float32, and 2·D; constant for linear). The sliced step at T = 2^k merges no run (the amortised cost
 includes merges, up to O(T·D) for the step that completes a run). `sliced_relu_causal` and
-`sliced_relu_bump_causal` run the causal parallel ops. Under the table come the ratios of
-`attnlab.bench.ratios` (official/sliced ReLU peak memory, causal/bidirectional time). Time is the
+`sliced_relu_bump_causal` run the causal parallel ops; the `*_rows` names (`sliced_relu_rows`,
+`sliced_relu_causal_rows`, and the bump's) the ops on packed rows of T slots holding 8 sequences end to
+end. Under the table come the ratios of `attnlab.bench.ratios` (official/sliced ReLU peak memory,
+causal/bidirectional time, packed rows/sorted time at the same T). Time is the
 median of `--repeats` calls after one warm-up call (CUDA is synchronised around each call).
 Peak memory is the largest amount of tensor memory allocated *on top of* what was live before
 the call (so the inputs themselves are excluded), measured during the warm-up call: on CUDA with
@@ -275,7 +277,7 @@ def run_bench(
                         cell.state_mb = state_bytes(inputs[-1]) / 2**20
                     if mode == "fwdbwd":
                         for x in inputs:
-                            x.requires_grad_(True)
+                            x.requires_grad_(x.is_floating_point())  # not the rows' segment ids
                     # on CUDA every length of a Triton backend gets an untimed first call: a new length
                     # can need new kernel specialisations (seconds to compile), not part of its time
                     call = _make_call(backend_op, inputs, mode)

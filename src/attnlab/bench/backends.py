@@ -32,6 +32,30 @@ def _bump_inputs(batch, heads, length, dim, dtype, device, generator):
     ]
 
 
+ROW_SEQUENCES = 8  # sequences end to end in each packed row of the `*_rows` backends
+
+
+def _row_segments(batch, length, device):
+    """(B, T) segment ids: ``ROW_SEQUENCES`` sequences of (nearly) equal length end to end per row."""
+    ids = torch.arange(length, device=device) * ROW_SEQUENCES // max(length, 1)
+    return ids.expand(batch, length).contiguous()
+
+
+def _rows_inputs(batch, heads, length, dim, dtype, device, generator):
+    """Scores and values as `_score_inputs`, on packed rows (`_row_segments`)."""
+    return [
+        *_score_inputs(batch, heads, length, dim, dtype, device, generator),
+        _row_segments(batch, length, device),
+    ]
+
+
+def _bump_rows_inputs(batch, heads, length, dim, dtype, device, generator):
+    return [
+        *_bump_inputs(batch, heads, length, dim, dtype, device, generator),
+        _row_segments(batch, length, device),
+    ]
+
+
 def _decode_inputs(batch, heads, length, dim, dtype, device, generator):
     """One new token and the decoding state left by a prefix of ``length`` tokens (prefilled, untimed)."""
     from attnlab.attention.ops import linear_attention_state
@@ -143,6 +167,13 @@ BACKENDS: dict[str, tuple[str, Callable]] = {
     "softmax_decode": ("softmax_kv_cache_step", _kv_cache_inputs),
     "sliced_relu_causal": ("causal:sliced_relu_attention", _score_inputs),
     "sliced_relu_bump_causal": ("causal:sliced_relu_bump_attention", _bump_inputs),
+    # the ops on packed rows of T slots (`ROW_SEQUENCES` sequences each): against the plain names at
+    # the same T, what a slot costs on packed rows (the sort by sequence and score, the reads from
+    # each sequence's start)
+    "sliced_relu_rows": ("sliced_relu_attention_segments", _rows_inputs),
+    "sliced_relu_bump_rows": ("sliced_relu_bump_attention_segments", _bump_rows_inputs),
+    "sliced_relu_causal_rows": ("causal:sliced_relu_attention_segments", _rows_inputs),
+    "sliced_relu_bump_causal_rows": ("causal:sliced_relu_bump_attention_segments", _bump_rows_inputs),
 }
 # <backend>_dense / <backend>_sorted: one evaluation forced (the plain name takes path="auto")
 for _name in ("sliced_relu", "sliced_relu_bump", "sliced_relu_causal", "sliced_relu_bump_causal"):

@@ -3,7 +3,9 @@
 - memory: peak memory of the official formulation of sliced ReLU (`sliced_relu_concat`, the public
   code's concatenate-and-sort) over the fast op's (`sliced_relu`): how many times less the op needs;
 - time: causal over bidirectional (`sliced_relu_causal` / `sliced_relu`, `sliced_relu_bump_causal` /
-  `sliced_relu_bump`, and the same with `_sorted`): what causality costs.
+  `sliced_relu_bump`, and the same with `_sorted`): what causality costs;
+- time: packed rows over one sequence of the same T (`sliced_relu_rows` / `sliced_relu_sorted`, ...):
+  what a slot costs on packed rows, against the sorted path the rows op replaces.
 
 A ratio is printed for every sequence length and mode where both cells were measured (status ok).
 """
@@ -24,6 +26,10 @@ RATIOS: list[tuple[str, str, str, str]] = [
         "sliced_relu_bump_sorted",
         "time_ms",
         "time sliced_relu_bump_sorted causal / bidir",
+    ),
+    *(
+        (f"{name}_rows", f"{name}_sorted", "time_ms", f"time {name} rows / sorted")
+        for name in ("sliced_relu", "sliced_relu_bump", "sliced_relu_causal", "sliced_relu_bump_causal")
     ),
 ]
 
