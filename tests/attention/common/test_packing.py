@@ -190,3 +190,36 @@ def test_ops_in_segments_equal_the_float64_reference_of_each_sequence(op, causal
         want.backward(layout.unpack_heads(grad)[n : n + 1, :, :length])
         for mine, theirs in zip(got, [want, *(x.grad for x in alone)], strict=True):
             torch.testing.assert_close(mine[n : n + 1, :, :length], theirs, rtol=1e-10, atol=1e-12)
+
+
+def _every_op_on_packed_rows():
+    from attnlab.attention import ops
+    from attnlab.attention.linear.ops import linear_attention_segments
+    from attnlab.attention.softmax.ops import softmax_attention_segments
+
+    bandwidth = torch.tensor([0.7, 1.3], dtype=torch.float64)
+    for causal in (False, True):
+        tag = "causal" if causal else "bidirectional"
+        yield pytest.param(partial(softmax_attention_segments, causal=causal), "qkv", id=f"softmax-{tag}")
+        yield pytest.param(partial(linear_attention_segments, causal=causal), "qkv", id=f"linear-{tag}")
+        yield pytest.param(
+            partial(ops.sliced_relu_attention_segments, causal=causal), "scores", id=f"relu-{tag}"
+        )
+        bump = lambda s, t, v, seg, causal=causal: ops.sliced_relu_bump_attention_segments(  # noqa: E731
+            s, t, v, bandwidth, seg, causal
+        )
+        yield pytest.param(bump, "scores", id=f"bump-{tag}")
+
+
+@pytest.mark.parametrize(("op", "inputs"), list(_every_op_on_packed_rows()))
+def test_segment_ids_that_come_back_later_in_a_row_are_new_segments(op, inputs):
+    """Ids need only differ between neighbouring segments (`segment_runs`): every op on packed rows
+    gives the row (4, 4, 1, 1, 1, 4) three segments, the last one apart from the first."""
+    gen = torch.Generator().manual_seed(0)
+    segments, reused = torch.tensor([[4, 4, 1, 1, 1, 4]]), torch.tensor([[0, 0, 1, 1, 1, 2]])
+    if inputs == "qkv":
+        args = [torch.randn(1, 2, 6, 4, generator=gen, dtype=torch.float64) for _ in range(3)]
+    else:
+        args = [torch.randn(1, 2, 6, generator=gen, dtype=torch.float64) for _ in range(2)]
+        args.append(torch.randn(1, 2, 6, 4, generator=gen, dtype=torch.float64))
+    torch.testing.assert_close(op(*args, segments), op(*args, reused))

@@ -138,6 +138,17 @@ class PackedLayout:
             )
 
 
+def run_ids(segments: torch.Tensor) -> torch.Tensor:
+    """Each slot's run within its row (B, L): 0, 1, ... counting every change of ``segments``' id, so
+    equal run ids mean one contiguous segment. The ops accept ids that only differ between
+    neighbouring segments (an id may come back later in the row); comparing raw ids would join
+    two segments that share one."""
+    change = torch.ones_like(segments, dtype=torch.long)
+    change[:, 0] = 0
+    change[:, 1:] = (segments[:, 1:] != segments[:, :-1]).long()
+    return change.cumsum(1)
+
+
 def first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """Indices of ``lengths`` grouped into rows of at most ``capacity`` tokens: first-fit decreasing
     (longest first, each into the first row with room), no sequence split. Rows come out in the order

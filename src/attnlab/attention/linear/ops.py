@@ -21,6 +21,7 @@ import torch
 from attnlab.attention.common import compiler
 from attnlab.attention.common.checks import check_qkv
 from attnlab.attention.common.dispatch import Implementation, Request, check_choice, device_type, run_first
+from attnlab.attention.common.packing import run_ids
 from attnlab.attention.common.padding import check_padded_queries
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.common.triton import runtime, selfcheck
@@ -154,7 +155,7 @@ def linear_attention_segments(
         acc = accumulation_dtype(q.dtype, k.dtype, v.dtype)
         phi_q, phi_k = elu_feature_map(q.to(acc)), elu_feature_map(k.to(acc))
         out = linear_attention_segments_from_features(
-            phi_q, phi_k, v.to(acc), segments, causal, eps, chunk_size
+            phi_q, phi_k, v.to(acc), run_ids(segments), causal, eps, chunk_size
         )
     return out.to(v.dtype)
 

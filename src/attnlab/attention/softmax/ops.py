@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from attnlab.attention.common import compiler
 from attnlab.attention.common.checks import check_qkv
+from attnlab.attention.common.packing import run_ids
 from attnlab.attention.common.padding import PADDED_QUERIES, check_padded_queries, query_mask
 
 
@@ -86,7 +87,8 @@ def softmax_attention_segments(
     check_qkv(q, k, v, None)
     if segments.shape != (q.shape[0], q.shape[2]):
         raise ValueError(f"segments must be (B, L) = {(q.shape[0], q.shape[2])}, got {tuple(segments.shape)}")
-    allowed = segments[:, :, None] == segments[:, None, :]  # (B, L, L)
+    runs = run_ids(segments)  # an id may come back later in the row: compare runs, not ids
+    allowed = runs[:, :, None] == runs[:, None, :]  # (B, L, L)
     if causal:
         allowed = allowed & torch.ones_like(allowed[0]).tril()
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], dropout_p=dropout_p)
