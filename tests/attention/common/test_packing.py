@@ -156,9 +156,23 @@ def test_packing_and_a_padding_mask_together_are_refused():
 def _segment_ops():
     from attnlab.attention.linear import linear_attention_segments
     from attnlab.attention.linear import reference as linear_reference
+    from attnlab.attention.performer import reference as performer_reference
+    from attnlab.attention.performer.ops import orthogonal_gaussian_projection
+    from attnlab.attention.performer.segments import performer_attention_segments
     from attnlab.attention.softmax import reference as softmax_reference
     from attnlab.attention.softmax.ops import softmax_attention_segments
 
+    projection = orthogonal_gaussian_projection(8, 4, torch.Generator().manual_seed(0))
+
+    def performer(chunk):
+        return lambda q, k, v, segments, causal: performer_attention_segments(
+            q, k, v, projection, segments, causal, chunk_size=chunk
+        )
+
+    def performer_alone(q, k, v, causal):
+        return performer_reference.performer_attention(q, k, v, projection, causal=causal)
+
+    # chunks shorter than a sequence, sequences across chunk ends, one chunk
     return {
         "softmax": (softmax_attention_segments, softmax_reference.softmax_attention),
         **{
@@ -166,13 +180,14 @@ def _segment_ops():
                 partial(linear_attention_segments, chunk_size=c),
                 linear_reference.linear_attention,
             )
-            for c in (1, 3, 64)  # chunks shorter than a sequence, sequences across chunk ends, one chunk
+            for c in (1, 3, 64)
         },
+        **{f"performer-chunk{c}": (performer(c), performer_alone) for c in (1, 3, 64)},
     }
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("op", ["softmax", "linear-chunk1", "linear-chunk3", "linear-chunk64"])
+@pytest.mark.parametrize("op", list(_segment_ops()))
 def test_ops_in_segments_equal_the_float64_reference_of_each_sequence(op, causal):
     """The ops that attend on packed rows: each query reads only its own sequence's keys."""
     segments_op, reference_op = _segment_ops()[op]
@@ -195,9 +210,12 @@ def test_ops_in_segments_equal_the_float64_reference_of_each_sequence(op, causal
 def _every_op_on_packed_rows():
     from attnlab.attention import ops
     from attnlab.attention.linear.ops import linear_attention_segments
+    from attnlab.attention.performer.ops import orthogonal_gaussian_projection
+    from attnlab.attention.performer.segments import performer_attention_segments
     from attnlab.attention.softmax.ops import softmax_attention_segments
 
     bandwidth = torch.tensor([0.7, 1.3], dtype=torch.float64)
+    projection = orthogonal_gaussian_projection(8, 4, torch.Generator().manual_seed(0))
     for causal in (False, True):
         tag = "causal" if causal else "bidirectional"
         yield pytest.param(partial(softmax_attention_segments, causal=causal), "qkv", id=f"softmax-{tag}")
@@ -209,6 +227,10 @@ def _every_op_on_packed_rows():
             s, t, v, bandwidth, seg, causal
         )
         yield pytest.param(bump, "scores", id=f"bump-{tag}")
+        performer = lambda q, k, v, seg, causal=causal: performer_attention_segments(  # noqa: E731
+            q, k, v, projection, seg, causal
+        )
+        yield pytest.param(performer, "qkv", id=f"performer-{tag}")
 
 
 @pytest.mark.parametrize(("op", "inputs"), list(_every_op_on_packed_rows()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from attnlab.attention.common.layer import AttentionLayer, Capabilities, check_int, check_number
 from attnlab.attention.linear.chunked import DEFAULT_CHUNK_SIZE
 from attnlab.attention.performer.ops import PerformerFeatureMap, performer_attention
+from attnlab.attention.performer.segments import performer_attention_segments
 
 
 class PerformerAttention(AttentionLayer):
@@ -34,6 +35,31 @@ class PerformerAttention(AttentionLayer):
         self.feature_map = PerformerFeatureMap(self.head_dim, num_features, redraw_interval, seed)
         self.eps = eps
         self.chunk_size = chunk_size
+
+    @property
+    def attends_packed_rows(self) -> bool:
+        return self.causal
+
+    def forward_packed(self, x, key_padding_mask, packing):
+        """A causal packed batch attended in its rows, each query summing only its own sequence's keys
+        with its own sequence's running stabiliser (`performer_attention_segments`). Non-causal: each
+        sequence alone, as for linear attention (its two matmuls cost less than the rows' chunked
+        sums run both ways)."""
+        if not self.causal:
+            return super().forward_packed(x, key_padding_mask, packing)
+        self.check_packed_input(x, key_padding_mask, packing)
+        q, k, v = self.split_heads(self.qkv(x), positions=packing.positions)
+        o = performer_attention_segments(
+            q,
+            k,
+            v,
+            self.feature_map(),
+            packing.segments,
+            causal=True,
+            eps=self.eps,
+            chunk_size=self.chunk_size,
+        )
+        return self.out_proj(self.merge(self.output_dropout(o)))
 
     def attend(self, q, k, v, key_padding_mask):
         o = performer_attention(

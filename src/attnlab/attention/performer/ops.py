@@ -104,10 +104,7 @@ def performer_attention(
     """
     check_qkv(q, k, v, key_padding_mask)
     check_padded_queries("performer_attention", padded_queries, causal)
-    if projection.dim() != 2 or projection.shape[1] != q.shape[-1]:
-        raise ValueError(f"projection must be (num_features, D={q.shape[-1]}); got {tuple(projection.shape)}")
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    check_performer_args(q, projection, chunk_size)
     with no_autocast(q.device):
         acc = accumulation_dtype(q.dtype)
         phi_q = favor_features(q.to(acc), projection, is_query=True, stabilizer_eps=stabilizer_eps)
@@ -122,6 +119,14 @@ def performer_attention(
                 phi_q, phi_k, v.to(acc), key_padding_mask, eps=eps, padded_queries=padded_queries
             )
     return out.to(v.dtype)
+
+
+def check_performer_args(q: torch.Tensor, projection: torch.Tensor, chunk_size) -> None:
+    """``projection`` (M, D) for q's head dim D, ``chunk_size`` a positive integer."""
+    if projection.dim() != 2 or projection.shape[1] != q.shape[-1]:
+        raise ValueError(f"projection must be (num_features, D={q.shape[-1]}); got {tuple(projection.shape)}")
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
 
 
 def _causal_favor(phi_q, logits_k, v, key_padding_mask, eps, stabilizer_eps, chunk_size):
