@@ -115,8 +115,8 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
         dim = v.shape[-1]
         s, t, v, real = _CausalSlicedReLUBump._prepare(s, t, v, valid, runs)
         width = b.expand_as(s)
-        key, *windows = _compared(t, s, width, valid, runs, later_first=True)
-        thresholds = _window_thresholds(*windows)
+        key, *bounds = _compared(t, s, width, valid, runs, later_first=True)  # bounds: c − b, c, c + b
+        thresholds = _window_thresholds(*bounds)
         table = torch.cat([v, t[..., None] * v], dim=-1).contiguous()
         combos = [_hat_terms(s, width)]  # b Σ_j hat_ij v_j
         pairs = None
@@ -125,8 +125,8 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             # not depend on the output's gradient: taken here, in the same pass (one pass less).
             # Keys tied with s_i sit in the left window but have hat'(0) = 0: taken out by a fourth
             # threshold (t < s) when there are many, else added back from the list of tied pairs.
-            pairs = tied_pairs(windows[1], key, valid)
-            thresholds += [(windows[1], "left")] if pairs is None else []
+            pairs = tied_pairs(bounds[1], key, valid)
+            thresholds += [(bounds[1], "left")] if pairs is None else []
             ones = torch.ones_like(s)
             moment = [Term(0, ROW, -s), Term(1, ROW, 2 * s), Term(2, ROW, -s)]  # s (L − R) + R_x − L_x
             moment += [Term(0, X, ones), Term(1, X, -2 * ones), Term(2, X, ones)]
@@ -166,16 +166,17 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
         g = grad_out.contiguous() * coef[..., None]
         g_mass = -rowdot(grad_out, mass_parts[0]) * coef if mass_parts else None
 
+        # The keys' side (below) compares the later queries' s_i with the windows around t_j.
+        query_key, *key_bounds = _compared(s, t, width, valid, runs, later_first=False)
+
         # Queries: dL/ds_i = g_i·(Σ_{t∈(s,s+b)} v − Σ_{t∈(s−b,s)} v) and dL/db = Σ_i g_i/b·Σ_window |r| v,
         # from the window sums the forward pass took (only when s or b needed a gradient).
-        # the keys' side compares the later queries' s_i with windows around t_j (time reversed below)
-        query_key, *key_windows = _compared(s, t, width, valid, runs, later_first=False)
         grad_s = grad_b = None
         if query_grads:
             slope, abs_moment = query_sums
             grad_s, grad_b = rowdot(g, slope), rowdot(g, abs_moment)
         else:
-            pairs = tied_pairs(query_key, key_windows[1], valid)  # for the keys below
+            pairs = tied_pairs(query_key, key_bounds[1], valid)  # for the keys below
         if query_grads and g_mass is not None:  # the mass's share: the windows' counts and score sums
             windows = mass_parts[1]
             (left_n, left_t), (right_n, right_t) = (w.unbind(-1) for w in _window_parts(*windows[:3]))
@@ -195,8 +196,8 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             g, v = torch.cat([g, g_mass[..., None]], dim=-1), torch.cat([v, real[..., None]], dim=-1)
         q_table = torch.cat([g, s[..., None] * g], dim=-1).flip(1).contiguous()
         t_rev, w_rev = t.flip(1), width.flip(1)
-        windows_rev = [x.flip(1) for x in key_windows]
-        thresholds = _window_thresholds(*windows_rev) + ([(windows_rev[1], "left")] if pairs is None else [])
+        bounds_rev = [x.flip(1) for x in key_bounds]
+        thresholds = _window_thresholds(*bounds_rev) + ([(bounds_rev[1], "left")] if pairs is None else [])
         grad_v, k_slope = combined_sums(
             query_key.flip(1),
             q_table,
