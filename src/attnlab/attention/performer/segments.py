@@ -19,6 +19,7 @@ from attnlab.attention.common.packing import run_ids
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.linear.chunked import DEFAULT_CHUNK_SIZE, linear_attention_segments_from_features
 from attnlab.attention.performer.ops import check_performer_args, favor_features, favor_logits
+from attnlab.attention.sliced_common.segments import segment_runs, within_segments
 
 __all__ = ["performer_attention_segments"]
 
@@ -80,19 +81,6 @@ def _segment_features(logits, runs: torch.Tensor, stabilizer_eps: float) -> torc
     return (torch.exp(logits_k - half_sq_norm - shift) + stabilizer_eps) * m**-0.5
 
 
-def _within_segments(total: torch.Tensor, runs: torch.Tensor) -> torch.Tensor:
-    """A running total along dim 2 of (B, H, L[, E]) restarted at each segment: less its value just
-    before the segment's start."""
-    length = runs.shape[1]
-    position = torch.arange(length, device=runs.device).expand_as(runs)
-    start = torch.where(F.pad(runs[:, 1:] != runs[:, :-1], (1, 0), value=True), position, 0).cummax(1).values
-    before = (start - 1).clamp_min(0)[:, None, :].expand(total.shape[:3])
-    if total.dim() == 4:
-        earlier = torch.gather(total, 2, before[..., None].expand_as(total))
-        return total - earlier * (start > 0)[:, None, :, None]
-    return total - torch.gather(total, 2, before) * (start > 0)[:, None, :]
-
-
 def _causal_favor_segments(phi_q, logits_k, v, runs, eps, stabilizer_eps, chunk_size):
     """`_causal_favor` inside segments (no padding: every slot of a row is some segment's token).
 
@@ -105,9 +93,11 @@ def _causal_favor_segments(phi_q, logits_k, v, runs, eps, stabilizer_eps, chunk_
     b, h, t, m = logits_k.shape
     run = segment_cummax(logits_k.amax(dim=-1), runs)
     psi = torch.exp(logits_k - half_sq_norm - run[..., None])  # <= 1
+    rows = segment_runs(runs, h)  # per (batch, head) row, as the sliced ops read segments
     # float64: a difference of two row totals keeps the rounding of every earlier sequence otherwise
-    v_sum = _within_segments(torch.cumsum(v.double(), dim=2), runs).to(v.dtype)
-    count = _within_segments(torch.ones_like(run, dtype=torch.float64).cumsum(2), runs).to(run.dtype)
+    v_sum = within_segments(torch.cumsum(v.double(), dim=2).view(b * h, t, -1), rows)
+    v_sum = v_sum.view(v.shape).to(v.dtype)
+    count = (torch.arange(1, t + 1, device=v.device) - rows.start).view(b, h, t).to(run.dtype)
     q_total = phi_q.sum(dim=-1)
 
     c = min(chunk_size, t)

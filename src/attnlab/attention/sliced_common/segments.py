@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlab.attention.common.packing import run_ids
 from attnlab.attention.common.precision import FLOAT_DTYPES, accumulation_dtype, no_autocast
 from attnlab.attention.sliced_common.rows import take_rows
 
@@ -61,7 +62,7 @@ def segment_runs(segments: torch.Tensor, heads: int) -> Runs:
     edge = torch.ones(batch, 1, dtype=torch.bool, device=segments.device)
     first, last = torch.cat([edge, change], dim=1), torch.cat([change, edge], dim=1)
     position = torch.arange(length, device=segments.device).expand(batch, -1)
-    local = first.long().cumsum(1) - 1
+    local = run_ids(segments)
     start = torch.where(first, position, 0).cummax(1).values
     end = torch.where(last, position + 1, length).flip(1).cummin(1).values.flip(1)
     return Runs(*(x.repeat_interleave(heads, dim=0) for x in (local, start, end - start)))
