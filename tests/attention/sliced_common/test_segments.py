@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnlab.attention import build_attention
-from attnlab.attention.common.packing import PackedLayout
+from attnlab.attention.common.packing import PackedLayout, first_fit
 from attnlab.attention.sliced_common import causal as causal_common
 from attnlab.attention.sliced_common.scores import standardise_scores, standardise_scores_prefix
 from attnlab.attention.sliced_common.segments import (
@@ -118,6 +118,20 @@ def test_causal_each_sequence_gets_what_the_reference_gives_it_alone(
         monkeypatch.setattr(causal_common, "TIE_PAIR_BUDGET", 0)
     layout, *inputs = _inputs(grid, lengths=CAUSAL_LENGTHS, rows=CAUSAL_ROWS)
     _check_each_sequence_alone(kind, layout, CAUSAL_LENGTHS, inputs, True, normaliser, score_grads)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["relu", "bump"])
+def test_causal_random_packings_give_each_sequence_its_reference(kind, seed):
+    """First-fit rows of 1 to 90 tokens into rows of 130: sequences of one token, sequences that fill
+    a row, and the empty slots after them, at random places against the chunks and levels."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 91, (9,), generator=gen).tolist()
+    layout = PackedLayout.from_rows(lengths, first_fit(lengths, capacity=130), 130)
+    rows, length = layout.pack_index.shape
+    s, t = (torch.randn(rows, HEADS, length, generator=gen, dtype=F64) for _ in range(2))
+    v = torch.randn(rows, HEADS, length, DIM, generator=gen, dtype=F64)
+    _check_each_sequence_alone(kind, layout, lengths, [s, t, v], causal=True)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
