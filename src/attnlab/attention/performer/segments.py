@@ -19,7 +19,7 @@ from attnlab.attention.common.packing import run_ids
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.linear.chunked import DEFAULT_CHUNK_SIZE, linear_attention_segments_from_features
 from attnlab.attention.performer.ops import check_performer_args, favor_features, favor_logits
-from attnlab.attention.sliced_common.segments import segment_runs, within_segments
+from attnlab.attention.sliced_common.segments import segment_running_sum, segment_runs
 
 __all__ = ["performer_attention_segments"]
 
@@ -94,9 +94,7 @@ def _causal_favor_segments(phi_q, logits_k, v, runs, eps, stabilizer_eps, chunk_
     run = segment_cummax(logits_k.amax(dim=-1), runs)
     psi = torch.exp(logits_k - half_sq_norm - run[..., None])  # <= 1
     rows = segment_runs(runs, h)  # per (batch, head) row, as the sliced ops read segments
-    # float64: a difference of two row totals keeps the rounding of every earlier sequence otherwise
-    v_sum = within_segments(torch.cumsum(v.double(), dim=2).view(b * h, t, -1), rows)
-    v_sum = v_sum.view(v.shape).to(v.dtype)
+    v_sum = segment_running_sum(v.reshape(b * h, t, -1), rows).view(v.shape)
     count = (torch.arange(1, t + 1, device=v.device) - rows.start).view(b, h, t).to(run.dtype)
     q_total = phi_q.sum(dim=-1)
 

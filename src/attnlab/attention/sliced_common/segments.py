@@ -27,6 +27,7 @@ import torch
 
 from attnlab.attention.common.packing import run_ids
 from attnlab.attention.common.precision import FLOAT_DTYPES, accumulation_dtype, no_autocast
+from attnlab.attention.sliced_common.dominance import prefix_sums_
 from attnlab.attention.sliced_common.rows import take_rows
 
 
@@ -81,6 +82,21 @@ def segment_mean(x: torch.Tensor, runs: Runs) -> torch.Tensor:
     """Each token's segment mean of ``x`` (N, L[, D])."""
     size = runs.size.to(x.dtype)
     return segment_sum(x, runs) / (size if x.dim() == 2 else size[..., None])
+
+
+def segment_running_sum(x: torch.Tensor, runs: Runs) -> torch.Tensor:
+    """``Σ_{j ≤ i} x_j`` along dim 1 of ``(N, L)`` or ``(N, L, D)`` over the token's own segment: the
+    row's running sum less its value before the segment (`within_segments`), back in x's dtype.
+
+    Taken in float64: in float32 the difference of two row totals keeps the rounding of every
+    earlier sequence's sum (14x the error of each sequence alone for the causal sliced ReLU op over
+    8 sequences of 512 tokens, measured). ``(N, L, D)`` adds rows (`prefix_sums_`), faster on CPU
+    than ``cumsum`` over a middle dimension."""
+    wide = x.to(torch.float64)
+    total = (
+        wide.cumsum(1) if x.dim() == 2 else prefix_sums_(wide.clone(memory_format=torch.contiguous_format))
+    )
+    return within_segments(total, runs).to(x.dtype)
 
 
 def within_segments(total: torch.Tensor, runs: Runs) -> torch.Tensor:
@@ -251,9 +267,7 @@ def standardise_scores_prefix_segments(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`standardise_scores_prefix` on packed rows: s_i, t_i (B, H, L) shifted and scaled by the running
     pooled mean and std of their own segment's ``{s_j, t_j : j <= i}`` (``segments`` (B, L)), as each
-    sequence alone would be. The running sums are row sums restarted at each segment's start
-    (`within_segments`), taken in float64: a difference of two row totals would otherwise lose the
-    digits that earlier segments add."""
+    sequence alone would be (running sums: `segment_running_sum`)."""
     batch, heads, length = s.shape
     acc = accumulation_dtype(s.dtype)
     runs = segment_runs(segments, heads)
@@ -261,7 +275,6 @@ def standardise_scores_prefix_segments(
     shift = torch.gather(t, 1, runs.start)  # the segment's first key: no later token read
     ds, dt = s - shift, t - shift
     count = 2 * (torch.arange(1, length + 1, device=s.device) - runs.start).to(acc)
-    wide = (ds + dt).double(), (ds * ds + dt * dt).double()
-    mean, square = (within_segments(x.cumsum(1), runs).to(acc) / count for x in wide)
+    mean, square = (segment_running_sum(x, runs) / count for x in (ds + dt, ds * ds + dt * dt))
     std = torch.sqrt((square - mean * mean).clamp_min(0.0) + eps)
     return ((ds - mean) / std).view(batch, heads, length), ((dt - mean) / std).view(batch, heads, length)
