@@ -245,3 +245,11 @@ def test_segment_ids_that_come_back_later_in_a_row_are_new_segments(op, inputs):
         args = [torch.randn(1, 2, 6, generator=gen, dtype=torch.float64) for _ in range(2)]
         args.append(torch.randn(1, 2, 6, 4, generator=gen, dtype=torch.float64))
     torch.testing.assert_close(op(*args, segments), op(*args, reused))
+
+
+@pytest.mark.parametrize("op", ["softmax", "linear-chunk64", "performer-chunk64"])
+def test_segments_of_the_wrong_shape_are_refused_by_name(op):
+    segments_op, _ = _segment_ops()[op]
+    q, k, v = (torch.zeros(3, 2, 9, 4, dtype=torch.float64) for _ in range(3))
+    with pytest.raises(ValueError, match=r"segments must be \(B, L\) = \(3, 9\), got \(3, 8\)"):
+        segments_op(q, k, v, torch.zeros(3, 8, dtype=torch.long), False)

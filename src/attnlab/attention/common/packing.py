@@ -138,6 +138,13 @@ class PackedLayout:
             )
 
 
+def check_segments(segments: torch.Tensor, q: torch.Tensor) -> None:
+    """``segments`` is (B, L) for q of shape (B, H, L, D): the ops on packed rows name the shape."""
+    want = (q.shape[0], q.shape[2])
+    if tuple(segments.shape) != want:
+        raise ValueError(f"segments must be (B, L) = {want}, got {tuple(segments.shape)}")
+
+
 def run_ids(segments: torch.Tensor) -> torch.Tensor:
     """Each slot's run within its row (B, L): 0, 1, ... counting every change of ``segments``' id, so
     equal run ids mean one contiguous segment. The ops accept ids that only differ between

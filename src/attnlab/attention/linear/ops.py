@@ -21,7 +21,7 @@ import torch
 from attnlab.attention.common import compiler
 from attnlab.attention.common.checks import check_qkv
 from attnlab.attention.common.dispatch import Implementation, Request, check_choice, device_type, run_first
-from attnlab.attention.common.packing import run_ids
+from attnlab.attention.common.packing import check_segments, run_ids
 from attnlab.attention.common.padding import check_padded_queries
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.common.triton import runtime, selfcheck
@@ -147,10 +147,7 @@ def linear_attention_segments(
     sequence gets its own output without being laid out alone. The torch code on every device (the
     Triton kernels read no segments)."""
     check_qkv(q, k, v, None)
-    if segments.shape != q.shape[:1] + q.shape[2:3]:
-        raise ValueError(
-            f"segments must be (B, L) = {tuple(q.shape[:1] + q.shape[2:3])}, got {tuple(segments.shape)}"
-        )
+    check_segments(segments, q)
     with no_autocast(q.device):
         acc = accumulation_dtype(q.dtype, k.dtype, v.dtype)
         phi_q, phi_k = elu_feature_map(q.to(acc)), elu_feature_map(k.to(acc))

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.attention.common.checks import check_qkv
-from attnlab.attention.common.packing import run_ids
+from attnlab.attention.common.packing import check_segments, run_ids
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.linear.chunked import DEFAULT_CHUNK_SIZE, linear_attention_segments_from_features
 from attnlab.attention.performer.ops import check_performer_args, favor_features, favor_logits
@@ -40,8 +40,7 @@ def performer_attention_segments(
     every key stabiliser is its own sequence's, so each sequence gets what it gets alone. Torch code
     on every device."""
     check_qkv(q, k, v, None)
-    if tuple(segments.shape) != (q.shape[0], q.shape[2]):
-        raise ValueError(f"segments must be (B, L) = {(q.shape[0], q.shape[2])}, got {tuple(segments.shape)}")
+    check_segments(segments, q)
     check_performer_args(q, projection, chunk_size)
     with no_autocast(q.device):
         acc = accumulation_dtype(q.dtype)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from attnlab.attention.common import compiler
 from attnlab.attention.common.checks import check_qkv
-from attnlab.attention.common.packing import run_ids
+from attnlab.attention.common.packing import check_segments, run_ids
 from attnlab.attention.common.padding import PADDED_QUERIES, check_padded_queries, query_mask
 
 
@@ -85,8 +85,7 @@ def softmax_attention_segments(
     mask: a packed row pays L² per row instead of M² per sequence of a padded layout. Every query
     sees at least itself, so no row is empty; non-finite inputs follow SDPA's own rules."""
     check_qkv(q, k, v, None)
-    if segments.shape != (q.shape[0], q.shape[2]):
-        raise ValueError(f"segments must be (B, L) = {(q.shape[0], q.shape[2])}, got {tuple(segments.shape)}")
+    check_segments(segments, q)
     runs = run_ids(segments)  # an id may come back later in the row: compare runs, not ids
     allowed = runs[:, :, None] == runs[:, None, :]  # (B, L, L)
     if causal:
