@@ -1,11 +1,16 @@
 """Every test starts with no first-use verdict on the Triton kernels (``selfcheck.trusted``): a test
-that breaks a kernel on purpose must not leave the torch fallback to the tests after it."""
+that breaks a kernel on purpose must not leave the torch fallback to the tests after it. ``step_code``
+runs a decoding test by the C++ kernels and by the torch code."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
+from attnlab.attention.common import native
 from attnlab.attention.common.triton import selfcheck
+from attnlab.attention.sliced_common import decoding
 
 
 @pytest.fixture(autouse=True)
@@ -13,3 +18,21 @@ def _fresh_first_use_checks():
     selfcheck.forget()
     yield
     selfcheck.forget()
+
+
+@pytest.fixture(params=["native", "torch"])
+def step_code(request, monkeypatch):
+    """Decoding steps by the C++ kernels (``attnlab.attention.common.native``: the CPU default) or by the
+    torch code (other devices, autograd, no compiler). Where a compiler and ninja are installed the
+    kernels must build: a silent fallback would test the torch code twice."""
+    if request.param == "torch":
+        monkeypatch.setenv(native.SWITCH, "off")
+        return request.param
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    if native.library(decoding.KERNELS) is None:
+        if shutil.which("ninja") and shutil.which("c++"):
+            pytest.fail(
+                "the decoding kernels did not build although c++ and ninja are installed (see the log)"
+            )
+        pytest.skip("no C++ compiler or ninja: the torch code is tested")
+    return request.param

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention import reference as ref
+from attnlab.attention.common import native
 from attnlab.attention.ops import sliced_relu_attention, sliced_relu_bump_attention
-from attnlab.attention.sliced_common import causal, merged
+from attnlab.attention.sliced_common import causal, decoding, merged
 from attnlab.attention.sliced_common.decoding import SlicedDecodeState
 from attnlab.attention.sliced_relu.causal import causal_sliced_relu_attention
 from attnlab.attention.sliced_relu.decoding import sliced_relu_attention_state, sliced_relu_attention_step
@@ -424,7 +425,7 @@ def decode(kind, s, t, v, bandwidth, state=None, start=0):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,atol", [(F64, 1e-11), (torch.float32, 2e-5)])
-def test_steps_equal_the_causal_parallel_op(kind, dtype, atol):
+def test_steps_equal_the_causal_parallel_op(kind, dtype, atol, step_code):
     s, t, v, bandwidth = random_inputs(2, 3, 70, 4, seed=1, dtype=dtype)
     v = v + 2.0  # values with a mean: the running vbar matters
     parallel = fast_op(kind)(s, t, v, bandwidth, None)
@@ -432,15 +433,16 @@ def test_steps_equal_the_causal_parallel_op(kind, dtype, atol):
     assert steps.dtype == dtype
     if kind == "bump_mass":
         # the step takes second differences of F (sums over every past key) and divides them by the
-        # hat mass + eps instead of n: measured 1.0e-11 (float64) and 2.7e-3 (float32) here, against
-        # 3.9e-15 and 2.2e-6 with the count (the parallel op: 7.6e-5 in float32 against float64)
-        atol = {F64: 5e-11, torch.float32: 6e-3}[dtype]
+        # hat mass + eps instead of n: measured 1.0e-11 (float64) and 2.7e-3 (float32, torch code; the
+        # C++ kernel, differencing in double, 6.6e-4) here, against 3.9e-15 and 2.2e-6 with the count
+        # (the parallel op: 7.6e-5 in float32 against float64)
+        atol = {F64: 5e-11, torch.float32: 6e-3 if step_code == "torch" else 1.5e-3}[dtype]
     torch.testing.assert_close(steps, parallel, atol=atol, rtol=0)
     assert state.count == 70 and state.run_sizes == [64] and state.recent == 6  # 70 = 2 x 32 sorted + 6
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_float32_states_search_all_runs_at_once_as_float64_states_search_each(kind):
+def test_float32_states_search_all_runs_at_once_as_float64_states_search_each(kind, step_code):
     """The one-search path (float32: int64 keys run << 32 | order(t)) against the per-run one (float64)
     on the same numbers, over several runs, with ties and negative zeros among the keys."""
     s, t, v, bandwidth = random_inputs(2, 3, 300, 4, seed=5, dtype=torch.float32)
@@ -454,14 +456,14 @@ def test_float32_states_search_all_runs_at_once_as_float64_states_search_each(ki
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_steps_with_ties_equal_the_parallel_op(kind):
+def test_steps_with_ties_equal_the_parallel_op(kind, step_code):
     s, t, v, bandwidth = tied_inputs(seed=2, length=33)
     steps, _ = decode(kind, s, t, v, bandwidth)
     torch.testing.assert_close(steps, fast_op(kind)(s, t, v, bandwidth, None), atol=1e-11, rtol=0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_prefill_then_steps_equal_the_parallel_op(kind):
+def test_prefill_then_steps_equal_the_parallel_op(kind, step_code):
     s, t, v, bandwidth = random_inputs(1, 2, 140, 3, seed=4)
     prefill = sliced_relu_attention_state if kind == "relu" else sliced_relu_bump_attention_state
     for start in (1, 23, 101):
@@ -471,6 +473,35 @@ def test_prefill_then_steps_equal_the_parallel_op(kind):
         steps, _ = decode(kind, s, t, v, bandwidth, state=state, start=start)
         parallel = fast_op(kind)(s, t, v, bandwidth, None)[:, :, start:]
         torch.testing.assert_close(steps, parallel, atol=1e-10 if kind == "bump_mass" else 1e-11, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_cpu_steps_are_one_kernel_call_and_equal_the_torch_code(kind, dtype, monkeypatch):
+    """On the CPU a step never reaches the torch search (``evaluate``): the C++ kernel pushes, searches
+    and combines; its outputs and state are the torch code's (several runs, ties, a negative zero)."""
+    s, t, v, bandwidth = random_inputs(2, 3, 300, 4, seed=5, dtype=dtype)
+    t = torch.round(t * 4) / 4
+    t[..., 7] = -0.0
+    prefill = sliced_relu_attention_state if kind == "relu" else sliced_relu_bump_attention_state
+    monkeypatch.setenv(native.SWITCH, "off")
+    by_torch, torch_state = decode(
+        kind, s, t, v, bandwidth, state=prefill(t[..., :40], v[..., :40, :]), start=40
+    )
+    monkeypatch.delenv(native.SWITCH)
+    if native.library(decoding.KERNELS) is None:
+        pytest.skip("no C++ compiler or ninja")
+    monkeypatch.setattr(SlicedDecodeState, "evaluate", None)  # the torch search: must not be called
+    by_kernel, kernel_state = decode(
+        kind, s, t, v, bandwidth, state=prefill(t[..., :40], v[..., :40, :]), start=40
+    )
+    atol = {F64: 1e-11, torch.float32: 5e-3 if kind == "bump_mass" else 2e-5}[dtype]
+    torch.testing.assert_close(by_kernel, by_torch, atol=atol, rtol=0)
+    assert kernel_state.run_sizes == torch_state.run_sizes == [256, 32] and kernel_state.count == 300
+    for name in ("recent_t", "recent_rows", "sum_v", "sum_t", "keys", "tables"):
+        torch.testing.assert_close(
+            getattr(kernel_state, name), getattr(torch_state, name), atol=1e-4, rtol=1e-5
+        )
 
 
 def test_state_holds_d_plus_four_numbers_per_token():

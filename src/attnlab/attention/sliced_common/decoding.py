@@ -13,6 +13,10 @@ so a step searches every run with *one* ``searchsorted``: each key is stored as 
 order(key)`` (``order`` maps float32 bits to integers monotonically), which sorts the runs one after
 another, and a query asks for ``run << 32 | order(x)`` in every run at once. A step is then a fixed
 number of tensor ops whatever n is. Float64 states (the exactness tests) search each run in turn.
+On the CPU a whole step (push, search, output; sliced ReLU's running score standardisation too) is
+one call of a C++ kernel instead (``decode_kernels.cpp``, through ``attnlab.attention.common.native``),
+summed in double: the torch code's thirty-odd small ops cost more than their arithmetic. The torch
+code stays for other devices, for autograd and where no compiler is found.
 
 Precision as in ``attnlab.attention.sliced_common.causal``: scores shifted by the first key score (and,
 for sliced ReLU, values by the first value), sums in at least float32.
@@ -20,11 +24,14 @@ for sliced ReLU, values by the first value), sums in at least float32.
 
 from __future__ import annotations
 
+import ctypes
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from attnlab.attention.common import native
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 
 __all__ = [
@@ -73,6 +80,7 @@ class SlicedDecodeState:
         self.recent_rows[..., -1] = 1.0  # [v_j, 1]: the ones written once
         self.recent = 0
         self._bounds: tuple[torch.Tensor, ...] | None = None
+        self._sizes: torch.Tensor | None = None
 
     @property
     def stored(self) -> int:
@@ -129,7 +137,7 @@ class SlicedDecodeState:
             merged = _merge_runs(self._run(start, last - 1), self._run(start + self.run_sizes[-1], last))
             self.run_sizes[-2:] = [2 * self.run_sizes[-1]]
             self._write(start, last - 1, merged)
-        self._bounds = None
+        self._bounds = self._sizes = None
 
     def _run_bounds(self) -> tuple[torch.Tensor, ...]:
         """(run << 32, first slot, last slot, end) per run, as (R, 1) tensors; rebuilt when runs change."""
@@ -143,6 +151,9 @@ class SlicedDecodeState:
     # ---- F ----------------------------------------------------------------------------------------
     def evaluate(self, x: torch.Tensor) -> torch.Tensor:
         """``F(x) = Σ_{past j, t_j < x} (x − t_j) [v_j, 1]`` at ``x (B, H, K)`` → ``(B, H, K, D + 1)``."""
+        out = self._evaluate_natively(x)
+        if out is not None:
+            return out
         recent = F.relu(x[..., :, None] - self.recent_t[..., None, : self.recent])
         out = recent @ self.recent_rows[..., : self.recent, :]
         if not self.run_sizes:
@@ -172,17 +183,117 @@ class SlicedDecodeState:
         slope = torch.where(inside[..., None], (f_hi - f_lo) / gap, above)
         return out + (f_lo + (x[..., None, :] - key_lo)[..., None] * slope).sum(2)
 
-    def push(self, t: torch.Tensor, v: torch.Tensor) -> None:
-        """Add one token: its shifted key score ``t (B, H)`` and value ``v (B, H, D)``."""
+    # ---- the C++ kernels (decode_kernels.cpp) ------------------------------------------------------
+    def _native(self, name: str, *inputs: torch.Tensor):
+        """The kernel ``name`` for this state's dtype, or None where it does not run: not the CPU, not
+        float32/float64, inputs of another accumulation dtype, gradients wanted, no compiler."""
+        dtype = self.keys.dtype
+        if self.keys.device.type != "cpu" or dtype not in _SUFFIX:
+            return None
+        if any(x.dtype != dtype or x.device.type != "cpu" for x in inputs):
+            return None
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (*inputs, self.tables, self.sum_v)):
+            return None
+        library = native.library(KERNELS)
+        if library is None:
+            return None
+        kernel = getattr(library, f"{name}_{_SUFFIX[dtype]}")
+        if kernel.argtypes is None:
+            kernel.argtypes, kernel.restype = _ARGTYPES[name], None
+        return kernel
+
+    def _runs_arguments(self) -> list:
+        if self._sizes is None:
+            self._sizes = torch.tensor(self.run_sizes or [0], dtype=torch.int64)
+        arrays = (self.keys, self.tables, self.totals, self._sizes)
+        return [*map(native.pointer, arrays), len(self.run_sizes)]
+
+    def _strides(self) -> tuple[int, int, int]:
+        return self.keys.shape[-1], self.totals.shape[-2], self.recent_t.shape[-1]
+
+    def _evaluate_natively(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``evaluate`` by the C++ kernel, or None where it does not run."""
+        kernel = self._native("sliced_evaluate", x)
+        if kernel is None:
+            return None
+        b, h, k = x.shape
+        x = x.contiguous()
+        out = x.new_empty(b, h, k, self.tables.shape[-1])
+        recent = (self.recent_t, self.recent_rows)
+        kernel(
+            *self._runs_arguments(), *map(native.pointer, recent), self.recent, native.pointer(x),
+            native.pointer(out), b * h, k, out.shape[-1], *self._strides(),
+        )  # fmt: skip
+        return out
+
+    def relu_step_natively(self, s, t, v, eps: float, stats=None, std_eps: float = 1e-6):
+        """Sliced ReLU's whole step (push the token, F at its query, the output) in one C++ call:
+        ``o (B, H, D)`` in the state's dtype, or None where the kernel does not run (then nothing
+        changed). ``s, t (B, H)`` and ``v (B, H, D)`` are the scores and value as
+        ``sliced_relu_attention_step`` takes them; with ``stats`` (`standardise_step`'s running
+        statistics, updated in place) the scores are standardised first, as `standardise_step` does."""
+        if stats is None:
+            return self._step_natively("sliced_relu_step", s, t, v, [float(eps), None, None, None, 0.0, 0.0])
+        shift, pairs, total, squares = stats
+        options = [float(eps), shift, total, squares, float(pairs), float(std_eps)]
+        return self._step_natively("sliced_relu_step", s, t, v, options, kept=(shift, total, squares))
+
+    def bump_step_natively(self, s, t, v, bandwidth, normaliser: str, mass_eps: float):
+        """Sliced ReLU-bump's whole step in one C++ call, as `relu_step_natively`; the hat's second
+        difference of F is taken in double."""
+        bandwidth = bandwidth.detach().to(self.keys.dtype).contiguous()
+        options = [bandwidth, bandwidth.shape[0], int(normaliser == "mass"), float(mass_eps)]
+        return self._step_natively("sliced_relu_bump_step", s, t, v, options, kept=(bandwidth,))
+
+    def _step_natively(self, name: str, s, t, v, options: list, kept=()):
+        """Push the token and compute its output by the kernel ``name``, whose arguments after the token
+        count are ``options`` (tensors passed as pointers), or None where it does not run.
+        ``kept``: tensors of ``options`` that must already be contiguous (written in place)."""
+        kernel = self._native(name, s, t, v, *kept)
+        if kernel is None or not all(x.is_contiguous() for x in kept):
+            return None
+        self._make_room()
+        s, t, v = s.contiguous(), t.contiguous(), v.contiguous()
+        out = torch.empty_like(v)
+        options = [native.pointer(x) if isinstance(x, torch.Tensor) else x for x in options]
+        buffer = (self.recent_t, self.recent_rows)
+        inputs = (s, t, v, self.shift_t, self.shift_v, self.sum_v, self.sum_t)
+        kernel(
+            *self._runs_arguments(), *map(native.pointer, buffer), self.recent, *map(native.pointer, inputs),
+            self.count + 1, *options, native.pointer(out), v.shape[0] * v.shape[1], v.shape[2],
+            *self._strides(),
+        )  # fmt: skip
+        self.recent += 1
+        self.count += 1
+        return out
+
+    def _make_room(self) -> None:
         if self.recent == RECENT:  # the buffer becomes a run of L
             self.append_run(_build_run(self.recent_t.clone(), self.recent_rows.clone()))
             self.recent = 0
+
+    def push(self, t: torch.Tensor, v: torch.Tensor) -> None:
+        """Add one token: its shifted key score ``t (B, H)`` and value ``v (B, H, D)``."""
+        self._make_room()
         self.recent_t[..., self.recent] = t
         self.recent_rows[..., self.recent, :-1] = v
         self.recent += 1
         self.count += 1
         self.sum_v += v
         self.sum_t += t
+
+
+KERNELS = Path(__file__).with_name("decode_kernels.cpp")
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+_POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
+_STATE = [_POINTER] * 4 + [_INT] + [_POINTER] * 2 + [_INT]  # the runs, the buffer and its fill
+_STEP = _STATE + [_POINTER] * 7 + [_INT]  # ... the token and the state's running sums, the token count
+_AFTER = [_POINTER] + [_INT] * 5  # out, rows, D, the strides
+_ARGTYPES = {
+    "sliced_evaluate": _STATE + [_POINTER] * 2 + [_INT] * 6,
+    "sliced_relu_step": _STEP + [ctypes.c_double] + [_POINTER] * 3 + [ctypes.c_double] * 2 + _AFTER,
+    "sliced_relu_bump_step": _STEP + [_POINTER, _INT, _INT, ctypes.c_double] + _AFTER,
+}
 
 
 def _grown(x: torch.Tensor, size: int, dim: int, fill) -> torch.Tensor:

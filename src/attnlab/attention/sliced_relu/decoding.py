@@ -17,6 +17,8 @@ from attnlab.attention.sliced_common.decoding import (
 )
 from attnlab.attention.sliced_common.scores import slice_tokens, standardise_scores_prefix, standardise_step
 
+STANDARDISE_EPS = 1e-6  # standardise_step's
+
 
 def sliced_relu_attention_step(
     s_t: torch.Tensor,
@@ -37,6 +39,11 @@ def sliced_relu_attention_step(
     if not eps > 0:
         raise ValueError(f"sliced_relu_attention_step: eps must be > 0, got {eps}")
     with no_autocast(v_t.device):
+        if state is not None:
+            acc = accumulation_dtype(s_t.dtype, t_t.dtype, v_t.dtype)
+            out = state.relu_step_natively(s_t.to(acc), t_t.to(acc), v_t.to(acc), eps)
+            if out is not None:  # the CPU: the steps below in one C++ call
+                return out.to(v_t.dtype), state
         state, s = push_token(state, s_t, t_t, v_t, "relu")
         f = state.evaluate(s[..., None])[..., 0, :]  # (B, H, D + 1): [Σ ReLU·v, Σ ReLU]
         n = float(state.count)
@@ -75,9 +82,16 @@ def layer_state(layer, q, k, v) -> SlicedAttentionState:
 def layer_step(layer, q, k, v, state: SlicedAttentionState | None):
     position = 0 if state is None else state.position
     s, t = slice_one_token(layer, q, k)
+    if state is not None:  # the CPU: standardisation and op in one C++ call
+        stats = state.stats if layer.standardise == "prefix" else None
+        acc = state.op.keys.dtype
+        o = state.op.relu_step_natively(s.to(acc), t.to(acc), v.to(acc), layer.eps, stats, STANDARDISE_EPS)
+        if o is not None:
+            stats = None if stats is None else (stats[0], stats[1] + 2, *stats[2:])
+            return o.to(v.dtype), SlicedAttentionState(state.op, stats, position + 1)
     stats = None
     if layer.standardise == "prefix":
-        s, t, stats = standardise_step(s, t, None if state is None else state.stats)
+        s, t, stats = standardise_step(s, t, None if state is None else state.stats, STANDARDISE_EPS)
     previous = None if state is None else state.op
     o, op_state = sliced_relu_attention_step(s, t, v, previous, layer.eps)
     return o, SlicedAttentionState(op_state, stats, position + 1)

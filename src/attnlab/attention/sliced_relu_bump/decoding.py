@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.attention.common.precision import no_autocast
+from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.sliced_common.decoding import (
     SlicedAttentionState,
     SlicedDecodeState,
@@ -39,6 +39,13 @@ def sliced_relu_bump_attention_step(
         )
     check_bump_normaliser("sliced_relu_bump_attention_step", normaliser, mass_eps, causal=True)
     with no_autocast(v_t.device):
+        if state is not None:
+            acc = accumulation_dtype(s_t.dtype, t_t.dtype, v_t.dtype)
+            out = state.bump_step_natively(
+                s_t.to(acc), t_t.to(acc), v_t.to(acc), bandwidth, normaliser, mass_eps
+            )
+            if out is not None:  # the CPU: the steps below in one C++ call
+                return out.to(v_t.dtype), state
         state, s = push_token(state, s_t, t_t, v_t, "bump")
         b = bandwidth.to(s.dtype)[None, :]
         f = state.evaluate(torch.stack([s - b, s, s + b], dim=-1))  # (B, H, 3, D + 1)

@@ -1,0 +1,53 @@
+"""The C++ CPU kernels' loader: switched off by name, and a build that fails leaves the torch code
+running with one warning that says why."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from attnlab.attention.common import native
+from attnlab.attention.sliced_common import decoding
+from attnlab.attention.sliced_relu.decoding import sliced_relu_attention_state, sliced_relu_attention_step
+
+
+def _decode(length: int = 80):
+    torch.manual_seed(0)
+    s, t, v = torch.randn(1, 2, length), torch.randn(1, 2, length), torch.randn(1, 2, length, 3)
+    state, outs = sliced_relu_attention_state(t[..., :5], v[..., :5, :]), []
+    for i in range(5, length):
+        out, state = sliced_relu_attention_step(s[..., i], t[..., i], v[..., i, :], state)
+        outs.append(out)
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("value", ["off", "0", "OFF"])
+def test_the_switch_turns_the_kernels_off(value, monkeypatch):
+    monkeypatch.setenv(native.SWITCH, value)
+    assert native.library(decoding.KERNELS) is None
+
+
+class _NoNinja:
+    @staticmethod
+    def load(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions (pip install ninja to get it)")
+
+
+def test_a_failed_build_warns_once_and_the_torch_code_gives_the_same_steps(monkeypatch, caplog):
+    monkeypatch.setenv(native.SWITCH, "off")
+    expected = _decode()
+    monkeypatch.delenv(native.SWITCH)
+    monkeypatch.setattr(native, "_cpp_extension", lambda: _NoNinja)
+    native._build.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=native.__name__):
+            torch.testing.assert_close(_decode(), expected, rtol=0, atol=0)
+            _decode()
+    finally:
+        native._build.cache_clear()  # the next test builds (or loads) the real library again
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "attnlab_decode_kernels not built (Ninja is required" in warnings[0]
+    assert "using the torch code" in warnings[0]
