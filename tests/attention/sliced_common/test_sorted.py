@@ -1,14 +1,16 @@
 """The O(T log T) sliced ReLU / ReLU-bump ops against the naive float64 references.
 
 Outputs must agree to 1e-9 and every gradient (s, t, v and the bandwidth) to 1e-7, on awkward
-shapes, padded batches, tied scores and random shapes, for both evaluations (``path="sorted"`` and
-the short-sequence ``path="dense"``, every comparison runs each); plus precision at long T in float32,
+shapes, padded batches, tied scores and random shapes, for every evaluation (``path="sorted"`` by the
+C++ kernels on the CPU and by the torch code, and the short-sequence ``path="dense"``; every comparison
+runs each); plus precision at long T in float32,
 half-precision inputs, input validation, gradcheck and a memory bound that rules out T×T.
 """
 
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention import reference as ref
+from attnlab.attention.common import native
 from attnlab.attention.ops import sliced_relu_attention, sliced_relu_bump_attention
 
 F64 = torch.float64
@@ -32,7 +35,9 @@ def random_inputs(batch, heads, length, dim, seed=0, dtype=F64):
     return s.to(dtype), t.to(dtype), v.to(dtype), bandwidth.to(dtype)
 
 
-PATHS = ["sorted", "dense"]  # the two evaluations of the same kernels (attnlab.attention.sliced_common.path)
+# the evaluations of the same kernels (attnlab.attention.sliced_common.path); "sorted" on the CPU runs
+# sliced ReLU's C++ kernels (sliced_relu/cpu_kernels.cpp), "sorted-torch" the torch code GPUs run
+PATHS = ["sorted", "sorted-torch", "dense"]
 
 
 def run_both(kind, s, t, v, bandwidth, mask, grad_seed=1, path="sorted"):
@@ -43,12 +48,20 @@ def run_both(kind, s, t, v, bandwidth, mask, grad_seed=1, path="sorted"):
     }[kind]
     args = (s, t, v) if kind == "relu" else (s, t, v, bandwidth)
     results = []
-    for op, kw in ((fast_op, {"path": path}), (ref_op, {})):
+    for op, kw in ((fast_op, {"path": path.removesuffix("-torch")}), (ref_op, {})):
         inputs = [x.detach().clone().requires_grad_() for x in args]
-        out = op(*inputs, key_padding_mask=mask, **kw)
-        grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=out.dtype)
-        results.append((out, torch.autograd.grad(out, inputs, grad_out)))
+        with torch_code(path.endswith("-torch")):
+            out = op(*inputs, key_padding_mask=mask, **kw)
+            grad_out = torch.randn(
+                out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=out.dtype
+            )
+            results.append((out, torch.autograd.grad(out, inputs, grad_out)))
     return results
+
+
+def torch_code(on: bool):
+    """The torch code instead of the C++ kernels (``ATTNLAB_NATIVE=off``) while ``on``."""
+    return mock.patch.dict(os.environ, {native.SWITCH: "off"} if on else {})
 
 
 def assert_matches_reference(kind, s, t, v, bandwidth, mask=None):
@@ -419,9 +432,10 @@ def test_sliced_relu_peak_memory_against_the_official_formulation():
     assert official / ours > 3.5, official / ours  # was 3.2x
 
 
-def test_sliced_relu_backward_twice_through_a_retained_graph():
+@pytest.mark.parametrize("code", ["native", "torch"])
+def test_sliced_relu_backward_twice_through_a_retained_graph(code):
     """The backward pass frees a forward buffer after reading it; a second backward through
-    ``retain_graph=True`` rebuilds it and gives the same gradients."""
+    ``retain_graph=True`` rebuilds it and gives the same gradients (the C++ kernels keep none)."""
     s, t, v, _ = random_inputs(2, 3, 40, 5, seed=11)
     mask = torch.arange(40)[None, :] < torch.tensor([[40], [27]])
     grad_out = torch.randn(v.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
@@ -429,9 +443,10 @@ def test_sliced_relu_backward_twice_through_a_retained_graph():
     expected = torch.autograd.grad(
         ref.sliced_relu_attention(*inputs, key_padding_mask=mask), inputs, grad_out
     )
-    out = sliced_relu_attention(*inputs, key_padding_mask=mask, path="sorted")
-    first = torch.autograd.grad(out, inputs, grad_out, retain_graph=True)
-    second = torch.autograd.grad(out, inputs, grad_out)
+    with torch_code(code == "torch"):
+        out = sliced_relu_attention(*inputs, key_padding_mask=mask, path="sorted")
+        first = torch.autograd.grad(out, inputs, grad_out, retain_graph=True)
+        second = torch.autograd.grad(out, inputs, grad_out)
     for grads in (first, second):
         for got, want in zip(grads, expected, strict=True):
             assert (got - want).abs().max().item() <= GRAD_TOL

@@ -1,27 +1,37 @@
 """Small C++ kernels for the CPU, built on first use and called through ``ctypes``.
 
-Some CPU work is a chain of many tiny tensor ops whose cost is the dispatch of each, not the arithmetic
-(a decoding step searches a few sorted runs in about thirty ops). Such a chain is written once in plain
-C++ (``extern "C"`` functions on raw arrays, no torch headers) and built by torch's own
-``cpp_extension.load``, which finds the compiler, caches the library under ``TORCH_EXTENSIONS_DIR``
-(``~/.cache/torch_extensions`` by default), rebuilds it when the source changes and locks the build
-against concurrent processes. Without torch's headers a build takes about a second instead of the 40 s
-a ``torch/extension.h`` source takes, and the call is a ``ctypes`` call: no op registration is needed
-for code that runs under ``torch.inference_mode`` on contiguous CPU tensors.
+Two kinds of CPU work lose most of their time to torch's op-by-op execution: a chain of many tiny ops,
+whose cost is the dispatch of each (a decoding step searches a few sorted runs in about thirty ops), and
+a chain of full passes over (T, D) memory that one walk could do (the sorted sliced ReLU op builds and
+gathers prefix tables). Such work is written once in plain C++ (``extern "C"`` functions on raw arrays,
+no torch headers) and built by torch's own ``cpp_extension.load``, which finds the compiler, caches the
+library under ``TORCH_EXTENSIONS_DIR`` (``~/.cache/torch_extensions`` by default), rebuilds it when the
+source changes and locks the build against concurrent processes. Without torch's headers a build takes
+about a second instead of the 40 s a ``torch/extension.h`` source takes. Each library is built for the
+CPU it runs on (``-march=native``: the sums vectorise to the widest registers there) under a name
+holding a hash of that CPU. The callers own the autograd (their hand-written backward passes call
+the kernels too) and run large calls on torch's threads (``over_rows``).
 
 Where no compiler (or no ``ninja``) is found, or ``ATTNLAB_NATIVE=off`` is set, ``library`` returns
-None and the callers keep their torch code: the results are the same, only slower. The reason is
-logged once.
+None and the callers keep their torch code: the results are the same up to rounding, only slower.
+The reason is logged once.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
+import itertools
 import logging
 import os
+import platform
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +44,28 @@ def enabled() -> bool:
 
 
 @functools.cache
+def _cpu_tag() -> str:
+    """A short hash of this CPU's model and instruction sets: the libraries are built for the CPU they
+    run on (``-march=native``), and a cache shared by different machines (an NFS home on a cluster)
+    keeps one build per kind of CPU instead of loading another CPU's instructions."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        described = [line for line in lines if line.startswith(("model name", "flags", "Features"))][:2]
+    except OSError:
+        described = []
+    text = "\n".join(described) or f"{platform.machine()} {platform.processor()}"
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+@functools.cache
 def _build(source: str) -> ctypes.CDLL | None:
     path = Path(source)
-    name = f"attnlab_{path.stem}"
+    name = f"attnlab_{path.stem}_{_cpu_tag()}"
     started = time.perf_counter()
     try:
         cpp_extension = _cpp_extension()
         library = cpp_extension.load(
-            name, [str(path)], extra_cflags=["-O3"], is_python_module=False, verbose=False
+            name, [str(path)], extra_cflags=["-O3", "-march=native"], is_python_module=False, verbose=False
         )
     except Exception as error:  # no compiler, no ninja, a read-only cache: the torch code runs instead
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -72,6 +96,49 @@ def library(source: Path) -> ctypes.CDLL | None:
     return _build(str(source))
 
 
+#: the kernels' name suffix for each dtype they take
+SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def kernels(source: Path, dtype: torch.dtype, argtypes: dict[str, list]) -> dict | None:
+    """The functions ``{name}_f32`` or ``{name}_f64`` (by ``dtype``) of the library of ``source``,
+    for each ``name`` of ``argtypes``, with their argument types set; None where the library is not
+    there (``library``) or the dtype has no kernels."""
+    found = library(source) if dtype in SUFFIX else None
+    if found is None:
+        return None
+    functions = {}
+    for name, types in argtypes.items():
+        function = getattr(found, f"{name}_{SUFFIX[dtype]}")
+        if function.argtypes is None:
+            function.argtypes, function.restype = types, None
+        functions[name] = function
+    return functions
+
+
 def pointer(x) -> ctypes.c_void_p:
     """A tensor's data as a C pointer (the caller keeps the tensor alive and contiguous)."""
     return ctypes.c_void_p(x.data_ptr())
+
+
+#: numbers of work below which a call stays on one thread (a thread's start costs tens of µs)
+PARALLEL_FROM = 1 << 16
+
+
+@functools.cache
+def _pool(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="attnlab-native")
+
+
+def over_rows(rows: int, work: int, call: Callable[[int, int], None]) -> None:
+    """``call(begin, end)`` over ``range(rows)`` split into one block per torch thread
+    (``torch.get_num_threads()``, so the thread settings and governor apply), in parallel: a ctypes
+    call releases the GIL. ``work``: numbers the whole call touches; small calls run on this thread."""
+    threads = min(torch.get_num_threads(), rows)
+    if threads <= 1 or work < PARALLEL_FROM:
+        call(0, rows)
+        return
+    bounds = [rows * k // threads for k in range(threads + 1)]
+    futures = [_pool(threads).submit(call, a, b) for a, b in itertools.pairwise(bounds) if b > a]
+    for future in futures:
+        future.result()

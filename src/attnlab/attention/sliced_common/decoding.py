@@ -188,19 +188,12 @@ class SlicedDecodeState:
         """The kernel ``name`` for this state's dtype, or None where it does not run: not the CPU, not
         float32/float64, inputs of another accumulation dtype, gradients wanted, no compiler."""
         dtype = self.keys.dtype
-        if self.keys.device.type != "cpu" or dtype not in _SUFFIX:
-            return None
-        if any(x.dtype != dtype or x.device.type != "cpu" for x in inputs):
+        if self.keys.device.type != "cpu" or any(x.dtype != dtype or x.device.type != "cpu" for x in inputs):
             return None
         if torch.is_grad_enabled() and any(x.requires_grad for x in (*inputs, self.tables, self.sum_v)):
             return None
-        library = native.library(KERNELS)
-        if library is None:
-            return None
-        kernel = getattr(library, f"{name}_{_SUFFIX[dtype]}")
-        if kernel.argtypes is None:
-            kernel.argtypes, kernel.restype = _ARGTYPES[name], None
-        return kernel
+        found = native.kernels(KERNELS, dtype, {name: _ARGTYPES[name]})
+        return None if found is None else found[name]
 
     def _runs_arguments(self) -> list:
         if self._sizes is None:
@@ -284,7 +277,6 @@ class SlicedDecodeState:
 
 
 KERNELS = Path(__file__).with_name("decode_kernels.cpp")
-_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
 _STATE = [_POINTER] * 4 + [_INT] + [_POINTER] * 2 + [_INT]  # the runs, the buffer and its fill
 _STEP = _STATE + [_POINTER] * 7 + [_INT]  # ... the token and the state's running sums, the token count

@@ -2,12 +2,22 @@
 
 ``o_i = 2 Σ_j ReLU(s_i − t_j)(v_j − vbar) / max(Σ_j |s_i − t_j|, eps)`` from prefix sums over the
 keys sorted by score (package docstring: ``attnlab.attention.sliced_common``).
+
+On the CPU the D-wide sums and the ranks run in C++ (``cpu_kernels.cpp``: walks over each row's
+sorted keys, summing in double, on torch's threads); the torch code below them runs elsewhere, with
+``ATTNLAB_NATIVE=off`` and where no compiler is found. Both evaluate the same formulas.
 """
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
 import torch
 
+from attnlab.attention.common import native
 from attnlab.attention.common.precision import no_autocast
 from attnlab.attention.sliced_common.rows import (
     centre_scores,
@@ -52,27 +62,39 @@ class SlicedReLU(torch.autograd.Function):
         s, t = centre_scores(s, t, valid, count, queries)  # padded slots: harmless finite scores
         s, t, bad = finite_rows(s, t)  # rows with a NaN/inf score: NaN out, below
         t_search, t_sorted, order = sort_real_first(t, valid)
-
-        # Prefix sums over sorted keys of w = v - vbar, of t·w and of t. Padded keys sit after
-        # every real key and no rank ever reaches past the real ones, so their rows of the tables
-        # (whatever they hold) are never read: no masking pass is needed.
-        vbar = masked_mean_rows(v, valid, count)
-        p_w = sorted_rows(v, order, vbar, None)
-        p_tw = times_scores(p_w, t_sorted)
-        cumsum_rows_(p_w)
-        cumsum_rows_(p_tw)
+        ctx.kernels = cpu_kernels(v)
+        if ctx.kernels is not None:  # the CPU: both ranks in one pass (the backward's too)
+            rank, ctx.rank_le = torch.empty_like(order), torch.empty_like(order)
+            _over_rows(ctx.kernels.ranks, (t_search, s, rank, ctx.rank_le), (n_rows, length, 1))
+        else:
+            rank = torch.searchsorted(t_search, s, side="left")  # p_i = #{j : t_j < s_i}
         p_t = exclusive_cumsum(t_sorted)
-
-        rank = torch.searchsorted(t_search, s, side="left")  # p_i = #{j : t_j < s_i}
-        below_w = take_rows(p_w, rank)  # Σ_{t_j<s_i} w_j, kept for the backward pass (see there)
-        out = take_rows(p_tw, rank, out=reuse_buffer(p_w, below_w.shape))  # Σ_{t_j<s_i} t_j w_j
-        del p_tw
         # Σ_j |s_i - t_j| = s_i (2 p_i - n) + Σ_j t_j - 2 Σ_{t_j<s_i} t_j   (ties add 0 either way)
         den = s * (2 * rank.to(s.dtype) - count[:, None]) + p_t[:, -1:] - 2 * take_scalar(p_t, rank)
         scale = 2.0 / den.clamp_min(eps)
         if queries is not None:
             scale = scale.masked_fill(~queries, 0.0)
-        out.mul_(-scale[..., None]).addcmul_(below_w, (s * scale)[..., None])  # 2 (s P_w - P_tw) / den
+
+        if ctx.kernels is not None:  # the CPU: the D-wide sums in one walk per row (cpu_kernels.cpp)
+            v = v.contiguous()
+            ctx.real = valid.sum(dim=1) if valid is not None else torch.full((n_rows,), length)
+            out, vbar = torch.empty_like(v), v.new_empty(n_rows, v.shape[-1])
+            arrays = (v, order, t_sorted, s, rank, ctx.real, scale, vbar, out)
+            _over_rows(ctx.kernels.forward, arrays, v.shape)
+            below_w = None
+        else:
+            # Prefix sums over sorted keys of w = v - vbar and of t·w. Padded keys sit after every
+            # real key and no rank ever reaches past the real ones, so their rows of the tables
+            # (whatever they hold) are never read: no masking pass is needed.
+            vbar = masked_mean_rows(v, valid, count)
+            p_w = sorted_rows(v, order, vbar, None)
+            p_tw = times_scores(p_w, t_sorted)
+            cumsum_rows_(p_w)
+            cumsum_rows_(p_tw)
+            below_w = take_rows(p_w, rank)  # Σ_{t_j<s_i} w_j, kept for the backward pass (see there)
+            out = take_rows(p_tw, rank, out=reuse_buffer(p_w, below_w.shape))  # Σ_{t_j<s_i} t_j w_j
+            del p_tw
+            out.mul_(-scale[..., None]).addcmul_(below_w, (s * scale)[..., None])  # 2 (s P_w - P_tw) / den
         nan_rows(out, bad, queries)
 
         ctx.save_for_backward(s, t, t_search, order, rank, den, out, v, vbar, count)
@@ -89,7 +111,7 @@ class SlicedReLU(torch.autograd.Function):
         # end of this function: peak memory). A second backward through a retained graph
         # rebuilds it from the saved sort.
         below_w, ctx.below_w = ctx.below_w, None
-        if below_w is None:
+        if below_w is None and ctx.kernels is None:
             p_w = sorted_rows(v, order, vbar, None)
             below_w = take_rows(cumsum_rows_(p_w), rank)
             del p_w
@@ -105,6 +127,13 @@ class SlicedReLU(torch.autograd.Function):
             grad_den = grad_den.masked_fill(~queries, 0.0)
 
         # Queries: dL/ds_i = a_i · Σ_{t_j<s_i} w_j + dden_i (#{t_j<s_i} - #{t_j>s_i}).
+        if ctx.kernels is not None:  # the CPU: every sum of the keys' and queries' sides in two walks
+            rank_le = ctx.rank_le  # #{j : t_j <= s_i}
+            below, grad_v, grad_t = torch.empty_like(s), torch.empty_like(v), torch.empty_like(t)
+            arrays = (v, order, t_search, s, rank, rank_le, ctx.real, vbar, grad_out, a_scale, grad_den)
+            _over_rows(ctx.kernels.backward, (*arrays, below, grad_v, grad_t), v.shape)
+            grad_s = a_scale * below + grad_den * (rank + rank_le - count[:, None]).to(s.dtype)
+            return SlicedReLU._gradients(ctx, grad_s, grad_t, grad_v)
         rank_le = torch.searchsorted(t_search, s, side="right")  # #{j : t_j <= s_i}
         grad_s = a_scale * rowdot(grad_out, below_w)
         del below_w
@@ -140,7 +169,41 @@ class SlicedReLU(torch.autograd.Function):
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
-        if queries is not None:
-            grad_s = grad_s.masked_fill(~queries, 0.0)
-        grad_s, grad_t = nan_rows(grad_s, ctx.bad, queries), nan_rows(grad_t, ctx.bad, valid)
-        return grad_s, grad_t, nan_rows(grad_v, ctx.bad, valid), None, None, None
+        return SlicedReLU._gradients(ctx, grad_s, grad_t, grad_v)
+
+    @staticmethod
+    def _gradients(ctx, grad_s, grad_t, grad_v):
+        """Zero at dropped queries, NaN where a row was broken (padded keys are zero already)."""
+        if ctx.queries is not None:
+            grad_s = grad_s.masked_fill(~ctx.queries, 0.0)
+        grad_s, grad_t = nan_rows(grad_s, ctx.bad, ctx.queries), nan_rows(grad_t, ctx.bad, ctx.valid)
+        return grad_s, grad_t, nan_rows(grad_v, ctx.bad, ctx.valid), None, None, None
+
+
+KERNELS = Path(__file__).with_name("cpu_kernels.cpp")
+_ARGTYPES = {
+    "sliced_relu_ranks": [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4,
+    "sliced_relu_forward": [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 4,
+    "sliced_relu_backward": [ctypes.c_void_p] * 14 + [ctypes.c_int64] * 4,
+}
+
+
+class Kernels(NamedTuple):
+    ranks: Callable
+    forward: Callable
+    backward: Callable
+
+
+def cpu_kernels(v: torch.Tensor) -> Kernels | None:
+    """The C++ kernels (``cpu_kernels.cpp``) for CPU values of ``v``'s dtype, or None: not the CPU,
+    not float32/float64, ``ATTNLAB_NATIVE=off`` or no compiler (the torch code runs)."""
+    found = native.kernels(KERNELS, v.dtype, _ARGTYPES) if v.device.type == "cpu" else None
+    return None if found is None else Kernels(*found.values())
+
+
+def _over_rows(kernel, arrays, shape) -> None:
+    """``kernel(*arrays, length, dim, begin, end)`` over the rows, on torch's threads."""
+    rows, length, dim = shape
+    assert all(x.is_contiguous() for x in arrays), "the kernels read every array as contiguous"
+    pointers = [native.pointer(x) for x in arrays]
+    native.over_rows(rows, rows * length * dim, lambda begin, end: kernel(*pointers, length, dim, begin, end))

@@ -1,0 +1,235 @@
+// Bidirectional sliced ReLU on the CPU: the D-wide part of the sorted op (sliced_relu/sorted.py) as two
+// walks over each row's keys in sorted order, one pass over v (and g) each way.
+//
+// The torch code builds (T + 1) x D prefix tables of w = v - vbar and of t w in memory, then gathers
+// them at each query's rank: eight or so full passes over (N, T, D) memory. Here each row's queries are
+// bucketed by rank (rank_i = #{keys t_j < s_i}, a counting sort: no comparison), and one walk up the
+// sorted keys keeps the running sums A = Σ w, B = Σ t w (in double) and writes each query's output
+// when the walk reaches its rank. The backward walks up for the queries' side (g_i · A at rank_i, and
+// Σ_j dL/dw_j, analytically) and down for the keys' side (the sums over queries above each key), so
+// it needs no sort of the queries. The sorts, ranks, denominators and masks stay in torch. Plain C++ without torch's
+// headers: attnlab.attention.common.native builds it in about a second and calls it with ctypes, one
+// call per group of rows on each of torch's threads.
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+// Queries of one row grouped by rank: the queries of rank r are query[first[r] .. first[r + 1]).
+struct Buckets {
+  std::vector<int64_t> first, query;
+
+  Buckets(const int64_t* rank, int64_t length, int64_t count) : first(count + 2, 0), query(length) {
+    for (int64_t i = 0; i < length; ++i) ++first[rank[i] + 1];
+    for (int64_t r = 0; r <= count; ++r) first[r + 1] += first[r];
+    std::vector<int64_t> next(first.begin(), first.end() - 1);
+    for (int64_t i = 0; i < length; ++i) query[next[rank[i]]++] = i;
+  }
+};
+
+// Rows ahead of the walk to prefetch: the walks read rows in sorted order, which the hardware cannot guess.
+constexpr int64_t AHEAD = 16;
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t dim, bool write) {
+  for (int64_t c = 0; c < dim; c += 64 / sizeof(T)) {
+    if (write)
+      __builtin_prefetch(row + c, 1);
+    else
+      __builtin_prefetch(row + c, 0);
+  }
+}
+
+// vbar (dim) = the mean of v over the row's first `count` keys in sorted order (the real ones).
+template <typename T>
+void key_mean(const T* v, const int64_t* order, int64_t count, int64_t dim, std::vector<double>& mean) {
+  std::fill(mean.begin(), mean.end(), 0.0);
+  for (int64_t p = 0; p < count; ++p) {
+    if (p + AHEAD < count) prefetch_row(v + order[p + AHEAD] * dim, dim, false);
+    const T* row = v + order[p] * dim;
+    for (int64_t c = 0; c < dim; ++c) mean[c] += row[c];
+  }
+  for (int64_t c = 0; c < dim; ++c) mean[c] = count > 0 ? mean[c] / count : 0.0;
+}
+
+// out_i = scale_i (s_i Σ_{t_j<s_i} w_j − Σ_{t_j<s_i} t_j w_j) for every query; vbar written too.
+template <typename T>
+void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank,
+                  const int64_t* count, const T* scale, T* vbar, T* out, int64_t length, int64_t dim,
+                  int64_t row_begin, int64_t row_end) {
+  std::vector<double> mean(dim), sum_w(dim), sum_tw(dim);
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const T* rv = v + n * length * dim;
+    const int64_t* ro = order + n * length;
+    const int64_t* rr = rank + n * length;
+    const T* rt = t_sorted + n * length;
+    const T* rs = s + n * length;
+    const T* rscale = scale + n * length;
+    T* rout = out + n * length * dim;
+    key_mean(rv, ro, count[n], dim, mean);
+    for (int64_t c = 0; c < dim; ++c) vbar[n * dim + c] = static_cast<T>(mean[c]);
+    const Buckets buckets(rr, length, count[n]);
+    std::fill(sum_w.begin(), sum_w.end(), 0.0);
+    std::fill(sum_tw.begin(), sum_tw.end(), 0.0);
+    for (int64_t r = 0; r <= count[n]; ++r) {
+      if (r + AHEAD < count[n]) prefetch_row(rv + ro[r + AHEAD] * dim, dim, false);
+      for (int64_t k = buckets.first[r]; k < buckets.first[r + 1]; ++k) {
+        const int64_t i = buckets.query[k];
+        if (k + AHEAD < length) prefetch_row(rout + buckets.query[k + AHEAD] * dim, dim, true);
+        const double a = rscale[i], sa = static_cast<double>(rs[i]) * a;
+        T* target = rout + i * dim;
+        for (int64_t c = 0; c < dim; ++c) target[c] = static_cast<T>(sa * sum_w[c] - a * sum_tw[c]);
+      }
+      if (r == count[n]) break;
+      const T* key = rv + ro[r] * dim;
+      const double t = rt[r];
+      for (int64_t c = 0; c < dim; ++c) {
+        const double w = key[c] - mean[c];
+        sum_w[c] += w;
+        sum_tw[c] += t * w;
+      }
+    }
+  }
+}
+
+// The backward's sums, with a_i = dL/dN_i and e_i = dL/dden_i (both zero at dropped queries):
+//   below_i = g_i · Σ_{t_j<s_i} w_j                              (dL/ds_i = a_i below_i + ...)
+//   grad_v_j = Σ_{s_i>t_j} a_i (s_i − t_j) g_i − mean_k(same)    (real keys; 0 at padded ones)
+//   grad_t_j = Σ_{s_i<t_j} e_i − Σ_{s_i>t_j} e_i − w_j · Σ_{s_i>t_j} a_i g_i
+// s_i > t_j exactly when rank_i > p, the key's sorted position, and s_i >= t_j when rank_le_i > p
+// (rank_le_i = #{t_j <= s_i}), so the downward walk adds each query at its rank. The mean over keys is
+// Σ_i a_i R_i g_i / count with R_i = Σ_{t_j<s_i} (s_i − t_j), from the upward walk, so the downward
+// walk writes grad_v once.
+template <typename T>
+void backward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank,
+                   const int64_t* rank_le, const int64_t* count, const T* vbar, const T* g, const T* a,
+                   const T* e, T* below, T* grad_v, T* grad_t, int64_t length, int64_t dim, int64_t row_begin,
+                   int64_t row_end) {
+  std::vector<double> sum_w(dim), mean_grad(dim), sum_a(dim), sum_sa(dim);
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const T* rv = v + n * length * dim;
+    const T* rg = g + n * length * dim;
+    const int64_t* ro = order + n * length;
+    const T* rt = t_sorted + n * length;
+    const T* rs = s + n * length;
+    const T* ra = a + n * length;
+    const T* re = e + n * length;
+    const T* mean = vbar + n * dim;
+    T* rgv = grad_v + n * length * dim;
+    T* rgt = grad_t + n * length;
+    const int64_t real = count[n];
+    const Buckets by_rank(rank + n * length, length, real), by_rank_le(rank_le + n * length, length, real);
+
+    std::fill(sum_w.begin(), sum_w.end(), 0.0);
+    std::fill(mean_grad.begin(), mean_grad.end(), 0.0);
+    double sum_t = 0.0, total_e = 0.0;
+    for (int64_t r = 0; r <= real; ++r) {  // up: the keys below each query
+      if (r + AHEAD < real) prefetch_row(rv + ro[r + AHEAD] * dim, dim, false);
+      for (int64_t k = by_rank.first[r]; k < by_rank.first[r + 1]; ++k) {
+        const int64_t i = by_rank.query[k];
+        if (k + AHEAD < length) prefetch_row(rg + by_rank.query[k + AHEAD] * dim, dim, false);
+        const T* gi = rg + i * dim;
+        double dot = 0.0;
+        for (int64_t c = 0; c < dim; ++c) dot += gi[c] * sum_w[c];
+        below[n * length + i] = static_cast<T>(dot);
+        const double weight = ra[i] * (static_cast<double>(rs[i]) * r - sum_t);  // a_i R_i
+        for (int64_t c = 0; c < dim; ++c) mean_grad[c] += weight * gi[c];
+        total_e += re[i];
+      }
+      if (r == real) break;
+      const T* key = rv + ro[r] * dim;
+      for (int64_t c = 0; c < dim; ++c) sum_w[c] += key[c] - static_cast<double>(mean[c]);
+      sum_t += rt[r];
+    }
+    for (int64_t c = 0; c < dim; ++c) mean_grad[c] = real > 0 ? mean_grad[c] / real : 0.0;
+
+    std::fill(sum_a.begin(), sum_a.end(), 0.0);
+    std::fill(sum_sa.begin(), sum_sa.end(), 0.0);
+    double e_above = 0.0, e_at_or_above = 0.0;
+    for (int64_t p = real - 1; p >= 0; --p) {  // down: the queries above each key
+      if (p >= AHEAD) {
+        prefetch_row(rv + ro[p - AHEAD] * dim, dim, false);
+        prefetch_row(rgv + ro[p - AHEAD] * dim, dim, true);
+      }
+      for (int64_t k = by_rank.first[p + 1]; k < by_rank.first[p + 2]; ++k) {
+        const int64_t i = by_rank.query[k];
+        if (k >= AHEAD) prefetch_row(rg + by_rank.query[k - AHEAD] * dim, dim, false);
+        const T* gi = rg + i * dim;
+        const double ai = ra[i], sai = ai * static_cast<double>(rs[i]);
+        for (int64_t c = 0; c < dim; ++c) {
+          sum_a[c] += ai * gi[c];
+          sum_sa[c] += sai * gi[c];
+        }
+        e_above += re[i];
+      }
+      for (int64_t k = by_rank_le.first[p + 1]; k < by_rank_le.first[p + 2]; ++k) e_at_or_above += re[by_rank_le.query[k]];
+      const int64_t j = ro[p];
+      const T* key = rv + j * dim;
+      T* target = rgv + j * dim;
+      const double t = rt[p];
+      double dot = 0.0;
+      for (int64_t c = 0; c < dim; ++c) {
+        target[c] = static_cast<T>(sum_sa[c] - t * sum_a[c] - mean_grad[c]);
+        dot += (key[c] - static_cast<double>(mean[c])) * sum_a[c];
+      }
+      rgt[j] = static_cast<T>((total_e - e_at_or_above) - e_above - dot);
+    }
+    for (int64_t p = real; p < length; ++p) {  // padded keys: no gradient
+      const int64_t j = ro[p];
+      std::fill(rgv + j * dim, rgv + (j + 1) * dim, static_cast<T>(0));
+      rgt[j] = 0;
+    }
+  }
+}
+
+// rank_i = #{t < s_i} and rank_le_i = #{t <= s_i} in each row's ascending keys t_search (torch's
+// searchsorted, left and right, in one pass: its CPU kernel took 7 ms a call at (8, 16K)).
+template <typename T>
+void ranks_rows(const T* t_search, const T* s, int64_t* rank, int64_t* rank_le, int64_t length, int64_t row_begin,
+                int64_t row_end) {
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const T* keys = t_search + n * length;
+    for (int64_t i = n * length; i < (n + 1) * length; ++i) {
+      const T* lower = std::lower_bound(keys, keys + length, s[i]);
+      rank[i] = lower - keys;
+      rank_le[i] = (lower == keys + length || *lower != s[i]) ? rank[i] : std::upper_bound(lower, keys + length, s[i]) - keys;
+    }
+  }
+}
+
+}  // namespace
+
+// Every array contiguous, rows n in [row_begin, row_end) of N: v, out, g, grad_v (N, length, dim);
+// order (keys by ascending score, the `count` real ones first), t_sorted, s, rank, rank_le, scale, a,
+// e, below, grad_t (N, length); count (N) real keys; vbar (N, dim).
+#define ATTNLAB_FORWARD(NAME, T) \
+  void NAME(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank, \
+            const int64_t* count, const T* scale, T* vbar, T* out, int64_t length, int64_t dim, int64_t row_begin, \
+            int64_t row_end) { \
+    forward_rows(v, order, t_sorted, s, rank, count, scale, vbar, out, length, dim, row_begin, row_end); \
+  }
+#define ATTNLAB_BACKWARD(NAME, T) \
+  void NAME(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank, \
+            const int64_t* rank_le, const int64_t* count, const T* vbar, const T* g, const T* a, const T* e, \
+            T* below, T* grad_v, T* grad_t, int64_t length, int64_t dim, int64_t row_begin, int64_t row_end) { \
+    backward_rows(v, order, t_sorted, s, rank, rank_le, count, vbar, g, a, e, below, grad_v, grad_t, length, dim, \
+                  row_begin, row_end); \
+  }
+
+#define ATTNLAB_RANKS(NAME, T) \
+  void NAME(const T* t_search, const T* s, int64_t* rank, int64_t* rank_le, int64_t length, int64_t dim, \
+            int64_t row_begin, int64_t row_end) { \
+    (void)dim; \
+    ranks_rows(t_search, s, rank, rank_le, length, row_begin, row_end); \
+  }
+
+extern "C" {
+ATTNLAB_RANKS(sliced_relu_ranks_f32, float)
+ATTNLAB_RANKS(sliced_relu_ranks_f64, double)
+ATTNLAB_FORWARD(sliced_relu_forward_f32, float)
+ATTNLAB_FORWARD(sliced_relu_forward_f64, double)
+ATTNLAB_BACKWARD(sliced_relu_backward_f32, float)
+ATTNLAB_BACKWARD(sliced_relu_backward_f64, double)
+}
