@@ -9,7 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
+from attnlab.attention.sliced_common.path import crossover
 from attnlab.bench import attention as bench
 from attnlab.bench import training as bench_training
 from attnlab.cli.main import main
@@ -53,7 +55,8 @@ def test_training_bench_reports_every_backend_and_the_ratios(tmp_path, capsys, m
     assert all(r["matmul_flops_per_sample"] > 0 for r in rows)
     printed = capsys.readouterr().out
     assert "load average before" in printed and "load average after" in printed
-    assert "crossover: dense up to T=64 for sliced_relu" in printed
+    relu_crossover = crossover("relu", "cpu", torch.float32)  # 32 with the C++ kernels, 64 without
+    assert f"crossover: dense up to T={relu_crossover} for sliced_relu" in printed
     assert "| vit_cifar10 | 9 | 2 | learned |" in printed and "sliced_relu_bump / softmax" in printed
     assert "| pathx | 40 | 1 | none |" in printed
     assert "sliced_relu_linear MFLOP/sample" in printed and "softmax / sliced_relu FLOPs" in printed

@@ -14,9 +14,17 @@ import pytest
 import torch
 
 from attnlab.attention import build_attention
+from attnlab.attention.common import native
 from attnlab.attention.common.dispatch import Request, accepting
 from attnlab.attention.ops import sliced_relu_attention, sliced_relu_bump_attention
-from attnlab.attention.sliced_common.path import CROSSOVER, DENSE_MAX_LENGTH, PATHS, crossover
+from attnlab.attention.sliced_common.path import (
+    CROSSOVER,
+    DENSE_MAX_LENGTH,
+    KERNEL_CROSSOVER,
+    KERNEL_SOURCES,
+    PATHS,
+    crossover,
+)
 from attnlab.attention.sliced_relu import ops as relu_ops
 from attnlab.attention.sliced_relu_bump import ops as bump_ops
 
@@ -94,6 +102,20 @@ def test_every_crossover_entry_names_a_known_op_and_a_positive_length():
         assert op in ("relu", "bump", "causal_relu", "causal_bump")
         assert device in ("cpu", "cuda") and dtype in (torch.float32, F64)
         assert isinstance(length, int) and length > 0
+    for (op, device, dtype), length in KERNEL_CROSSOVER.items():
+        assert (op, device, dtype) in CROSSOVER and KERNEL_SOURCES[op].is_file()
+        assert isinstance(length, int) and 0 <= length <= CROSSOVER[(op, device, dtype)]
+
+
+def test_the_cpu_kernels_have_their_own_crossover_and_the_torch_code_keeps_its(monkeypatch):
+    """Sliced ReLU's sorted op on the CPU runs C++ kernels where they build: dense up to 32 tokens in
+    float32 and never in float64; with the torch code (ATTNLAB_NATIVE=off) the measured CROSSOVER."""
+    if native.library(KERNEL_SOURCES["relu"]) is None:
+        pytest.skip("no C++ compiler or ninja")
+    assert crossover("relu", "cpu", torch.float32) == 32 and crossover("relu", "cpu", F64) == 0
+    monkeypatch.setenv(native.SWITCH, "off")
+    assert crossover("relu", "cpu", torch.float32) == CROSSOVER[("relu", "cpu", torch.float32)]
+    assert crossover("relu", "cpu", F64) == CROSSOVER[("relu", "cpu", F64)]
 
 
 def accepted(kind, device, impl, path, length, causal=False):

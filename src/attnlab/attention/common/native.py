@@ -96,6 +96,13 @@ def library(source: Path) -> ctypes.CDLL | None:
     return _build(str(source))
 
 
+@torch.compiler.assume_constant_result
+def built(source: str) -> bool:
+    """Whether ``library(source)`` is there: a decision such as a crossover can read it while
+    ``torch.compile`` traces (a constant there, not a graph break)."""
+    return library(Path(source)) is not None
+
+
 #: the kernels' name suffix for each dtype they take
 SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 

@@ -13,8 +13,11 @@ The crossovers were measured, not guessed (docs/benchmarks.md has the runs). Whe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+from attnlab.attention.common import native
 from attnlab.attention.common.dispatch import PATHS
 
 #: the longest T the dense path runs, whatever ``path`` says: it holds several (T × T) tensors per
@@ -44,7 +47,20 @@ def check_path(path: str) -> str:
     return path
 
 
+# The same where the sorted op runs C++ kernels on the CPU (``attnlab.attention.common.native``): once
+# built, they overtake the dense path at shorter lengths (float64: at every length measured, from 8).
+# Without a compiler (or with ATTNLAB_NATIVE=off) the torch code runs, and CROSSOVER applies.
+KERNEL_CROSSOVER: dict[tuple[str, str, torch.dtype], int] = {
+    ("relu", "cpu", torch.float32): 32,
+    ("relu", "cpu", torch.float64): 0,
+}
+KERNEL_SOURCES = {"relu": Path(__file__).parents[1] / "sliced_relu" / "cpu_kernels.cpp"}
+
+
 def crossover(op: str, device: torch.device | str, dtype: torch.dtype) -> int:
     """The longest T at which ``path="auto"`` runs ``op`` densely on ``device`` (a device or its
     type; 0: never)."""
-    return CROSSOVER.get((op, torch.device(device).type, dtype), 0)
+    key = (op, torch.device(device).type, dtype)
+    if key in KERNEL_CROSSOVER and native.built(str(KERNEL_SOURCES[op])):
+        return KERNEL_CROSSOVER[key]
+    return CROSSOVER.get(key, 0)
