@@ -65,7 +65,11 @@ def _build(source: str) -> ctypes.CDLL | None:
     try:
         cpp_extension = _cpp_extension()
         library = cpp_extension.load(
-            name, [str(path)], extra_cflags=["-O3", "-march=native"], is_python_module=False, verbose=False
+            name,
+            [str(path)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp-simd"],
+            is_python_module=False,
+            verbose=False,
         )
     except Exception as error:  # no compiler, no ninja, a read-only cache: the torch code runs instead
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

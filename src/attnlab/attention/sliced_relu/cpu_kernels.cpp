@@ -30,7 +30,7 @@ struct Buckets {
 };
 
 // Rows ahead of the walk to prefetch: the walks read rows in sorted order, which the hardware cannot guess.
-constexpr int64_t AHEAD = 16;
+constexpr int64_t AHEAD = 48;
 
 template <typename T>
 inline void prefetch_row(const T* row, int64_t dim, bool write) {
@@ -85,6 +85,7 @@ void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* 
       if (r == count[n]) break;
       const T* key = rv + ro[r] * dim;
       const double t = rt[r];
+      #pragma omp simd
       for (int64_t c = 0; c < dim; ++c) {
         const double w = key[c] - mean[c];
         sum_w[c] += w;
@@ -99,19 +100,22 @@ void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* 
 //   grad_v_j = Σ_{s_i>t_j} a_i (s_i − t_j) g_i − mean_k(same)    (real keys; 0 at padded ones)
 //   grad_t_j = Σ_{s_i<t_j} e_i − Σ_{s_i>t_j} e_i − w_j · Σ_{s_i>t_j} a_i g_i
 // s_i > t_j exactly when rank_i > p, the key's sorted position, and s_i >= t_j when rank_le_i > p
-// (rank_le_i = #{t_j <= s_i}), so the downward walk adds each query at its rank. The mean over keys is
-// Σ_i a_i R_i g_i / count with R_i = Σ_{t_j<s_i} (s_i − t_j), from the upward walk, so the downward
-// walk writes grad_v once.
+// (rank_le_i = #{t_j <= s_i}). A first pass over the queries in their own order (sequential memory)
+// takes the totals Σ a_i g_i, Σ a_i s_i g_i, Σ e_i and the mean over keys, Σ_i a_i R_i g_i / count
+// with R_i = Σ_{t_j<s_i} (s_i − t_j); then one walk up the keys adds each query at its rank, and a
+// key's sums over the queries above it are the totals less those added so far (in double).
 template <typename T>
 void backward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank,
                    const int64_t* rank_le, const int64_t* count, const T* vbar, const T* g, const T* a,
                    const T* e, T* below, T* grad_v, T* grad_t, int64_t length, int64_t dim, int64_t row_begin,
                    int64_t row_end) {
-  std::vector<double> sum_w(dim), mean_grad(dim), sum_a(dim), sum_sa(dim);
+  std::vector<double> sum_w(dim), mean_grad(dim), total_a(dim), total_sa(dim), seen_a(dim), seen_sa(dim);
+  std::vector<double> prefix_t(length + 1);
   for (int64_t n = row_begin; n < row_end; ++n) {
     const T* rv = v + n * length * dim;
     const T* rg = g + n * length * dim;
     const int64_t* ro = order + n * length;
+    const int64_t* rr = rank + n * length;
     const T* rt = t_sorted + n * length;
     const T* rs = s + n * length;
     const T* ra = a + n * length;
@@ -120,61 +124,69 @@ void backward_rows(const T* v, const int64_t* order, const T* t_sorted, const T*
     T* rgv = grad_v + n * length * dim;
     T* rgt = grad_t + n * length;
     const int64_t real = count[n];
-    const Buckets by_rank(rank + n * length, length, real), by_rank_le(rank_le + n * length, length, real);
 
-    std::fill(sum_w.begin(), sum_w.end(), 0.0);
+    prefix_t[0] = 0.0;
+    for (int64_t p = 0; p < real; ++p) prefix_t[p + 1] = prefix_t[p] + rt[p];
     std::fill(mean_grad.begin(), mean_grad.end(), 0.0);
-    double sum_t = 0.0, total_e = 0.0;
-    for (int64_t r = 0; r <= real; ++r) {  // up: the keys below each query
-      if (r + AHEAD < real) prefetch_row(rv + ro[r + AHEAD] * dim, dim, false);
-      for (int64_t k = by_rank.first[r]; k < by_rank.first[r + 1]; ++k) {
-        const int64_t i = by_rank.query[k];
-        if (k + AHEAD < length) prefetch_row(rg + by_rank.query[k + AHEAD] * dim, dim, false);
-        const T* gi = rg + i * dim;
-        double dot = 0.0;
-        for (int64_t c = 0; c < dim; ++c) dot += gi[c] * sum_w[c];
-        below[n * length + i] = static_cast<T>(dot);
-        const double weight = ra[i] * (static_cast<double>(rs[i]) * r - sum_t);  // a_i R_i
-        for (int64_t c = 0; c < dim; ++c) mean_grad[c] += weight * gi[c];
-        total_e += re[i];
+    std::fill(total_a.begin(), total_a.end(), 0.0);
+    std::fill(total_sa.begin(), total_sa.end(), 0.0);
+    double total_e = 0.0;
+    for (int64_t i = 0; i < length; ++i) {  // the queries in their own order: the totals
+      const T* gi = rg + i * dim;
+      const double ai = ra[i], sai = ai * static_cast<double>(rs[i]);
+      const double weight = ai * (static_cast<double>(rs[i]) * rr[i] - prefix_t[rr[i]]);  // a_i R_i
+      #pragma omp simd
+      for (int64_t c = 0; c < dim; ++c) {
+        total_a[c] += ai * gi[c];
+        total_sa[c] += sai * gi[c];
+        mean_grad[c] += weight * gi[c];
       }
-      if (r == real) break;
-      const T* key = rv + ro[r] * dim;
-      for (int64_t c = 0; c < dim; ++c) sum_w[c] += key[c] - static_cast<double>(mean[c]);
-      sum_t += rt[r];
+      total_e += re[i];
     }
     for (int64_t c = 0; c < dim; ++c) mean_grad[c] = real > 0 ? mean_grad[c] / real : 0.0;
 
-    std::fill(sum_a.begin(), sum_a.end(), 0.0);
-    std::fill(sum_sa.begin(), sum_sa.end(), 0.0);
-    double e_above = 0.0, e_at_or_above = 0.0;
-    for (int64_t p = real - 1; p >= 0; --p) {  // down: the queries above each key
-      if (p >= AHEAD) {
-        prefetch_row(rv + ro[p - AHEAD] * dim, dim, false);
-        prefetch_row(rgv + ro[p - AHEAD] * dim, dim, true);
+    const Buckets by_rank(rr, length, real), by_rank_le(rank_le + n * length, length, real);
+    std::fill(sum_w.begin(), sum_w.end(), 0.0);
+    std::fill(seen_a.begin(), seen_a.end(), 0.0);
+    std::fill(seen_sa.begin(), seen_sa.end(), 0.0);
+    double seen_e = 0.0, seen_e_le = 0.0;
+    for (int64_t r = 0; r <= real; ++r) {
+      if (r + AHEAD < real) {
+        prefetch_row(rv + ro[r + AHEAD] * dim, dim, false);
+        prefetch_row(rgv + ro[r + AHEAD] * dim, dim, true);
       }
-      for (int64_t k = by_rank.first[p + 1]; k < by_rank.first[p + 2]; ++k) {
+      for (int64_t k = by_rank.first[r]; k < by_rank.first[r + 1]; ++k) {  // queries of rank r
         const int64_t i = by_rank.query[k];
-        if (k >= AHEAD) prefetch_row(rg + by_rank.query[k - AHEAD] * dim, dim, false);
+        if (k + AHEAD < length) prefetch_row(rg + by_rank.query[k + AHEAD] * dim, dim, false);
         const T* gi = rg + i * dim;
         const double ai = ra[i], sai = ai * static_cast<double>(rs[i]);
+        double dot = 0.0;
+        #pragma omp simd reduction(+ : dot)
         for (int64_t c = 0; c < dim; ++c) {
-          sum_a[c] += ai * gi[c];
-          sum_sa[c] += sai * gi[c];
+          dot += gi[c] * sum_w[c];
+          seen_a[c] += ai * gi[c];
+          seen_sa[c] += sai * gi[c];
         }
-        e_above += re[i];
+        below[n * length + i] = static_cast<T>(dot);
+        seen_e += re[i];
       }
-      for (int64_t k = by_rank_le.first[p + 1]; k < by_rank_le.first[p + 2]; ++k) e_at_or_above += re[by_rank_le.query[k]];
-      const int64_t j = ro[p];
+      for (int64_t k = by_rank_le.first[r]; k < by_rank_le.first[r + 1]; ++k) seen_e_le += re[by_rank_le.query[k]];
+      if (r == real) break;
+      const int64_t j = ro[r];  // the key at sorted position r: the queries above it are the rest
       const T* key = rv + j * dim;
       T* target = rgv + j * dim;
-      const double t = rt[p];
+      const double t = rt[r];
       double dot = 0.0;
+      #pragma omp simd reduction(+ : dot)
       for (int64_t c = 0; c < dim; ++c) {
-        target[c] = static_cast<T>(sum_sa[c] - t * sum_a[c] - mean_grad[c]);
-        dot += (key[c] - static_cast<double>(mean[c])) * sum_a[c];
+        const double w = key[c] - static_cast<double>(mean[c]);
+        const double above_a = total_a[c] - seen_a[c];
+        target[c] = static_cast<T>((total_sa[c] - seen_sa[c]) - t * above_a - mean_grad[c]);
+        dot += w * above_a;
+        sum_w[c] += w;
       }
-      rgt[j] = static_cast<T>((total_e - e_at_or_above) - e_above - dot);
+      // Σ_{s_i<t_j} e_i = total − Σ_{rank_le_i > r} e_i = (the rank_le buckets up to r)
+      rgt[j] = static_cast<T>(seen_e_le - (total_e - seen_e) - dot);
     }
     for (int64_t p = real; p < length; ++p) {  // padded keys: no gradient
       const int64_t j = ro[p];
