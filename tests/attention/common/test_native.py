@@ -4,6 +4,9 @@ running with one warning that says why."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import time
 
 import pytest
 import torch
@@ -51,3 +54,36 @@ def test_a_failed_build_warns_once_and_the_torch_code_gives_the_same_steps(monke
     assert len(warnings) == 1, warnings
     assert "attnlab_decode_kernels_" in warnings[0] and "not built (Ninja is required" in warnings[0]
     assert "using the torch code" in warnings[0]
+
+
+def test_large_calls_split_rows_over_torchs_threads_and_small_ones_do_not():
+    torch.set_num_threads(2)  # the autouse fixture restores the count
+    calls = []
+    native.over_rows(5, native.PARALLEL_FROM, lambda begin, end: calls.append((begin, end)))
+    assert sorted(calls) == [(0, 2), (2, 5)]
+    calls.clear()
+    native.over_rows(5, native.PARALLEL_FROM - 1, lambda begin, end: calls.append((begin, end)))
+    assert calls == [(0, 5)]
+
+
+def test_a_forked_child_runs_large_calls_on_threads_of_its_own():
+    """The parent's pool threads do not exist in a forked child: its calls must not wait on them."""
+    torch.set_num_threads(2)
+    # the parent's pool with all its threads (each call long enough for the second to start)
+    native.over_rows(2, native.PARALLEL_FROM, lambda begin, end: time.sleep(0.2))
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 once both halves ran
+        torch.set_num_threads(2)  # torch starts a forked child on one thread
+        done = []
+        native.over_rows(2, native.PARALLEL_FROM, lambda begin, end: done.append(begin))
+        os._exit(0 if sorted(done) == [0, 1] else 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        finished, status = os.waitpid(pid, os.WNOHANG)
+        if finished:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's call waited on threads that do not exist in it")

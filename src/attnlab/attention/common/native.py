@@ -141,6 +141,10 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="attnlab-native")
 
 
+# a forked child has none of the parent's threads: its calls must start a pool of their own
+os.register_at_fork(after_in_child=_pool.cache_clear)
+
+
 def over_rows(rows: int, work: int, call: Callable[[int, int], None]) -> None:
     """``call(begin, end)`` over ``range(rows)`` split into one block per torch thread
     (``torch.get_num_threads()``, so the thread settings and governor apply), in parallel: a ctypes
