@@ -34,6 +34,10 @@ def test_the_switch_turns_the_kernels_off(value, monkeypatch):
 
 class _NoNinja:
     @staticmethod
+    def _get_build_directory(name, verbose):
+        return "/nonexistent"
+
+    @staticmethod
     def load(*args, **kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions (pip install ninja to get it)")
 
@@ -87,3 +91,21 @@ def test_a_forked_child_runs_large_calls_on_threads_of_its_own():
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     pytest.fail("the forked child's call waited on threads that do not exist in it")
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_the_build_goes_on(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    source = tmp_path / "lock_check.cpp"
+    source.write_text('extern "C" int lock_check_answer() { return 42; }\n')
+    name = f"attnlab_lock_check_{native._cpu_tag()}"
+    lock = tmp_path / "extensions" / name / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    old = time.time() - native.STALE_LOCK_S - 10
+    os.utime(lock, (old, old))
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        library = native._build(str(source))
+    if library is None:
+        pytest.skip("no C++ compiler or ninja")
+    assert library.lock_check_answer() == 42 and not lock.exists()
+    assert any("removing the build lock" in r.getMessage() for r in caplog.records)

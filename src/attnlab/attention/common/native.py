@@ -64,6 +64,7 @@ def _build(source: str) -> ctypes.CDLL | None:
     started = time.perf_counter()
     try:
         cpp_extension = _cpp_extension()
+        _clear_stale_lock(Path(cpp_extension._get_build_directory(name, verbose=False)))
         library = cpp_extension.load(
             name,
             [str(path)],
@@ -77,6 +78,23 @@ def _build(source: str) -> ctypes.CDLL | None:
         return None
     log.info("C++ CPU kernels %s ready in %.1f s (%s)", name, time.perf_counter() - started, library)
     return ctypes.CDLL(library)
+
+
+#: a build takes about a second: a build lock older than this was left by a process that was killed
+STALE_LOCK_S = 120
+
+
+def _clear_stale_lock(build_dir: Path) -> None:
+    """``cpp_extension`` waits, without end, while its build lock exists; a process killed during its
+    build (Ctrl-C in the first second of a run) leaves one behind, which would hang every later run."""
+    lock = build_dir / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        log.warning("removing the build lock %s, left %.0f s ago by a build that did not finish", lock, age)
+        lock.unlink(missing_ok=True)
 
 
 def _cpp_extension():
