@@ -277,3 +277,25 @@ def test_sigterm_while_measuring_keeps_the_cells_so_far_and_exits_143(tmp_path, 
         "interrupted while measuring",
     )
     assert "stopped; the 1 cells so far are in" in capsys.readouterr().out
+
+
+def test_sliced_cells_are_printed_against_their_memory_floor(tmp_path, capsys):
+    assert (
+        run(tmp_path, "--backends", "sliced_relu_sorted", "softmax", "--seq-lens", "64", "--repeats", "2")
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("memory floor: copy bandwidth "))
+    assert "GB/s (a 256 MiB copy, 1 threads)" in lines[head]
+    below = [line for line in lines[head + 1 :] if "the floor" in line]
+    assert [line.split()[:3] for line in below] == [
+        ["sliced_relu_sorted", "fwd", "64"],
+        ["sliced_relu_sorted", "fwdbwd", "64"],
+    ]
+    bandwidth = float(lines[head].split("copy bandwidth ")[1].split()[0]) * 1e9
+    cell = next(
+        c for c in read_rows(tmp_path) if c["backend"] == "sliced_relu_sorted" and c["mode"] == "fwdbwd"
+    )
+    floor_ms = 1e3 * 4 * (4 * 2 * 64 * 4 + 4 * 2 * 64) / bandwidth  # B=1, H=2, D=4, float32
+    printed = float(below[1].split()[3].removesuffix("x"))  # the bandwidth is printed to 0.1 GB/s
+    assert printed == pytest.approx(float(cell["time_ms"]) / floor_ms, rel=0.01)

@@ -13,7 +13,9 @@ includes merges, up to O(T·D) for the step that completes a run). `sliced_relu_
 `sliced_relu_bump_causal` run the causal parallel ops; the `*_rows` names (`sliced_relu_rows`,
 `sliced_relu_causal_rows`, and the bump's) the ops on packed rows of T slots holding 8 sequences end to
 end. Under the table come the ratios of `attnlab.bench.ratios` (official/sliced ReLU peak memory,
-causal/bidirectional time, packed rows/sorted time at the same T). Time is the
+causal/bidirectional time, packed rows/sorted time at the same T) and, on the CPU, each sliced cell's
+time over its memory floor (`attnlab.bench.floor`: its bytes at the copy bandwidth measured in the
+same run). Time is the
 median of `--repeats` calls after one warm-up call (CUDA is synchronised around each call).
 Peak memory is the largest amount of tensor memory allocated *on top of* what was live before
 the call (so the inputs themselves are excluded), measured during the warm-up call: on CUDA with
@@ -57,6 +59,7 @@ from pathlib import Path
 import torch
 
 from attnlab.allocator import applied as malloc_settings
+from attnlab.bench import floor
 from attnlab.bench.backends import BACKENDS, INFERENCE_ONLY, op, state_bytes
 from attnlab.bench.ratios import ratio_lines
 
@@ -409,6 +412,9 @@ def main(args: argparse.Namespace) -> int:
         return 143 if isinstance(stop, SystemExit) else 130
     for line in ratio_lines(cells):
         print(line)
+    if args.device == "cpu" and any(c.status == "ok" and floor.has_floor(c.backend) for c in cells):
+        for line in floor.floor_lines(cells, floor.copy_bandwidth(), torch.get_num_threads()):
+            print(line)
     write_csv(cells, csv_path)
     write_plot(cells, png_path, title)
     print(f"wrote {csv_path} and {png_path}")
