@@ -1,5 +1,5 @@
-// The decoding step's search of the sorted runs (attnlab.attention.sliced_common.decoding), in one call,
-// and the sliced ReLU and ReLU-bump steps around it.
+// The sliced ReLU and ReLU-bump decoding steps (attnlab.attention.sliced_common.decoding), each in one
+// call: the token pushed, F evaluated over the sorted runs, the output formed.
 //
 // F(x) = sum over past keys t_j < x of (x - t_j) [v_j, 1]: the last few tokens summed directly, then in
 // each sorted run one binary search and a linear interpolation between the two keys around x (the
@@ -64,22 +64,6 @@ Row<T> row_of(const T* keys, const T* tables, const T* totals, const T* recent_t
               int64_t width, int64_t key_stride, int64_t total_stride, int64_t recent_stride) {
   return {keys + row * key_stride, tables + row * key_stride * width, totals + row * total_stride * width,
           recent_t + row * recent_stride, recent_rows + row * recent_stride * width};
-}
-
-template <typename T>
-void evaluate_rows(const T* keys, const T* tables, const T* totals, const int64_t* run_sizes, int64_t runs,
-                   const T* recent_t, const T* recent_rows, int64_t recent, const T* x, T* out, int64_t rows,
-                   int64_t points, int64_t width, int64_t key_stride, int64_t total_stride, int64_t recent_stride) {
-  std::vector<double> acc(width);
-  for (int64_t r = 0; r < rows; ++r) {
-    const Row<T> row = row_of(keys, tables, totals, recent_t, recent_rows, r, width, key_stride, total_stride,
-                              recent_stride);
-    for (int64_t p = 0; p < points; ++p) {
-      evaluate(row, run_sizes, runs, recent, width, x[r * points + p], acc.data());
-      T* target = out + (r * points + p) * width;
-      for (int64_t c = 0; c < width; ++c) target[c] = static_cast<T>(acc[c]);
-    }
-  }
 }
 
 // The running standardisation of one token's scores (standardise_step in scores.py): the pair (s, t)
@@ -185,17 +169,6 @@ void bump_step(const T* keys, const T* tables, const T* totals, const int64_t* r
   const T *keys, const T *tables, const T *totals, const int64_t *run_sizes, int64_t runs
 
 extern "C" {
-
-// F at x (rows, points) -> out (rows, points, width).
-#define ATTNLAB_EVALUATE(NAME, T) \
-  void NAME(ATTNLAB_STATE(T), const T* recent_t, const T* recent_rows, int64_t recent, const T* x, T* out, \
-            int64_t rows, int64_t points, int64_t width, int64_t key_stride, int64_t total_stride, \
-            int64_t recent_stride) { \
-    evaluate_rows(keys, tables, totals, run_sizes, runs, recent_t, recent_rows, recent, x, out, rows, points, \
-                  width, key_stride, total_stride, recent_stride); \
-  }
-ATTNLAB_EVALUATE(sliced_evaluate_f32, float)
-ATTNLAB_EVALUATE(sliced_evaluate_f64, double)
 
 // sliced ReLU's step: s, t (rows), v (rows, dim), shift_t (rows), shift_v (rows, dim); the buffer's slot
 // `recent` and the sums sum_v (rows, dim), sum_t (rows) updated; count: tokens including this one;

@@ -151,9 +151,6 @@ class SlicedDecodeState:
     # ---- F ----------------------------------------------------------------------------------------
     def evaluate(self, x: torch.Tensor) -> torch.Tensor:
         """``F(x) = Σ_{past j, t_j < x} (x − t_j) [v_j, 1]`` at ``x (B, H, K)`` → ``(B, H, K, D + 1)``."""
-        out = self._evaluate_natively(x)
-        if out is not None:
-            return out
         recent = F.relu(x[..., :, None] - self.recent_t[..., None, : self.recent])
         out = recent @ self.recent_rows[..., : self.recent, :]
         if not self.run_sizes:
@@ -203,21 +200,6 @@ class SlicedDecodeState:
 
     def _strides(self) -> tuple[int, int, int]:
         return self.keys.shape[-1], self.totals.shape[-2], self.recent_t.shape[-1]
-
-    def _evaluate_natively(self, x: torch.Tensor) -> torch.Tensor | None:
-        """``evaluate`` by the C++ kernel, or None where it does not run."""
-        kernel = self._native("sliced_evaluate", x)
-        if kernel is None:
-            return None
-        b, h, k = x.shape
-        x = x.contiguous()
-        out = x.new_empty(b, h, k, self.tables.shape[-1])
-        recent = (self.recent_t, self.recent_rows)
-        kernel(
-            *self._runs_arguments(), *map(native.pointer, recent), self.recent, native.pointer(x),
-            native.pointer(out), b * h, k, out.shape[-1], *self._strides(),
-        )  # fmt: skip
-        return out
 
     def relu_step_natively(self, s, t, v, eps: float, stats=None, std_eps: float = 1e-6):
         """Sliced ReLU's whole step (push the token, F at its query, the output) in one C++ call:
@@ -278,11 +260,10 @@ class SlicedDecodeState:
 
 KERNELS = Path(__file__).with_name("decode_kernels.cpp")
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
-_STATE = [_POINTER] * 4 + [_INT] + [_POINTER] * 2 + [_INT]  # the runs, the buffer and its fill
-_STEP = _STATE + [_POINTER] * 7 + [_INT]  # ... the token and the state's running sums, the token count
+# the runs, the buffer and its fill, the token and the state's running sums, the token count
+_STEP = [_POINTER] * 4 + [_INT] + [_POINTER] * 2 + [_INT] + [_POINTER] * 7 + [_INT]
 _AFTER = [_POINTER] + [_INT] * 5  # out, rows, D, the strides
 _ARGTYPES = {
-    "sliced_evaluate": _STATE + [_POINTER] * 2 + [_INT] * 6,
     "sliced_relu_step": _STEP + [ctypes.c_double] + [_POINTER] * 3 + [ctypes.c_double] * 2 + _AFTER,
     "sliced_relu_bump_step": _STEP + [_POINTER, _INT, _INT, ctypes.c_double] + _AFTER,
 }
