@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from attnlab.attention.common import native
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
+from attnlab.attention.sliced_common.scores import STANDARDISE_EPS
 
 __all__ = [
     "SlicedAttentionState",
@@ -201,7 +202,7 @@ class SlicedDecodeState:
     def _strides(self) -> tuple[int, int, int]:
         return self.keys.shape[-1], self.totals.shape[-2], self.recent_t.shape[-1]
 
-    def relu_step_natively(self, s, t, v, eps: float, stats=None, std_eps: float = 1e-6):
+    def relu_step_natively(self, s, t, v, eps: float, stats=None, std_eps: float = STANDARDISE_EPS):
         """Sliced ReLU's whole step (push the token, F at its query, the output) in one C++ call:
         ``o (B, H, D)`` in the state's dtype, or None where the kernel does not run (then nothing
         changed). ``s, t (B, H)`` and ``v (B, H, D)`` are the scores and value as

@@ -14,6 +14,8 @@ from attnlab.attention.common.precision import accumulation_dtype
 from attnlab.attention.common.rope import rotate_half
 
 SCORE_LAYOUTS = ("token", "authors")
+#: the variance floor of the score standardisations, sequence, prefix and decoding step alike
+STANDARDISE_EPS = 1e-6
 
 
 def check_score_layout(layout: object, causal: bool) -> None:
@@ -118,7 +120,7 @@ def fold_rotated_scores(
 
 
 def standardise_scores(
-    s: torch.Tensor, t: torch.Tensor, key_padding_mask: torch.Tensor | None, eps: float = 1e-6
+    s: torch.Tensor, t: torch.Tensor, key_padding_mask: torch.Tensor | None, eps: float = STANDARDISE_EPS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Shift and scale s, t (B, H, T) by one mean and one std shared by both, per sequence and head.
 
@@ -139,7 +141,7 @@ def standardise_scores(
 
 
 def standardise_scores_prefix(
-    s: torch.Tensor, t: torch.Tensor, key_padding_mask: torch.Tensor | None, eps: float = 1e-6
+    s: torch.Tensor, t: torch.Tensor, key_padding_mask: torch.Tensor | None, eps: float = STANDARDISE_EPS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal `standardise_scores`: s_i and t_i shifted and scaled by the pooled mean and std of the
     valid {s_j, t_j : j <= i}, so no score depends on a later token. Unlike the whole-sequence map,
@@ -160,7 +162,7 @@ def standardise_scores_prefix(
     return (ds - mean) / std, (dt - mean) / std
 
 
-def standardise_step(s, t, stats, eps: float = 1e-6):
+def standardise_step(s, t, stats, eps: float = STANDARDISE_EPS):
     """One token of `standardise_scores_prefix` from running (shift, count, Σ, Σ²): scores (B, H).
     The new s and t go through as one (2, B, H) tensor: a decoding step is a chain of small ops."""
     acc = accumulation_dtype(s.dtype)

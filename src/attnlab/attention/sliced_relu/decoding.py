@@ -17,8 +17,6 @@ from attnlab.attention.sliced_common.decoding import (
 )
 from attnlab.attention.sliced_common.scores import slice_tokens, standardise_scores_prefix, standardise_step
 
-STANDARDISE_EPS = 1e-6  # standardise_step's
-
 
 def sliced_relu_attention_step(
     s_t: torch.Tensor,
@@ -85,13 +83,13 @@ def layer_step(layer, q, k, v, state: SlicedAttentionState | None):
     if state is not None:  # the CPU: standardisation and op in one C++ call
         stats = state.stats if layer.standardise == "prefix" else None
         acc = state.op.keys.dtype
-        o = state.op.relu_step_natively(s.to(acc), t.to(acc), v.to(acc), layer.eps, stats, STANDARDISE_EPS)
+        o = state.op.relu_step_natively(s.to(acc), t.to(acc), v.to(acc), layer.eps, stats)
         if o is not None:
             stats = None if stats is None else (stats[0], stats[1] + 2, *stats[2:])
             return o.to(v.dtype), SlicedAttentionState(state.op, stats, position + 1)
     stats = None
     if layer.standardise == "prefix":
-        s, t, stats = standardise_step(s, t, None if state is None else state.stats, STANDARDISE_EPS)
+        s, t, stats = standardise_step(s, t, None if state is None else state.stats)
     previous = None if state is None else state.op
     o, op_state = sliced_relu_attention_step(s, t, v, previous, layer.eps)
     return o, SlicedAttentionState(op_state, stats, position + 1)
