@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
 from attnlab.attention.common import native
 from attnlab.attention.common.precision import no_autocast
+from attnlab.attention.sliced_common.path import KERNEL_SOURCES
 from attnlab.attention.sliced_common.rows import (
     centre_scores,
     count_greater,
@@ -180,7 +180,7 @@ class SlicedReLU(torch.autograd.Function):
         return grad_s, grad_t, nan_rows(grad_v, ctx.bad, ctx.valid), None, None, None
 
 
-KERNELS = Path(__file__).with_name("cpu_kernels.cpp")
+KERNELS = KERNEL_SOURCES["relu"]  # cpu_kernels.cpp beside this file (path.py's crossover reads it too)
 _ARGTYPES = {
     "sliced_relu_ranks": [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4,
     "sliced_relu_forward": [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 4,
