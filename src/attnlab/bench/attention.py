@@ -412,8 +412,8 @@ def main(args: argparse.Namespace) -> int:
         return 143 if isinstance(stop, SystemExit) else 130
     for line in ratio_lines(cells):
         print(line)
-    if args.device == "cpu" and any(c.status == "ok" and floor.has_floor(c.backend) for c in cells):
-        for line in floor.floor_lines(cells, floor.copy_bandwidth(), torch.get_num_threads()):
+    if args.device == "cpu":
+        for line in floor.floor_lines(cells, torch.get_num_threads()):
             print(line)
     write_csv(cells, csv_path)
     write_plot(cells, png_path, title)

@@ -46,11 +46,13 @@ def floor_bytes(cell) -> int:
     return size * (passes * values + passes * scores)  # s, t (+ ds, dt)
 
 
-def floor_lines(cells: Iterable, bandwidth: float, threads: int) -> list[str]:
-    """``time / floor`` of every measured sliced cell, under a line with the bandwidth; empty without one."""
+def floor_lines(cells: Iterable, threads: int, measure=copy_bandwidth) -> list[str]:
+    """``time / floor`` of every measured sliced cell, under a line with the bandwidth (``measure()``,
+    taken only when there is such a cell); empty without one."""
     measured = [c for c in cells if c.status == "ok" and has_floor(c.backend)]
     if not measured:
         return []
+    bandwidth = measure()
     lines = [
         f"memory floor: copy bandwidth {bandwidth / 1e9:.1f} GB/s (a {COPY_BYTES // 2**20} MiB copy, "
         f"{threads} threads); each input, output and gradient read or written once"
