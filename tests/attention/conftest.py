@@ -1,6 +1,6 @@
 """Every test starts with no first-use verdict on the Triton kernels (``selfcheck.trusted``): a test
-that breaks a kernel on purpose must not leave the torch fallback to the tests after it. ``step_code``
-runs a decoding test by the C++ kernels and by the torch code."""
+that breaks a kernel on purpose must not leave the torch fallback to the tests after it. ``cpu_code``
+runs a test by the C++ kernels and by the torch code."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ import pytest
 
 from attnlab.attention.common import native
 from attnlab.attention.common.triton import selfcheck
-from attnlab.attention.sliced_common import decoding
+from attnlab.attention.sliced_common import decoding, dominance_native
+from attnlab.attention.sliced_common.path import KERNEL_SOURCES
+
+#: every C++ source of the CPU kernels
+CPU_KERNELS = [decoding.KERNELS, dominance_native.SOURCE, *KERNEL_SOURCES.values()]
 
 
 @pytest.fixture(autouse=True)
@@ -21,18 +25,19 @@ def _fresh_first_use_checks():
 
 
 @pytest.fixture(params=["native", "torch"])
-def step_code(request, monkeypatch):
-    """Decoding steps by the C++ kernels (``attnlab.attention.common.native``: the CPU default) or by the
-    torch code (other devices, autograd, no compiler). Where a compiler and ninja are installed the
-    kernels must build: a silent fallback would test the torch code twice."""
+def cpu_code(request, monkeypatch):
+    """The ops and decoding steps by the C++ kernels (``attnlab.attention.common.native``: the CPU
+    default) or by the torch code (other devices, decoding under autograd, no compiler). Where a
+    compiler and ninja are installed the kernels must build: a silent fallback would test the torch
+    code twice."""
     if request.param == "torch":
         monkeypatch.setenv(native.SWITCH, "off")
         return request.param
     monkeypatch.delenv(native.SWITCH, raising=False)
-    if native.library(decoding.KERNELS) is None:
+    if any(native.library(source) is None for source in CPU_KERNELS):
         if shutil.which("ninja") and shutil.which("c++"):
             pytest.fail(
-                "the decoding kernels did not build although c++ and ninja are installed (see the log)"
+                "the C++ CPU kernels did not build although c++ and ninja are installed (see the log)"
             )
         pytest.skip("no C++ compiler or ninja: the torch code is tested")
     return request.param

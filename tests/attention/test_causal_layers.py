@@ -73,7 +73,7 @@ def test_causal_layer_padding_is_invisible(name, options):
         ("sliced_relu_bump", {"normaliser": "mass"}),
     ],
 )
-def test_layer_step_matches_causal_forward(name, options, step_code):
+def test_layer_step_matches_causal_forward(name, options, cpu_code):
     layer = causal_layer(name, **options)
     x = torch.randn(2, 37, DIM, dtype=F64)
     full = layer(x)

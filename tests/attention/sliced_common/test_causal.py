@@ -23,6 +23,9 @@ from attnlab.attention.sliced_relu_bump.decoding import (
 )
 
 F64 = torch.float64
+
+# every test by the C++ kernels (CPU dominance sums, decoding steps) and by the torch code
+pytestmark = pytest.mark.usefixtures("cpu_code")
 OUT_TOL = 1e-9
 GRAD_TOL = 1e-7
 KINDS = ["relu", "bump", "bump_mass"]  # bump_mass: the bump with normaliser="mass"
@@ -425,7 +428,7 @@ def decode(kind, s, t, v, bandwidth, state=None, start=0):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,atol", [(F64, 1e-11), (torch.float32, 2e-5)])
-def test_steps_equal_the_causal_parallel_op(kind, dtype, atol, step_code):
+def test_steps_equal_the_causal_parallel_op(kind, dtype, atol, cpu_code):
     s, t, v, bandwidth = random_inputs(2, 3, 70, 4, seed=1, dtype=dtype)
     v = v + 2.0  # values with a mean: the running vbar matters
     parallel = fast_op(kind)(s, t, v, bandwidth, None)
@@ -436,13 +439,13 @@ def test_steps_equal_the_causal_parallel_op(kind, dtype, atol, step_code):
         # hat mass + eps instead of n: measured 1.0e-11 (float64) and 2.7e-3 (float32, torch code; the
         # C++ kernel, differencing in double, 6.6e-4) here, against 3.9e-15 and 2.2e-6 with the count
         # (the parallel op: 7.6e-5 in float32 against float64)
-        atol = {F64: 5e-11, torch.float32: 6e-3 if step_code == "torch" else 1.5e-3}[dtype]
+        atol = {F64: 5e-11, torch.float32: 6e-3 if cpu_code == "torch" else 1.5e-3}[dtype]
     torch.testing.assert_close(steps, parallel, atol=atol, rtol=0)
     assert state.count == 70 and state.run_sizes == [64] and state.recent == 6  # 70 = 2 x 32 sorted + 6
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_float32_states_search_all_runs_at_once_as_float64_states_search_each(kind, step_code):
+def test_float32_states_search_all_runs_at_once_as_float64_states_search_each(kind, cpu_code):
     """The one-search path (float32: int64 keys run << 32 | order(t)) against the per-run one (float64)
     on the same numbers, over several runs, with ties and negative zeros among the keys."""
     s, t, v, bandwidth = random_inputs(2, 3, 300, 4, seed=5, dtype=torch.float32)
@@ -456,14 +459,14 @@ def test_float32_states_search_all_runs_at_once_as_float64_states_search_each(ki
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_steps_with_ties_equal_the_parallel_op(kind, step_code):
+def test_steps_with_ties_equal_the_parallel_op(kind, cpu_code):
     s, t, v, bandwidth = tied_inputs(seed=2, length=33)
     steps, _ = decode(kind, s, t, v, bandwidth)
     torch.testing.assert_close(steps, fast_op(kind)(s, t, v, bandwidth, None), atol=1e-11, rtol=0)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_prefill_then_steps_equal_the_parallel_op(kind, step_code):
+def test_prefill_then_steps_equal_the_parallel_op(kind, cpu_code):
     s, t, v, bandwidth = random_inputs(1, 2, 140, 3, seed=4)
     prefill = sliced_relu_attention_state if kind == "relu" else sliced_relu_bump_attention_state
     for start in (1, 23, 101):

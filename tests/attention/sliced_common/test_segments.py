@@ -111,10 +111,11 @@ CAUSAL_CASES = [
 @pytest.mark.parametrize("grid", [False, True], ids=["random", "ties-and-edges"])
 @pytest.mark.parametrize(("kind", "normaliser", "score_grads"), CAUSAL_CASES)
 def test_causal_each_sequence_gets_what_the_reference_gives_it_alone(
-    kind, normaliser, score_grads, grid, many_ties, monkeypatch
+    kind, normaliser, score_grads, grid, many_ties, monkeypatch, cpu_code
 ):
-    """Rows of 80 slots: sums inside the dense chunks and across the sorted levels, sequences that
-    start mid-chunk; ``many_ties``: the tied pairs taken by a pass of their own, not from a list."""
+    """Rows of 80 slots: sums inside the dense chunks and across the sorted levels (or blocks, by the
+    C++ kernels), sequences that start mid-chunk; ``many_ties``: the tied pairs taken by a pass of
+    their own, not from a list."""
     if many_ties:
         monkeypatch.setattr(causal_common, "TIE_PAIR_BUDGET", 0)
     layout, *inputs = _inputs(grid, lengths=CAUSAL_LENGTHS, rows=CAUSAL_ROWS)
@@ -123,7 +124,7 @@ def test_causal_each_sequence_gets_what_the_reference_gives_it_alone(
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("kind", ["relu", "bump"])
-def test_causal_random_packings_give_each_sequence_its_reference(kind, seed):
+def test_causal_random_packings_give_each_sequence_its_reference(kind, seed, cpu_code):
     """First-fit rows of 1 to 90 tokens into rows of 130: sequences of one token, sequences that fill
     a row, and the empty slots after them, at random places against the chunks and levels."""
     gen = torch.Generator().manual_seed(seed)

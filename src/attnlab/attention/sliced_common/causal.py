@@ -11,7 +11,10 @@ for the bump) of a few weight columns ``w``: a two-dimensional query (time and s
 
 ``attnlab.attention.sliced_common.dominance`` answers them for all i at once, vectorised over rows and
 columns, with a Python loop over log₂(T / chunk) levels only (divide and conquer over time: dense
-masked products inside chunks, sorted left halves and binary searches across them). The backward
+masked products inside chunks, sorted left halves and binary searches across them). On the CPU the
+same functions run C++ kernels instead (``attnlab.attention.sliced_common.dominance_native``: the
+pairs inside chunks directly, those across chunks in one walk up the sorted scores with a Fenwick
+tree over the chunks), and the notes on levels below describe the torch code that runs elsewhere. The backward
 passes (hand-written ``autograd.Function``s) sum over the same pairs the other way (``j ≥ i``, queries
 and keys exchanged). What keeps them within a few times the bidirectional ops (``attnlab bench
 attention`` prints the ratio):

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from attnlab.attention.sliced_common import dominance_native
 from attnlab.attention.sliced_common.rows import row_offsets
 
 
@@ -174,7 +175,14 @@ def dominance_sums(key: torch.Tensor, table: torch.Tensor, queries: list[Query],
 
     ``key (N, T)`` may hold +inf for keys that must never count; ``table (N, T, W)`` is finite and
     contiguous. Returns one ``(N, T, w)`` tensor per query set (w = width of its column slice).
+    On the CPU the C++ kernels run (``dominance_native``).
     """
+    found = dominance_native.kernels(table, key, *[q.x for q in queries])
+    if found is not None:
+        return [
+            dominance_native.sums(found, key, q.x, table[..., q.cols], q.side == "left", chunk)[0]
+            for q in queries
+        ]
     n_rows, length, width = table.shape
     outs = [table.new_empty(n_rows, length, table[0, 0, q.cols].numel()) for q in queries]
     for q, out in zip(queries, outs, strict=True):
@@ -210,7 +218,16 @@ def dominated_sums(x: torch.Tensor, table: torch.Tensor, keys: list[Query], chun
     ``-x``: the rows in descending ``x``) and every key of the left half reads the sum of the
     rows above it, and the dense chunks multiply by the transposed mask. ``x (N, T)`` may hold
     -inf at rows that must never count; the keys' ``key_j`` may hold +inf (they count nothing).
+    On the CPU the C++ kernels run (``dominance_native``).
     """
+    found = dominance_native.kernels(table, x, *[q.x for q in keys])
+    if found is not None:
+        return [
+            dominance_native.sums(found, q.x, x, table[..., q.cols], q.side == "left", chunk, transpose=True)[
+                0
+            ]
+            for q in keys
+        ]
     n_rows, length, width = table.shape
     outs = [table.new_empty(n_rows, length, table[0, 0, q.cols].numel()) for q in keys]
     for q, out in zip(keys, outs, strict=True):
@@ -315,15 +332,22 @@ def combined_sums(
     tensor per combination. Same levels as ``dominance_sums``; in the local chunks each column block
     takes one matrix product with the terms' masks summed first. ``raw (N, T, E)``, a few columns,
     adds the plain dominance sums of its columns at every threshold, ``(thresholds, N, T, E)``, last
-    in the list (sharing the sorts and binary searches).
+    in the list (sharing the sorts and binary searches). On the CPU the C++ kernels run
+    (``dominance_native``).
     """
+    found = dominance_native.kernels(table, key, *[x for x, _ in thresholds])
+    if found is not None:
+        return dominance_native.combined(found, key, table, thresholds, combos, width, chunk, raw)
     n_rows, length, full_width = table.shape
     per_row = full_width // width
     dtype = table.dtype
     outs = [table.new_zeros(n_rows, length, width) for _ in combos]
     # every combination's coefficients side by side, (N, T, terms), and its terms' rows in the bag
     # table: prefix row r of threshold q, block b -> r·per_row + b
-    coefs = [torch.stack([term.coef.expand(n_rows, length) for term in combo], dim=-1) for combo in combos]
+    coefs = [
+        torch.stack([term.coef.to(dtype).expand(n_rows, length) for term in combo], dim=-1)
+        for combo in combos
+    ]
     term_queries = [torch.tensor([term.query for term in combo], device=key.device) for combo in combos]
     term_blocks = [torch.tensor([term.block for term in combo], device=key.device) for combo in combos]
     raw_sums = None if raw is None else raw.new_zeros(len(thresholds), *raw.shape)

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from attnlab.attention.sliced_common import dominance_native
 from attnlab.attention.sliced_common.dominance import dense_chunks, level_layout, pad_to, prefix_sums_
 
 RADIX_MIN = 32768  # torch.sort takes its radix path for 1-D integer CPU tensors of this size and up
@@ -106,7 +107,11 @@ def merge_rows(right: torch.Tensor, left: torch.Tensor):
 def merged_dominance_sums(key: torch.Tensor, x: torch.Tensor, table: torch.Tensor, chunk: int):
     """``Σ_{j ≤ i, key_j < x_i} table_j`` for every i, ``(N, T, W)`` (``dominance_sums`` with one
     "left" query), and the levels for ``merged_dominated_sums``. ``key`` may hold +inf for keys
-    that never count; ``x`` is finite or -inf (counts nothing)."""
+    that never count; ``x`` is finite or -inf (counts nothing). On the CPU the C++ kernels run
+    (``dominance_native``), and the "levels" are the orders they sorted by."""
+    found = dominance_native.kernels(table, key, x)
+    if found is not None:
+        return dominance_native.sums(found, key, x, table, strict=True, chunk=chunk)
     out = table.new_empty(table.shape)
     dense_chunks(key, x, table, "left", chunk, out)
     levels = []
@@ -118,9 +123,14 @@ def merged_dominance_sums(key: torch.Tensor, x: torch.Tensor, table: torch.Tenso
     return out, levels
 
 
-def merged_dominated_sums(key, x, table: torch.Tensor, chunk: int, levels: list[_Level]) -> torch.Tensor:
+def merged_dominated_sums(key, x, table: torch.Tensor, chunk: int, levels) -> torch.Tensor:
     """``Σ_{i ≥ j, key_j < x_i} table_i`` for every j (``dominated_sums`` with one "left" key set),
     over the pairs and with the levels of the ``merged_dominance_sums`` call on ``key`` and ``x``."""
+    if isinstance(levels, dominance_native.Orders):
+        found = dominance_native.kernels(table, key, x)
+        return dominance_native.sums(
+            found, key, x, table, strict=True, chunk=chunk, orders=levels, transpose=True
+        )[0]
     out = table.new_empty(table.shape)
     dense_chunks(key, x, table, "left", chunk, out, transpose=True)
     for group in _level_groups(table.shape[1], chunk):

@@ -51,7 +51,12 @@ def _window_thresholds(lo, mid, hi):
 
 def _hat_terms(centre, width) -> list[Term]:
     """``b · Σ_j hat(c − x_j) row_j = (b − c) L + L_x + (b + c) R − R_x`` over the windows'
-    sums L, R (rows) and L_x, R_x (score · rows), as terms at the thresholds c − b, c, c + b."""
+    sums L, R (rows) and L_x, R_x (score · rows), as terms at the thresholds c − b, c, c + b.
+
+    The coefficients are float64 (exact for float32 scores): where a window is empty its terms cancel,
+    (c − b) − 2c + (b + c) = 0, exactly only if c ± b is not rounded (the C++ kernels combine in double;
+    the torch code rounds them to the table's dtype)."""
+    centre, width = centre.double(), width.double()
     ones = torch.ones_like(centre)
     return [
         Term(0, ROW, centre - width),

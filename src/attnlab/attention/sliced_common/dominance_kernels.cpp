@@ -1,0 +1,214 @@
+// Causal dominance sums on the CPU (sliced_common/dominance.py, merged.py): for thresholds x_i and a
+// table of weight rows, S_i = Σ_{j ≤ i, key_j < x_i} table_j (or key_j <= x_i) for every position i,
+// and the transpose Σ_{i ≥ j, key_j < x_i} table_i for every j.
+//
+// The torch code splits time into log2(T / chunk) levels of blocks, sorts and searches each level
+// and gathers its prefix tables: about two full passes over (T, W) memory per level. Here time is
+// cut into blocks of `chunk` tokens once. Pairs inside a block are summed directly (a triangle of
+// chunk²/2 row additions, in time order). Pairs across blocks come from one walk per row over the
+// keys and the thresholds in ascending score order (two sorted index lists, merged): a key adds its
+// row to a Fenwick tree indexed by its block, and a threshold reads the sum of the blocks before its
+// own: log2(T / chunk) rows of doubles each, in a tree of (T / chunk) rows that stays in the cache
+// (0.5 MiB at T = 16K, W = 130). The transpose walks down the scores with the roles exchanged.
+// Sums in double. Plain C++ without torch's headers (attnlab.attention.common.native builds it).
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t AHEAD = 16;  // walk events ahead whose rows are prefetched (sorted order: random rows)
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t width, int write) {
+  for (int64_t c = 0; c < width; c += 64 / sizeof(T)) {
+    if (write)
+      __builtin_prefetch(row + c, 1);
+    else
+      __builtin_prefetch(row + c, 0);
+  }
+}
+
+// A Fenwick tree over time blocks; each node is a row of `width` doubles.
+class BlockTree {
+ public:
+  BlockTree(int64_t blocks, int64_t width) : blocks_(blocks), width_(width), node_((blocks + 1) * width, 0.0) {}
+
+  template <typename T>
+  void add(int64_t block, const T* row) {
+    for (int64_t p = block + 1; p <= blocks_; p += p & -p) {
+      double* target = node_.data() + p * width_;
+#pragma omp simd
+      for (int64_t c = 0; c < width_; ++c) target[c] += row[c];
+    }
+  }
+
+  // acc = the sum of the rows added to blocks 0 .. block - 1
+  void before(int64_t block, double* acc) const {
+    std::fill(acc, acc + width_, 0.0);
+    for (int64_t p = block; p > 0; p -= p & -p) {
+      const double* source = node_.data() + p * width_;
+#pragma omp simd
+      for (int64_t c = 0; c < width_; ++c) acc[c] += source[c];
+    }
+  }
+
+ private:
+  int64_t blocks_, width_;
+  std::vector<double> node_;
+};
+
+template <typename T>
+inline bool counts(T key, T x, bool strict) {
+  return strict ? key < x : key <= x;
+}
+
+// One row's sums, handed to emit(position, sums (double[width]), first) twice per position: the
+// pairs inside its block (first = true), then those across blocks. transpose = false: the positions
+// are the thresholds', S_i over keys j ≤ i; true: the keys', over thresholds i ≥ j.
+template <typename T, typename Emit, typename Prefetch>
+void dominance_row(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, bool strict,
+                   bool transpose, const T* table, int64_t length, int64_t width, int64_t block, Emit emit,
+                   Prefetch prefetch_out) {
+  std::vector<double> acc(width);
+  for (int64_t start = 0; start < length; start += block) {
+    const int64_t end = std::min(start + block, length);
+    for (int64_t p = start; p < end; ++p) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      const int64_t lo = transpose ? p : start, hi = transpose ? end : p + 1;
+      for (int64_t q = lo; q < hi; ++q) {
+        if (!(transpose ? counts(key[p], x[q], strict) : counts(key[q], x[p], strict))) continue;
+        const T* row = table + q * width;
+#pragma omp simd
+        for (int64_t c = 0; c < width; ++c) acc[c] += row[c];
+      }
+      emit(p, acc.data(), true);
+    }
+  }
+
+  const int64_t blocks = (length + block - 1) / block;
+  BlockTree tree(blocks, width);
+  if (!transpose) {  // up the scores: keys below a threshold are in the tree when it reads
+    int64_t k = 0;
+    for (int64_t q = 0; q < length; ++q) {
+      const int64_t i = x_order[q];
+      if (q + AHEAD < length) prefetch_out(x_order[q + AHEAD]);
+      while (k < length && counts(key[key_order[k]], x[i], strict)) {
+        if (k + AHEAD < length) prefetch_row(table + key_order[k + AHEAD] * width, width, 0);
+        const int64_t j = key_order[k++];
+        tree.add(j / block, table + j * width);
+      }
+      tree.before(i / block, acc.data());
+      emit(i, acc.data(), false);
+    }
+  } else {  // down the scores: thresholds above a key are in the tree (by reversed block) when it reads
+    int64_t q = length - 1;
+    for (int64_t k = length - 1; k >= 0; --k) {
+      const int64_t j = key_order[k];
+      if (k >= AHEAD) prefetch_out(key_order[k - AHEAD]);
+      while (q >= 0 && counts(key[j], x[x_order[q]], strict)) {
+        if (q >= AHEAD) prefetch_row(table + x_order[q - AHEAD] * width, width, 0);
+        const int64_t i = x_order[q--];
+        tree.add(blocks - 1 - i / block, table + i * width);
+      }
+      tree.before(blocks - 1 - j / block, acc.data());
+      emit(j, acc.data(), false);
+    }
+  }
+}
+
+// Plain sums: out (length, width) = S.
+template <typename T>
+void sums_rows(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t strict,
+               int64_t transpose, const T* table, T* out, int64_t length, int64_t width, int64_t block,
+               int64_t row_begin, int64_t row_end) {
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const int64_t at = n * length;
+    T* rout = out + at * width;
+    auto emit = [&](int64_t p, const double* sums, bool first) {
+      T* target = rout + p * width;
+      if (first) {
+        for (int64_t c = 0; c < width; ++c) target[c] = static_cast<T>(sums[c]);
+      } else {
+        for (int64_t c = 0; c < width; ++c) target[c] = static_cast<T>(sums[c] + target[c]);
+      }
+    };
+    auto prefetch = [&](int64_t p) { prefetch_row(rout + p * width, width, 1); };
+    dominance_row(key + at, key_order + at, x + at, x_order + at, strict != 0, transpose != 0, table + at * width,
+                  length, width, block, emit, prefetch);
+  }
+}
+
+// Weighted combinations of the sums at several thresholds (ReLU-bump's hat windows):
+//   outs[c]_i = Σ_{terms k of combination c} coef_k,i · S(threshold_k)_i[block_k · width : (block_k + 1) · width]
+// with S over the whole table row (table_width columns). coefs[k] (N, length) in double, null: one. The
+// terms cancel where a window is empty ((c − b) S(c − b) − 2c S(c) + (b + c) S(c + b) with equal
+// S), exactly in double only: float32 outputs are summed in a double copy of the row and rounded once.
+template <typename T>
+void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds, const T* const* xs,
+                   const int64_t* const* x_orders, const int64_t* strict, const T* table, int64_t table_width,
+                   int64_t width, int64_t n_terms, const int64_t* term_out, const int64_t* term_threshold,
+                   const int64_t* term_block, const double* const* coefs, int64_t n_outs, T* const* outs,
+                   int64_t length, int64_t block, int64_t row_begin, int64_t row_end) {
+  constexpr bool in_place = sizeof(T) == sizeof(double);
+  std::vector<double> copy(in_place ? 0 : n_outs * length * width);
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const int64_t at = n * length;
+    std::vector<double*> sums_of(n_outs);
+    for (int64_t o = 0; o < n_outs; ++o) {
+      sums_of[o] = in_place ? reinterpret_cast<double*>(outs[o] + at * width) : copy.data() + o * length * width;
+      std::fill(sums_of[o], sums_of[o] + length * width, 0.0);
+    }
+    for (int64_t h = 0; h < n_thresholds; ++h) {
+      auto emit = [&](int64_t p, const double* sums, bool) {
+        for (int64_t k = 0; k < n_terms; ++k) {
+          if (term_threshold[k] != h) continue;
+          const double coef = coefs[k] == nullptr ? 1.0 : coefs[k][at + p];
+          const double* part = sums + term_block[k] * width;
+          double* target = sums_of[term_out[k]] + p * width;
+#pragma omp simd
+          for (int64_t c = 0; c < width; ++c) target[c] += coef * part[c];
+        }
+      };
+      auto prefetch = [&](int64_t p) {
+        for (int64_t o = 0; o < n_outs; ++o) prefetch_row(sums_of[o] + p * width, width, 1);
+      };
+      dominance_row(key + at, key_order + at, xs[h] + at, x_orders[h] + at, strict[h] != 0, false,
+                    table + at * table_width, length, table_width, block, emit, prefetch);
+    }
+    if (!in_place) {
+      for (int64_t o = 0; o < n_outs; ++o) std::copy(sums_of[o], sums_of[o] + length * width, outs[o] + at * width);
+    }
+  }
+}
+
+}  // namespace
+
+// Every array contiguous, rows n in [row_begin, row_end) of N: key, x (N, length) with key_order,
+// x_order their ascending orders; table, out (N, length, width).
+#define ATTNLAB_SUMS(NAME, T) \
+  void NAME(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t strict, \
+            int64_t transpose, const T* table, T* out, int64_t length, int64_t width, int64_t block, \
+            int64_t row_begin, int64_t row_end) { \
+    sums_rows(key, key_order, x, x_order, strict, transpose, table, out, length, width, block, row_begin, row_end); \
+  }
+
+// As above for n_thresholds threshold rows xs[h] (their orders x_orders[h], strict[h]), a table of
+// table_width columns and n_outs outputs (N, length, width); the terms' arrays have n_terms entries.
+#define ATTNLAB_COMBINED(NAME, T) \
+  void NAME(const T* key, const int64_t* key_order, int64_t n_thresholds, const T* const* xs, \
+            const int64_t* const* x_orders, const int64_t* strict, const T* table, int64_t table_width, \
+            int64_t width, int64_t n_terms, const int64_t* term_out, const int64_t* term_threshold, \
+            const int64_t* term_block, const double* const* coefs, int64_t n_outs, T* const* outs, int64_t length, \
+            int64_t block, int64_t row_begin, int64_t row_end) { \
+    combined_rows(key, key_order, n_thresholds, xs, x_orders, strict, table, table_width, width, n_terms, term_out, \
+                  term_threshold, term_block, coefs, n_outs, outs, length, block, row_begin, row_end); \
+  }
+
+extern "C" {
+ATTNLAB_SUMS(dominance_sums_f32, float)
+ATTNLAB_SUMS(dominance_sums_f64, double)
+ATTNLAB_COMBINED(combined_sums_f32, float)
+ATTNLAB_COMBINED(combined_sums_f64, double)
+}
