@@ -30,13 +30,51 @@ inline void prefetch_row(const T* row, int64_t width, int write) {
   }
 }
 
+// The rows being summed, as a materialised table (length, width).
+template <typename T>
+struct TableRows {
+  const T* table;
+  int64_t width;
+
+  void add(int64_t q, double* acc) const {
+    const T* row = table + q * width;
+#pragma omp simd
+    for (int64_t c = 0; c < width; ++c) acc[c] += row[c];
+  }
+  void prefetch(int64_t q) const { prefetch_row(table + q * width, width, 0); }
+};
+
+// Rows [scale_q u_q, scale_q score_q u_q, first_q, second_q] (width 2 dim + 2) built from their parts
+// as they are read (causal sliced ReLU's tables: values and score times values): half the memory of
+// the table. scale null: one.
+template <typename T>
+struct PairRows {
+  const T *u, *scale, *score, *first, *second;
+  int64_t dim, width;
+
+  void add(int64_t q, double* acc) const {
+    const T* row = u + q * dim;
+    const double a = scale == nullptr ? 1.0 : static_cast<double>(scale[q]);
+    const double b = a * static_cast<double>(score[q]);
+    double* acc_score = acc + dim;
+#pragma omp simd
+    for (int64_t c = 0; c < dim; ++c) {
+      acc[c] += a * row[c];
+      acc_score[c] += b * row[c];
+    }
+    acc[2 * dim] += first[q];
+    acc[2 * dim + 1] += second[q];
+  }
+  void prefetch(int64_t q) const { prefetch_row(u + q * dim, dim, 0); }
+
+};
+
 // A Fenwick tree over time blocks; each node is a row of `width` doubles.
 class BlockTree {
  public:
   BlockTree(int64_t blocks, int64_t width) : blocks_(blocks), width_(width), node_((blocks + 1) * width, 0.0) {}
 
-  template <typename T>
-  void add(int64_t block, const T* row) {
+  void add(int64_t block, const double* row) {
     for (int64_t p = block + 1; p <= blocks_; p += p & -p) {
       double* target = node_.data() + p * width_;
 #pragma omp simd
@@ -67,9 +105,9 @@ inline bool counts(T key, T x, bool strict) {
 // One row's sums, handed to emit(position, sums (double[width]), first) twice per position: the
 // pairs inside its block (first = true), then those across blocks. transpose = false: the positions
 // are the thresholds', S_i over keys j ≤ i; true: the keys', over thresholds i ≥ j.
-template <typename T, typename Emit, typename Prefetch>
+template <typename T, typename Rows, typename Emit, typename Prefetch>
 void dominance_row(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, bool strict,
-                   bool transpose, const T* table, int64_t length, int64_t width, int64_t block, Emit emit,
+                   bool transpose, const Rows& rows, int64_t length, int64_t width, int64_t block, Emit emit,
                    Prefetch prefetch_out) {
   std::vector<double> acc(width);
   for (int64_t start = 0; start < length; start += block) {
@@ -78,10 +116,7 @@ void dominance_row(const T* key, const int64_t* key_order, const T* x, const int
       std::fill(acc.begin(), acc.end(), 0.0);
       const int64_t lo = transpose ? p : start, hi = transpose ? end : p + 1;
       for (int64_t q = lo; q < hi; ++q) {
-        if (!(transpose ? counts(key[p], x[q], strict) : counts(key[q], x[p], strict))) continue;
-        const T* row = table + q * width;
-#pragma omp simd
-        for (int64_t c = 0; c < width; ++c) acc[c] += row[c];
+        if (transpose ? counts(key[p], x[q], strict) : counts(key[q], x[p], strict)) rows.add(q, acc.data());
       }
       emit(p, acc.data(), true);
     }
@@ -89,15 +124,18 @@ void dominance_row(const T* key, const int64_t* key_order, const T* x, const int
 
   const int64_t blocks = (length + block - 1) / block;
   BlockTree tree(blocks, width);
+  std::vector<double> row(width);
   if (!transpose) {  // up the scores: keys below a threshold are in the tree when it reads
     int64_t k = 0;
     for (int64_t q = 0; q < length; ++q) {
       const int64_t i = x_order[q];
       if (q + AHEAD < length) prefetch_out(x_order[q + AHEAD]);
       while (k < length && counts(key[key_order[k]], x[i], strict)) {
-        if (k + AHEAD < length) prefetch_row(table + key_order[k + AHEAD] * width, width, 0);
+        if (k + AHEAD < length) rows.prefetch(key_order[k + AHEAD]);
         const int64_t j = key_order[k++];
-        tree.add(j / block, table + j * width);
+        std::fill(row.begin(), row.end(), 0.0);
+        rows.add(j, row.data());
+        tree.add(j / block, row.data());
       }
       tree.before(i / block, acc.data());
       emit(i, acc.data(), false);
@@ -108,9 +146,11 @@ void dominance_row(const T* key, const int64_t* key_order, const T* x, const int
       const int64_t j = key_order[k];
       if (k >= AHEAD) prefetch_out(key_order[k - AHEAD]);
       while (q >= 0 && counts(key[j], x[x_order[q]], strict)) {
-        if (q >= AHEAD) prefetch_row(table + x_order[q - AHEAD] * width, width, 0);
+        if (q >= AHEAD) rows.prefetch(x_order[q - AHEAD]);
         const int64_t i = x_order[q--];
-        tree.add(blocks - 1 - i / block, table + i * width);
+        std::fill(row.begin(), row.end(), 0.0);
+        rows.add(i, row.data());
+        tree.add(blocks - 1 - i / block, row.data());
       }
       tree.before(blocks - 1 - j / block, acc.data());
       emit(j, acc.data(), false);
@@ -135,8 +175,49 @@ void sums_rows(const T* key, const int64_t* key_order, const T* x, const int64_t
       }
     };
     auto prefetch = [&](int64_t p) { prefetch_row(rout + p * width, width, 1); };
-    dominance_row(key + at, key_order + at, x + at, x_order + at, strict != 0, transpose != 0, table + at * width,
-                  length, width, block, emit, prefetch);
+    const TableRows<T> rows{table + at * width, width};
+    dominance_row(key + at, key_order + at, x + at, x_order + at, strict != 0, transpose != 0, rows, length, width,
+                  block, emit, prefetch);
+  }
+}
+
+// Sums of PairRows, written apart: sum_u, sum_score_u (N, length, dim), sum_first, sum_second (N, length).
+template <typename T>
+void pair_rows(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t strict,
+               int64_t transpose, const T* u, const T* scale, const T* score, const T* first, const T* second,
+               T* sum_u, T* sum_score_u, T* sum_first, T* sum_second, int64_t length, int64_t dim, int64_t block,
+               int64_t row_begin, int64_t row_end) {
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const int64_t at = n * length;
+    T *out_u = sum_u + at * dim, *out_score_u = sum_score_u + at * dim;
+    auto emit = [&](int64_t p, const double* sums, bool first_part) {  // the first part written, the second added
+      T *target = out_u + p * dim, *target_score = out_score_u + p * dim;
+      const double* sums_score = sums + dim;
+      if (first_part) {
+        for (int64_t c = 0; c < dim; ++c) {
+          target[c] = static_cast<T>(sums[c]);
+          target_score[c] = static_cast<T>(sums_score[c]);
+        }
+        sum_first[at + p] = static_cast<T>(sums[2 * dim]);
+        sum_second[at + p] = static_cast<T>(sums[2 * dim + 1]);
+        return;
+      }
+#pragma omp simd
+      for (int64_t c = 0; c < dim; ++c) {
+        target[c] = static_cast<T>(sums[c] + target[c]);
+        target_score[c] = static_cast<T>(sums_score[c] + target_score[c]);
+      }
+      sum_first[at + p] = static_cast<T>(sums[2 * dim] + sum_first[at + p]);
+      sum_second[at + p] = static_cast<T>(sums[2 * dim + 1] + sum_second[at + p]);
+    };
+    auto prefetch = [&](int64_t p) {
+      prefetch_row(out_u + p * dim, dim, 1);
+      prefetch_row(out_score_u + p * dim, dim, 1);
+    };
+    const PairRows<T> rows{u + at * dim, scale == nullptr ? nullptr : scale + at, score + at, first + at, second + at,
+                           dim, 2 * dim + 2};
+    dominance_row(key + at, key_order + at, x + at, x_order + at, strict != 0, transpose != 0, rows, length,
+                  2 * dim + 2, block, emit, prefetch);
   }
 }
 
@@ -174,8 +255,9 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
       auto prefetch = [&](int64_t p) {
         for (int64_t o = 0; o < n_outs; ++o) prefetch_row(sums_of[o] + p * width, width, 1);
       };
-      dominance_row(key + at, key_order + at, xs[h] + at, x_orders[h] + at, strict[h] != 0, false,
-                    table + at * table_width, length, table_width, block, emit, prefetch);
+      const TableRows<T> rows{table + at * table_width, table_width};
+      dominance_row(key + at, key_order + at, xs[h] + at, x_orders[h] + at, strict[h] != 0, false, rows, length,
+                    table_width, block, emit, prefetch);
     }
     if (!in_place) {
       for (int64_t o = 0; o < n_outs; ++o) std::copy(sums_of[o], sums_of[o] + length * width, outs[o] + at * width);
@@ -194,7 +276,18 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
     sums_rows(key, key_order, x, x_order, strict, transpose, table, out, length, width, block, row_begin, row_end); \
   }
 
-// As above for n_thresholds threshold rows xs[h] (their orders x_orders[h], strict[h]), a table of
+// As ATTNLAB_SUMS for the rows [scale u, scale score u, first, second]: u (N, length, dim), the rest
+// (N, length); scale may be null (one); the sums come apart (pair_rows).
+#define ATTNLAB_PAIRS(NAME, T) \
+  void NAME(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t strict, \
+            int64_t transpose, const T* u, const T* scale, const T* score, const T* first, const T* second, \
+            T* sum_u, T* sum_score_u, T* sum_first, T* sum_second, int64_t length, int64_t dim, int64_t block, \
+            int64_t row_begin, int64_t row_end) { \
+    pair_rows(key, key_order, x, x_order, strict, transpose, u, scale, score, first, second, sum_u, sum_score_u, \
+              sum_first, sum_second, length, dim, block, row_begin, row_end); \
+  }
+
+// As ATTNLAB_SUMS for n_thresholds threshold rows xs[h] (their orders x_orders[h], strict[h]), a table of
 // table_width columns and n_outs outputs (N, length, width); the terms' arrays have n_terms entries.
 #define ATTNLAB_COMBINED(NAME, T) \
   void NAME(const T* key, const int64_t* key_order, int64_t n_thresholds, const T* const* xs, \
@@ -209,6 +302,8 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
 extern "C" {
 ATTNLAB_SUMS(dominance_sums_f32, float)
 ATTNLAB_SUMS(dominance_sums_f64, double)
+ATTNLAB_PAIRS(pair_sums_f32, float)
+ATTNLAB_PAIRS(pair_sums_f64, double)
 ATTNLAB_COMBINED(combined_sums_f32, float)
 ATTNLAB_COMBINED(combined_sums_f64, double)
 }

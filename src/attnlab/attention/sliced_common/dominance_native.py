@@ -25,6 +25,7 @@ SOURCE = Path(__file__).with_name("dominance_kernels.cpp")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = {
     "dominance_sums": [_P] * 4 + [_I] * 2 + [_P] * 2 + [_I] * 5,
+    "pair_sums": [_P] * 4 + [_I] * 2 + [_P] * 9 + [_I] * 5,
     "combined_sums": [_P, _P, _I, _P, _P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I, _I, _I, _I],
 }
 
@@ -71,6 +72,29 @@ def sums(
 
     native.over_rows(rows, rows * length * width, call)
     return out, orders
+
+
+def pair_sums(
+    found, key, x, parts, strict: bool, chunk: int, orders: Orders | None = None, transpose: bool = False
+):
+    """``sums`` of the rows ``[scale·u, scale·score·u, first, second]`` (``merged.Pairs``), each row
+    built as it is read, and returned apart: ``(Σ scale·u, Σ scale·score·u, Σ first, Σ second)``."""
+    dtype = parts.u.dtype
+    key, x = _same_dtype(key, dtype), _same_dtype(x, dtype)
+    orders = orders or Orders(ascending(key), ascending(x))
+    u, scale, score, first, second = (None if a is None else a.detach().contiguous() for a in parts)
+    rows, length, dim = u.shape
+    sums = (torch.empty_like(u), torch.empty_like(u), torch.empty_like(score), torch.empty_like(score))
+    arrays = (key, orders.key, x, orders.x)
+    pointers = [native.pointer(a) for a in arrays]
+    parts_pointers = [None if a is None else native.pointer(a) for a in (u, scale, score, first, second)]
+    tail = [native.pointer(a) for a in sums] + [length, dim, chunk]
+
+    def call(begin: int, end: int) -> None:
+        found["pair_sums"](*pointers, int(strict), int(transpose), *parts_pointers, *tail, begin, end)
+
+    native.over_rows(rows, rows * length * dim, call)
+    return sums, orders
 
 
 def combined(found, key, table, thresholds, combos, width: int, chunk: int, raw=None) -> list[torch.Tensor]:

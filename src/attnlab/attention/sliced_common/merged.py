@@ -104,14 +104,38 @@ def merge_rows(right: torch.Tensor, left: torch.Tensor):
     return left_order, keys_ahead[:, :half], right_order, half - thresholds_ahead[:, half:]
 
 
-def merged_dominance_sums(key: torch.Tensor, x: torch.Tensor, table: torch.Tensor, chunk: int):
-    """``Σ_{j ≤ i, key_j < x_i} table_j`` for every i, ``(N, T, W)`` (``dominance_sums`` with one
-    "left" query), and the levels for ``merged_dominated_sums``. ``key`` may hold +inf for keys
-    that never count; ``x`` is finite or -inf (counts nothing). On the CPU the C++ kernels run
-    (``dominance_native``), and the "levels" are the orders they sorted by."""
-    found = dominance_native.kernels(table, key, x)
+class Pairs(NamedTuple):
+    """The rows ``[scale·u, scale·score·u, first, second]`` (width 2·D + 2) of causal sliced ReLU's
+    tables, by parts: ``u (N, T, D)``, the rest ``(N, T)``, ``scale`` None for one. The C++ kernels
+    build each row as they read it (half the memory of the table); the torch code builds the table."""
+
+    u: torch.Tensor
+    scale: torch.Tensor | None
+    score: torch.Tensor
+    first: torch.Tensor
+    second: torch.Tensor
+
+    def table(self) -> torch.Tensor:
+        weighted = self.u if self.scale is None else self.u * self.scale[..., None]
+        columns = [weighted, self.score[..., None] * weighted, self.first[..., None], self.second[..., None]]
+        return torch.cat(columns, dim=-1).contiguous()
+
+
+def _apart(sums: torch.Tensor, dim: int):
+    """The sums of a ``Pairs`` table, apart as ``pair_sums`` returns them."""
+    return sums[..., :dim].contiguous(), sums[..., dim : 2 * dim], sums[..., 2 * dim], sums[..., 2 * dim + 1]
+
+
+def merged_dominance_sums(key: torch.Tensor, x: torch.Tensor, pairs: Pairs, chunk: int):
+    """``Σ_{j ≤ i, key_j < x_i} row_j`` of the ``pairs``' rows for every i (``dominance_sums`` with
+    one "left" query), as ``(Σ scale·u, Σ scale·score·u, Σ first, Σ second)``, and the levels for
+    ``merged_dominated_sums``. ``key`` may hold +inf for keys that never count; ``x`` is finite or
+    -inf (counts nothing). On the CPU the C++ kernels run (``dominance_native``), and the "levels"
+    are the orders they sorted by."""
+    found = dominance_native.kernels(pairs.u, key, x)
     if found is not None:
-        return dominance_native.sums(found, key, x, table, strict=True, chunk=chunk)
+        return dominance_native.pair_sums(found, key, x, pairs, strict=True, chunk=chunk)
+    table = pairs.table()
     out = table.new_empty(table.shape)
     dense_chunks(key, x, table, "left", chunk, out)
     levels = []
@@ -120,24 +144,24 @@ def merged_dominance_sums(key: torch.Tensor, x: torch.Tensor, table: torch.Tenso
         levels += [level for _, _, level in merges]
         reads = [(level.half, level.n_blocks, left_order, rank) for left_order, rank, level in merges]
         _add_level_rows(out, table, reads, sorted_side=0)
-    return out, levels
+    return _apart(out, pairs.u.shape[-1]), levels
 
 
-def merged_dominated_sums(key, x, table: torch.Tensor, chunk: int, levels) -> torch.Tensor:
-    """``Σ_{i ≥ j, key_j < x_i} table_i`` for every j (``dominated_sums`` with one "left" key set),
-    over the pairs and with the levels of the ``merged_dominance_sums`` call on ``key`` and ``x``."""
+def merged_dominated_sums(key, x, pairs: Pairs, chunk: int, levels):
+    """``Σ_{i ≥ j, key_j < x_i} row_i`` for every j (``dominated_sums`` with one "left" key set), apart
+    as ``merged_dominance_sums`` returns them, over the pairs and with the levels of its call on
+    ``key`` and ``x``."""
     if isinstance(levels, dominance_native.Orders):
-        found = dominance_native.kernels(table, key, x)
-        return dominance_native.sums(
-            found, key, x, table, strict=True, chunk=chunk, orders=levels, transpose=True
-        )[0]
+        found = dominance_native.kernels(pairs.u, key, x)
+        return dominance_native.pair_sums(found, key, x, pairs, True, chunk, orders=levels, transpose=True)[0]
+    table = pairs.table()
     out = table.new_empty(table.shape)
     dense_chunks(key, x, table, "left", chunk, out, transpose=True)
     for group in _level_groups(table.shape[1], chunk):
         group = [level for level in levels if level.half in group]
         reads = [(level.half, level.n_blocks, level.right_order, level.above) for level in group]
         _add_level_rows(out, table, reads, sorted_side=1)
-    return out
+    return _apart(out, pairs.u.shape[-1])
 
 
 def _level_groups(length: int, chunk: int) -> list[list[int]]:

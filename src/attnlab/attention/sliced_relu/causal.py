@@ -18,7 +18,7 @@ from attnlab.attention.sliced_common.causal import (
     tied_pairs,
 )
 from attnlab.attention.sliced_common.dominance import Query, dominance_sums, dominated_sums
-from attnlab.attention.sliced_common.merged import merged_dominance_sums, merged_dominated_sums
+from attnlab.attention.sliced_common.merged import Pairs, merged_dominance_sums, merged_dominated_sums
 from attnlab.attention.sliced_common.rows import as_rows, rowdot, take_rows, valid_rows
 from attnlab.attention.sliced_common.segments import Runs
 
@@ -56,20 +56,18 @@ class _CausalSlicedReLU(torch.autograd.Function):
         if runs is not None:
             key, query = segment_codes([t, s], runs, later_first=True)
         ones = torch.ones_like(t) if real is None else real
-        table = torch.cat([v, t[..., None] * v, ones[..., None], t[..., None]], dim=-1).contiguous()
-        below, levels = merged_dominance_sums(key, query, table, chunk)
-        del table
-        sum_v, sum_tv = below[..., :dim].contiguous(), below[..., dim : 2 * dim]  # A_i, B_i
-        count, sum_t = below[..., 2 * dim], below[..., 2 * dim + 1]  # C_i, E_i: keys below s_i
+        # A_i, B_i, C_i, E_i: the sums of v, t v, 1 and t over the keys j <= i below s_i
+        (sum_v, sum_tv, count, sum_t), levels = merged_dominance_sums(
+            key, query, Pairs(v, None, t, ones, t), chunk
+        )
         # #{j <= i : t_j <= s_i} (for the gradient) is #{t_j < s_i} plus the tied pairs
         pairs = tied_pairs(query, key, valid)
         if pairs is None:  # too many ties to list: count them in a pass of their own
             weights = ones[..., None].contiguous()
             count_le = dominance_sums(key, weights, [Query(query, "right")], chunk)[0][..., 0]
         else:
-            count_le = count.contiguous()
+            count_le = count.clone()
             count_le.view(-1).index_add_(0, pairs[0], torch.ones_like(pairs[0], dtype=count.dtype))
-        del below
 
         n = running_sum(ones, runs)  # real keys j <= i
         n_safe = n.clamp_min(1)
@@ -92,34 +90,31 @@ class _CausalSlicedReLU(torch.autograd.Function):
     def _backward(ctx, grad_out):
         s, t, v, sum_v, vbar, count, count_le, n, relu_mass, den, out, key, query = ctx.saved_tensors
         valid, eps, chunk, pairs, runs = ctx.valid, ctx.eps, ctx.chunk, ctx.pairs, ctx.runs
-        dim = v.shape[-1]
+        grad_out = grad_out.contiguous()
         inv_d = 1.0 / den.clamp_min(eps)
-        a = grad_out * (2.0 * inv_d)[..., None]  # dL/dnum_i
+        a_scale = 2.0 * inv_d  # a_i = dL/dnum_i = a_scale_i g_i
         grad_den = -rowdot(grad_out, out) * inv_d * (den >= eps)
         if valid is not None:
-            a = a.masked_fill(~valid[..., None], 0.0)
+            a_scale = a_scale.masked_fill(~valid, 0.0)
             grad_den = grad_den.masked_fill(~valid, 0.0)
-        a_vbar = rowdot(a, vbar)
+        a_vbar = a_scale * rowdot(grad_out, vbar)
 
         # Queries: dL/ds_i = a_i·(A_i − C_i vbar_i) + dden_i (#{t_j<s_i} − #{t_j>s_i}), j ≤ i.
-        grad_s = rowdot(a, sum_v) - count * a_vbar + grad_den * (count + count_le - n)
+        grad_s = a_scale * rowdot(grad_out, sum_v) - count * a_vbar + grad_den * (count + count_le - n)
 
-        # Keys: sums over the later queries i ≥ j with s_i > t_j (the transposed dominance sums,
-        # over the forward pass's levels).
-        table = torch.cat([a, s[..., None] * a, grad_den[..., None], a_vbar[..., None]], dim=-1)
-        above = merged_dominated_sums(key, query, table, chunk, ctx.levels)
-        del table
-        sum_a, sum_sa = above[..., :dim], above[..., dim : 2 * dim]
-        den_above, vbar_a_above = above[..., 2 * dim], above[..., 2 * dim + 1]
+        # Keys: sums over the later queries i ≥ j with s_i > t_j of a_i, s_i a_i, dden_i and a_i·vbar_i
+        # (the transposed dominance sums, over the forward pass's levels).
+        table = Pairs(grad_out, a_scale, s, grad_den, a_vbar)
+        sum_a, sum_sa, den_above, vbar_a_above = merged_dominated_sums(key, query, table, chunk, ctx.levels)
         if pairs is None:  # Σ_{i≥j, s_i>=t_j} dden_i in a pass of its own
             weights = grad_den[..., None].contiguous()
             at_or_above = dominated_sums(query, weights, [Query(key, "right")], chunk)[0][..., 0]
         else:  # Σ_{i≥j, s_i>=t_j} dden_i: the tied pairs' share added to the strict sum
-            at_or_above = den_above.contiguous()
+            at_or_above = den_above.clone()
             at_or_above.view(-1).index_add_(0, pairs[1], grad_den.reshape(-1)[pairs[0]])
         # dL/dv_j = Σ_{i≥j, s_i>t_j} (s_i − t_j) a_i − Σ_{i≥j} (ReLU mass_i / n_i) a_i   (vbar_i's share)
         grad_v = sum_sa.addcmul_(sum_a, t[..., None], value=-1.0)
-        grad_v -= later_sum(a * (relu_mass / n)[..., None], runs)
+        grad_v -= later_sum(grad_out * (a_scale * relu_mass / n)[..., None], runs)
         # dL/dt_j = −(v_j − vbar_i)·a_i over s_i > t_j, − dden_i over s_i > t_j, + dden_i over s_i < t_j
         den_below = later_sum(grad_den, runs) - at_or_above
         grad_t = vbar_a_above - rowdot(v, sum_a) - den_above + den_below
