@@ -10,11 +10,11 @@ import pytest
 
 from attnlab.attention.common import native
 from attnlab.attention.common.triton import selfcheck
-from attnlab.attention.sliced_common import decoding, dominance_native
+from attnlab.attention.sliced_common import decoding
 from attnlab.attention.sliced_common.path import KERNEL_SOURCES
 
 #: every C++ source of the CPU kernels
-CPU_KERNELS = [decoding.KERNELS, dominance_native.SOURCE, *KERNEL_SOURCES.values()]
+CPU_KERNELS = [decoding.KERNELS, *dict.fromkeys(KERNEL_SOURCES.values())]
 
 
 @pytest.fixture(autouse=True)

@@ -56,7 +56,9 @@ def test_a_failed_build_warns_once_and_the_torch_code_gives_the_same_steps(monke
         native._build.cache_clear()  # the next test builds (or loads) the real library again
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert "attnlab_decode_kernels_" in warnings[0] and "not built (Ninja is required" in warnings[0]
+    assert (
+        native.library_name(decoding.KERNELS) in warnings[0] and "not built (Ninja is required" in warnings[0]
+    )
     assert "using the torch code" in warnings[0]
 
 
@@ -97,8 +99,7 @@ def test_a_lock_left_by_a_killed_build_is_removed_and_the_build_goes_on(tmp_path
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     source = tmp_path / "lock_check.cpp"
     source.write_text('extern "C" int lock_check_answer() { return 42; }\n')
-    name = f"attnlab_lock_check_{native._cpu_tag()}"
-    lock = tmp_path / "extensions" / name / "lock"
+    lock = tmp_path / "extensions" / native.library_name(source) / "lock"
     lock.parent.mkdir(parents=True)
     lock.touch()
     old = time.time() - native.STALE_LOCK_S - 10

@@ -107,15 +107,21 @@ def test_every_crossover_entry_names_a_known_op_and_a_positive_length():
         assert isinstance(length, int) and 0 <= length <= CROSSOVER[(op, device, dtype)]
 
 
-def test_the_cpu_kernels_have_their_own_crossover_and_the_torch_code_keeps_its(monkeypatch):
-    """Sliced ReLU's sorted op on the CPU runs C++ kernels where they build: dense up to 32 tokens in
-    float32 and never in float64; with the torch code (ATTNLAB_NATIVE=off) the measured CROSSOVER."""
-    if native.library(KERNEL_SOURCES["relu"]) is None:
+@pytest.mark.parametrize(
+    ("op", "float32", "float64"),
+    [("relu", 32, 0), ("bump", 112, 16), ("causal_relu", 64, 32), ("causal_bump", 192, 96)],
+)
+def test_the_cpu_kernels_have_their_own_crossover_and_the_torch_code_keeps_its(
+    op, float32, float64, monkeypatch
+):
+    """The sorted ops on the CPU run C++ kernels where they build, and overtake the dense path sooner
+    (sliced ReLU in float64 at once); with the torch code (ATTNLAB_NATIVE=off) the measured CROSSOVER."""
+    if native.library(KERNEL_SOURCES[op]) is None:
         pytest.skip("no C++ compiler or ninja")
-    assert crossover("relu", "cpu", torch.float32) == 32 and crossover("relu", "cpu", F64) == 0
+    assert crossover(op, "cpu", torch.float32) == float32 and crossover(op, "cpu", F64) == float64
     monkeypatch.setenv(native.SWITCH, "off")
-    assert crossover("relu", "cpu", torch.float32) == CROSSOVER[("relu", "cpu", torch.float32)]
-    assert crossover("relu", "cpu", F64) == CROSSOVER[("relu", "cpu", F64)]
+    assert crossover(op, "cpu", torch.float32) == CROSSOVER[(op, "cpu", torch.float32)]
+    assert crossover(op, "cpu", F64) == CROSSOVER[(op, "cpu", F64)]
 
 
 def accepted(kind, device, impl, path, length, causal=False):

@@ -36,7 +36,8 @@ def random_inputs(batch, heads, length, dim, seed=0, dtype=F64):
 
 
 # the evaluations of the same kernels (attnlab.attention.sliced_common.path); "sorted" on the CPU runs
-# sliced ReLU's C++ kernels (sliced_relu/cpu_kernels.cpp), "sorted-torch" the torch code GPUs run
+# each op's C++ kernels (sliced_relu/ and sliced_relu_bump/cpu_kernels.cpp), "sorted-torch" the torch
+# code GPUs run
 PATHS = ["sorted", "sorted-torch", "dense"]
 
 

@@ -57,10 +57,15 @@ def _cpu_tag() -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
+def library_name(source: Path) -> str:
+    """The built library's name: its folder and file (two ops have a ``cpu_kernels.cpp``) and the CPU."""
+    return f"attnlab_{source.parent.name}_{source.stem}_{_cpu_tag()}"
+
+
 @functools.cache
 def _build(source: str) -> ctypes.CDLL | None:
     path = Path(source)
-    name = f"attnlab_{path.stem}_{_cpu_tag()}"
+    name = library_name(path)
     started = time.perf_counter()
     try:
         cpp_extension = _cpp_extension()
@@ -175,3 +180,12 @@ def over_rows(rows: int, work: int, call: Callable[[int, int], None]) -> None:
     futures = [_pool(threads).submit(call, a, b) for a, b in itertools.pairwise(bounds) if b > a]
     for future in futures:
         future.result()
+
+
+def call_rows(kernel, arrays, shape) -> None:
+    """``kernel(*arrays, length, dim, begin, end)`` over the rows of ``shape = (rows, length, dim)``, on
+    torch's threads (``over_rows``): the calling convention of the sorted ops' kernels."""
+    rows, length, dim = shape
+    assert all(x.is_contiguous() for x in arrays), "the kernels read every array as contiguous"
+    pointers = [pointer(x) for x in arrays]
+    over_rows(rows, rows * length * dim, lambda begin, end: kernel(*pointers, length, dim, begin, end))

@@ -14,14 +14,14 @@ the library (CPU, float32/float64, a compiler: ``attnlab.attention.common.native
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
 from attnlab.attention.common import native
+from attnlab.attention.sliced_common.path import KERNEL_SOURCES
 
-SOURCE = Path(__file__).with_name("dominance_kernels.cpp")
+SOURCE = KERNEL_SOURCES["causal_relu"]  # dominance_kernels.cpp beside this file (both causal ops')
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = {
     "dominance_sums": [_P] * 4 + [_I] * 2 + [_P] * 2 + [_I] * 5,

@@ -47,14 +47,27 @@ def check_path(path: str) -> str:
     return path
 
 
-# The same where the sorted op runs C++ kernels on the CPU (``attnlab.attention.common.native``): once
-# built, they overtake the dense path at shorter lengths (float64: at every length measured, from 8).
+# The same where the sorted ops run C++ kernels on the CPU (``attnlab.attention.common.native``): once
+# built, they overtake the dense path at shorter lengths (sliced ReLU in float64: at every length
+# measured, from 8). The causal ops' kernels are the dominance sums both share.
 # Without a compiler (or with ATTNLAB_NATIVE=off) the torch code runs, and CROSSOVER applies.
 KERNEL_CROSSOVER: dict[tuple[str, str, torch.dtype], int] = {
     ("relu", "cpu", torch.float32): 32,
     ("relu", "cpu", torch.float64): 0,
+    ("bump", "cpu", torch.float32): 112,
+    ("bump", "cpu", torch.float64): 16,
+    ("causal_relu", "cpu", torch.float32): 64,
+    ("causal_relu", "cpu", torch.float64): 32,
+    ("causal_bump", "cpu", torch.float32): 192,
+    ("causal_bump", "cpu", torch.float64): 96,
 }
-KERNEL_SOURCES = {"relu": Path(__file__).parents[1] / "sliced_relu" / "cpu_kernels.cpp"}
+_HERE = Path(__file__).parent
+KERNEL_SOURCES = {
+    "relu": _HERE.parent / "sliced_relu" / "cpu_kernels.cpp",
+    "bump": _HERE.parent / "sliced_relu_bump" / "cpu_kernels.cpp",
+    "causal_relu": _HERE / "dominance_kernels.cpp",
+    "causal_bump": _HERE / "dominance_kernels.cpp",
+}
 
 
 def crossover(op: str, device: torch.device | str, dtype: torch.dtype) -> int:

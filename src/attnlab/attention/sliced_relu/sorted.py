@@ -65,7 +65,7 @@ class SlicedReLU(torch.autograd.Function):
         ctx.kernels = cpu_kernels(v)
         if ctx.kernels is not None:  # the CPU: both ranks in one pass (the backward's too)
             rank, ctx.rank_le = torch.empty_like(order), torch.empty_like(order)
-            _over_rows(ctx.kernels.ranks, (t_search, s, rank, ctx.rank_le), (n_rows, length, 1))
+            native.call_rows(ctx.kernels.ranks, (t_search, s, rank, ctx.rank_le), (n_rows, length, 1))
         else:
             rank = torch.searchsorted(t_search, s, side="left")  # p_i = #{j : t_j < s_i}
         p_t = exclusive_cumsum(t_sorted)
@@ -80,7 +80,7 @@ class SlicedReLU(torch.autograd.Function):
             ctx.real = valid.sum(dim=1) if valid is not None else torch.full((n_rows,), length)
             out, vbar = torch.empty_like(v), v.new_empty(n_rows, v.shape[-1])
             arrays = (v, order, t_sorted, s, rank, ctx.real, scale, vbar, out)
-            _over_rows(ctx.kernels.forward, arrays, v.shape)
+            native.call_rows(ctx.kernels.forward, arrays, v.shape)
             below_w = None
         else:
             # Prefix sums over sorted keys of w = v - vbar and of t·w. Padded keys sit after every
@@ -131,7 +131,7 @@ class SlicedReLU(torch.autograd.Function):
             rank_le = ctx.rank_le  # #{j : t_j <= s_i}
             below, grad_v, grad_t = torch.empty_like(s), torch.empty_like(v), torch.empty_like(t)
             arrays = (v, order, t_search, s, rank, rank_le, ctx.real, vbar, grad_out, a_scale, grad_den)
-            _over_rows(ctx.kernels.backward, (*arrays, below, grad_v, grad_t), v.shape)
+            native.call_rows(ctx.kernels.backward, (*arrays, below, grad_v, grad_t), v.shape)
             grad_s = a_scale * below + grad_den * (rank + rank_le - count[:, None]).to(s.dtype)
             return SlicedReLU._gradients(ctx, grad_s, grad_t, grad_v)
         rank_le = torch.searchsorted(t_search, s, side="right")  # #{j : t_j <= s_i}
@@ -199,11 +199,3 @@ def cpu_kernels(v: torch.Tensor) -> Kernels | None:
     not float32/float64, ``ATTNLAB_NATIVE=off`` or no compiler (the torch code runs)."""
     found = native.kernels(KERNELS, v.dtype, _ARGTYPES) if v.device.type == "cpu" else None
     return None if found is None else Kernels(*found.values())
-
-
-def _over_rows(kernel, arrays, shape) -> None:
-    """``kernel(*arrays, length, dim, begin, end)`` over the rows, on torch's threads."""
-    rows, length, dim = shape
-    assert all(x.is_contiguous() for x in arrays), "the kernels read every array as contiguous"
-    pointers = [native.pointer(x) for x in arrays]
-    native.over_rows(rows, rows * length * dim, lambda begin, end: kernel(*pointers, length, dim, begin, end))

@@ -3,13 +3,24 @@
 ``o_i = (1/n) Σ_j max(0, 1 − |s_i − t_j| / b) v_j``: the hat kernel is three sliced-ReLU sums, so
 every output is a combination of prefix-table rows at the window bounds ``s_i − b``, ``s_i``,
 ``s_i + b`` (package docstring: ``attnlab.attention.sliced_common``).
+
+On the CPU the D-wide sums run in C++ (``cpu_kernels.cpp``: walkers at the window bounds going up each
+row's sorted scores, summing in double, on torch's threads; no prefix tables); the torch code below
+them runs elsewhere, with ``ATTNLAB_NATIVE=off`` and where no compiler is found. Both evaluate the
+same formulas.
 """
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 
+from attnlab.attention.common import native
 from attnlab.attention.common.precision import no_autocast
+from attnlab.attention.sliced_common.path import KERNEL_SOURCES
 from attnlab.attention.sliced_common.rows import (
     centre_scores,
     cumsum_rows_,
@@ -74,6 +85,21 @@ class SlicedReLUBump(torch.autograd.Function):
         s, t = centre_scores(s, t, valid, count, queries)
         s, t, bad = finite_rows(s, t)  # rows with a NaN/inf score: NaN out, below
         t_search, t_sorted, order = sort_real_first(t, valid)
+        coef = (1.0 / (count[:, None] * b)).expand(-1, length)  # 1 / (n b)
+        if queries is not None:
+            coef = coef.masked_fill(~queries, 0.0)
+        ctx.kernels = cpu_kernels(v)
+        if ctx.kernels is not None:  # the CPU: walks up the sorted scores (cpu_kernels.cpp), no tables
+            real = valid.sum(dim=1) if valid is not None else torch.full((n_rows,), length)
+            s_sorted, s_order = torch.sort(s, dim=1)  # every query (dropped ones: s = 0, coef = 0)
+            v, coef, width = v.contiguous(), coef.contiguous(), b.reshape(-1).contiguous()
+            out, vbar = torch.empty_like(v), v.new_empty(n_rows, v.shape[-1])  # vbar: the kernel's
+            arrays = (v, order, t_sorted, real, vbar, s, s_order, width, coef, out)
+            native.call_rows(ctx.kernels.forward, arrays, v.shape)
+            nan_rows(out, bad, queries)
+            ctx.save_for_backward(s, t, v, b, order, t_sorted, real, vbar, s_sorted, s_order, coef)
+            ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
+            return out
         # Tables of the centred values w = v - vbar (running totals stay of order sqrt(T) instead of
         # T·|vbar|); vbar comes back as vbar · (hat mass), from the scalar tables below.
         # Padded rows are never read (see SlicedReLU).
@@ -85,9 +111,6 @@ class SlicedReLUBump(torch.autograd.Function):
         p_t = exclusive_cumsum(t_sorted.to(torch.float64))
 
         lo, mid, hi = hat_windows(t_search, s, b)
-        coef = (1.0 / (count[:, None] * b)).expand(-1, length)  # 1 / (n b)
-        if queries is not None:
-            coef = coef.masked_fill(~queries, 0.0)
         out = hat_output(p_v, p_tv, p_t, (lo, mid, hi), s, b, coef, vbar[:, None, :])
         nan_rows(out, bad, queries)
 
@@ -97,21 +120,12 @@ class SlicedReLUBump(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_out):
-        s, t, v, b, t_search, p_v, p_tv, p_t, vbar, lo, mid, hi, coef = ctx.saved_tensors
-        valid, queries = ctx.valid, ctx.queries
         grad_out = grad_out.contiguous()
-
-        below = torch.searchsorted(t_search, s, side="left")  # #{t < s}
-        g_vbar = torch.bmm(grad_out, vbar[:, :, None])[..., 0]
-        grad_s, grad_b, buffer = query_gradients(
-            p_v, p_tv, p_t, (lo, below, mid, hi), grad_out, g_vbar, s, b, coef
-        )
-        s_search, s_sorted, q_order = sort_real_first(s, queries)
-        k_lo, k_mid, k_hi = hat_windows(s_search, t, b)
-        k_below = torch.searchsorted(s_search, t, side="left")
-        grad_v, grad_t = key_gradients(
-            grad_out, q_order, s_sorted, (k_lo, k_below, k_mid, k_hi), t, v, b, coef, buffer
-        )
+        if ctx.kernels is not None:
+            grad_s, grad_t, grad_v, grad_b = SlicedReLUBump._kernel_gradients(ctx, grad_out)
+        else:
+            grad_s, grad_t, grad_v, grad_b = SlicedReLUBump._torch_gradients(ctx, grad_out)
+        valid, queries = ctx.valid, ctx.queries
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
@@ -124,6 +138,37 @@ class SlicedReLUBump(torch.autograd.Function):
             nan_rows(grad_v, bad, valid),
         )
         return grad_s, grad_t, grad_v, nan_rows(grad_b, bad), None, None
+
+    @staticmethod
+    def _kernel_gradients(ctx, grad_out):
+        """The CPU: the queries' side and the keys' side in one walk each (``cpu_kernels.cpp``)."""
+        s, t, v, b, order, t_sorted, real, vbar, s_sorted, s_order, coef = ctx.saved_tensors
+        width = b.reshape(-1).contiguous()
+        grad_s, grad_b = torch.empty_like(s), torch.empty_like(s)
+        arrays = (v, order, t_sorted, real, vbar, s, s_order, width, coef, grad_out, grad_s, grad_b)
+        native.call_rows(ctx.kernels.query_grads, arrays, v.shape)
+        grad_v, grad_t = torch.empty_like(v), torch.empty_like(t)
+        arrays = (grad_out, s_order, s_sorted, coef, v, order, real, t.contiguous(), width, grad_v, grad_t)
+        native.call_rows(ctx.kernels.key_grads, arrays, v.shape)
+        return grad_s, grad_t, grad_v, grad_b.sum(dim=1, keepdim=True)
+
+    @staticmethod
+    def _torch_gradients(ctx, grad_out):
+        s, t, v, b, t_search, p_v, p_tv, p_t, vbar, lo, mid, hi, coef = ctx.saved_tensors
+        queries = ctx.queries
+
+        below = torch.searchsorted(t_search, s, side="left")  # #{t < s}
+        g_vbar = torch.bmm(grad_out, vbar[:, :, None])[..., 0]
+        grad_s, grad_b, buffer = query_gradients(
+            p_v, p_tv, p_t, (lo, below, mid, hi), grad_out, g_vbar, s, b, coef
+        )
+        s_search, s_sorted, q_order = sort_real_first(s, queries)
+        k_lo, k_mid, k_hi = hat_windows(s_search, t, b)
+        k_below = torch.searchsorted(s_search, t, side="left")
+        grad_v, grad_t = key_gradients(
+            grad_out, q_order, s_sorted, (k_lo, k_below, k_mid, k_hi), t, v, b, coef, buffer
+        )
+        return grad_s, grad_t, grad_v, grad_b
 
 
 def hat_output(p_v, p_tv, p_t, windows, s, b, coef, vbar):
@@ -186,3 +231,25 @@ def key_gradients(grad_out, q_order, s_sorted, windows, t, v, b, coef, buffer=No
     _, (v_below,), buffer = _gather_combine(q_g, [(k_below, None)], dots_with=v, buffer=buffer)
     grad_v, _, _ = _gather_combine(q_sg, scored, out=grad_v, buffer=buffer)
     return grad_v, v_hi - v_mid + v_lo - v_below
+
+
+KERNELS = KERNEL_SOURCES["bump"]  # cpu_kernels.cpp beside this file (path.py's crossover reads it too)
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_ARGTYPES = {
+    "sliced_relu_bump_forward": [_P] * 10 + [_I] * 4,
+    "sliced_relu_bump_query_grads": [_P] * 12 + [_I] * 4,
+    "sliced_relu_bump_key_grads": [_P] * 11 + [_I] * 4,
+}
+
+
+class Kernels(NamedTuple):
+    forward: Callable
+    query_grads: Callable
+    key_grads: Callable
+
+
+def cpu_kernels(v: torch.Tensor) -> Kernels | None:
+    """The C++ kernels (``cpu_kernels.cpp``) for CPU values of ``v``'s dtype, or None: not the CPU,
+    not float32/float64, ``ATTNLAB_NATIVE=off`` or no compiler (the torch code runs)."""
+    found = native.kernels(KERNELS, v.dtype, _ARGTYPES) if v.device.type == "cpu" else None
+    return None if found is None else Kernels(*found.values())

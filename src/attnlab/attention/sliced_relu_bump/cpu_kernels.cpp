@@ -1,0 +1,261 @@
+// Bidirectional sliced ReLU-bump on the CPU: the D-wide part of the sorted op (sliced_relu_bump/sorted.py)
+// as walks over each row's sorted scores, summing in double, with no prefix tables in memory.
+//
+// Every sum the op needs is a hat window sum: for a centre c of width b, over the sources (rows u_k at
+// scores x_k) in the left window (c − b, c] and the right window (c, c + b),
+//   b Σ_k hat(c − x_k) u_k = (b − c) L + L_x + (b + c) R − R_x      (L, R: Σ u; L_x, R_x: Σ x u)
+// and the derivative's windows split at c (keys tied with c drop out). The torch code builds (T + 1) x D
+// prefix tables of u and x u and gathers them at each centre's window bounds. Here the centres are
+// visited in ascending order, so every bound (c − b, c, c + b) only moves up: four walkers (at the bounds
+// x <= c − b, x < c, x <= c, x < c + b) go up the sorted sources once each, keeping their running sums
+// in double, and each centre reads its windows as differences of the walkers' sums. Forward (sources:
+// the keys, centres: the queries), the queries' gradients (the same walk, dotted with g_i) and the
+// keys' gradients (sources: the queries' c_i g_i, centres: the keys; the hat is symmetric). Plain C++
+// without torch's headers (attnlab.attention.common.native builds it).
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t AHEAD = 16;  // sources ahead of a walker whose rows are prefetched (sorted order: random rows)
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t dim) {
+  for (int64_t c = 0; c < dim; c += 64 / sizeof(T)) __builtin_prefetch(row + c, 0);
+}
+
+// The sources of one row: row k is weight_k (u_k − shift) at score x_k; `order` lists them by ascending
+// score (x_sorted), the first `count` of them real (the walks stop there).
+template <typename T>
+struct Sources {
+  const T* u;
+  const int64_t* order;
+  const T* x_sorted;
+  const T* weight;  // by index, null: one
+  const T* shift;   // (dim), null: none
+  int64_t count, dim;
+};
+
+// Running sums over the sources below a moving bound: Σ row, Σ x row (when `scored`), Σ x, the count.
+template <typename T>
+struct Walker {
+  std::vector<double> rows, scored_rows;
+  double sum_x = 0.0;
+  int64_t at = 0;
+
+  Walker(int64_t dim, bool scored) : rows(dim, 0.0), scored_rows(scored ? dim : 0, 0.0) {}
+
+  template <typename Below>
+  void advance(const Sources<T>& src, Below below) {
+    const int64_t dim = src.dim;
+    while (at < src.count && below(src.x_sorted[at])) {
+      if (at + AHEAD < src.count) prefetch_row(src.u + src.order[at + AHEAD] * dim, dim);
+      const int64_t k = src.order[at];
+      const T* row = src.u + k * dim;
+      const double w = src.weight == nullptr ? 1.0 : static_cast<double>(src.weight[k]);
+      const double x = src.x_sorted[at], wx = w * x;
+      if (src.shift == nullptr) {
+#pragma omp simd
+        for (int64_t c = 0; c < dim; ++c) rows[c] += w * row[c];
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < dim; ++c) rows[c] += w * (row[c] - static_cast<double>(src.shift[c]));
+      }
+      if (!scored_rows.empty()) {
+        if (src.shift == nullptr) {
+#pragma omp simd
+          for (int64_t c = 0; c < dim; ++c) scored_rows[c] += wx * row[c];
+        } else {
+#pragma omp simd
+          for (int64_t c = 0; c < dim; ++c) scored_rows[c] += wx * (row[c] - static_cast<double>(src.shift[c]));
+        }
+      }
+      sum_x += x;
+      ++at;
+    }
+  }
+};
+
+// The four walkers at one centre: lo (x <= c − b), below (x < c), mid (x <= c), hi (x < c + b).
+template <typename T>
+struct Windows {
+  Walker<T> lo, below, mid, hi;
+  explicit Windows(int64_t dim) : lo(dim, true), below(dim, false), mid(dim, true), hi(dim, true) {}
+
+  // Moves to the centre c (centres visited in ascending order); the bounds in T's arithmetic, as the
+  // torch code computes them.
+  void move_to(const Sources<T>& src, T c, T width) {
+    const T low = c - width, high = c + width;
+    lo.advance(src, [low](T x) { return x <= low; });
+    below.advance(src, [c](T x) { return x < c; });
+    mid.advance(src, [c](T x) { return x <= c; });
+    hi.advance(src, [high](T x) { return x < high; });
+  }
+};
+
+// Visits every centre of `centre_order` (ascending, `n_centres` of them) with its windows.
+template <typename T, typename Visit>
+void walk_windows(const Sources<T>& src, const T* centre, const int64_t* centre_order, int64_t n_centres, T width,
+                  Visit visit) {
+  Windows<T> windows(src.dim);
+  for (int64_t q = 0; q < n_centres; ++q) {
+    const int64_t i = centre_order[q];
+    windows.move_to(src, centre[i], width);
+    visit(i, windows);
+  }
+}
+
+// The mean of a row's real values, summed in double in sorted order: the same whatever padding follows
+// them (torch's reductions block by the row's length).
+template <typename T>
+void real_mean(const T* v, const int64_t* order, int64_t count, int64_t dim, T* mean) {
+  std::vector<double> sum(dim, 0.0);
+  for (int64_t p = 0; p < count; ++p) {
+    const T* row = v + order[p] * dim;
+#pragma omp simd
+    for (int64_t c = 0; c < dim; ++c) sum[c] += row[c];
+  }
+  for (int64_t c = 0; c < dim; ++c) mean[c] = static_cast<T>(count > 0 ? sum[c] / count : 0.0);
+}
+
+// Forward: vbar the mean of the real values (written for the backward), then out_i = coef_i (b Σ_j
+// hat(s_i − t_j) w_j) + mass_i vbar with w = v − vbar (centred: the running sums stay of order
+// sqrt(T)), mass_i = coef_i b Σ_j hat(s_i − t_j).
+template <typename T>
+void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, T* vbar, const T* s,
+                  const int64_t* s_order, const T* width, const T* coef, T* out, int64_t length, int64_t dim,
+                  int64_t row_begin, int64_t row_end) {
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const int64_t at = n * length;
+    T* mean = vbar + n * dim;
+    real_mean(v + at * dim, order + at, count[n], dim, mean);
+    const Sources<T> keys{v + at * dim, order + at, t_sorted + at, nullptr, mean, count[n], dim};
+    const double b = width[n];
+    walk_windows(keys, s + at, s_order + at, length, width[n], [&](int64_t i, const Windows<T>& w) {
+      const double c = s[at + i], a = coef[at + i];
+      const double left_n = w.mid.at - w.lo.at, right_n = w.hi.at - w.mid.at;
+      const double left_t = w.mid.sum_x - w.lo.sum_x, right_t = w.hi.sum_x - w.mid.sum_x;
+      const double mass = a * ((b - c) * left_n + left_t + (b + c) * right_n - right_t);
+      const double left_coef = a * (b - c), right_coef = a * (b + c);
+      T* target = out + (at + i) * dim;
+#pragma omp simd
+      for (int64_t k = 0; k < dim; ++k) {
+        const double left = w.mid.rows[k] - w.lo.rows[k], right = w.hi.rows[k] - w.mid.rows[k];
+        const double left_x = w.mid.scored_rows[k] - w.lo.scored_rows[k];
+        const double right_x = w.hi.scored_rows[k] - w.mid.scored_rows[k];
+        target[k] = static_cast<T>(left_coef * left + a * left_x + right_coef * right - a * right_x + mass * mean[k]);
+      }
+    });
+  }
+}
+
+// The queries' gradients, with g_i = dL/do_i and gv_i = g_i · vbar (window sums of v are those of w
+// plus vbar times the window's key count or score sum):
+//   dL/ds_i = coef_i g_i · (Σ_{t∈(s,s+b)} v − Σ_{t∈(s−b,s)} v)         (keys tied with s_i drop out)
+//   dL/db  += coef_i / b · g_i · (s_i (L − R) + R_x − L_x)               (per query, summed by the caller)
+template <typename T>
+void query_grads_rows(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, const T* vbar,
+                      const T* s, const int64_t* s_order, const T* width, const T* coef, const T* g, T* grad_s,
+                      T* grad_b, int64_t length, int64_t dim, int64_t row_begin, int64_t row_end) {
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const int64_t at = n * length;
+    const Sources<T> keys{v + at * dim, order + at, t_sorted + at, nullptr, vbar + n * dim, count[n], dim};
+    const T* mean = vbar + n * dim;
+    const double b = width[n];
+    walk_windows(keys, s + at, s_order + at, length, width[n], [&](int64_t i, const Windows<T>& w) {
+      const T* gi = g + (at + i) * dim;
+      double g_left = 0.0, g_right = 0.0, g_tied_left = 0.0, g_left_x = 0.0, g_right_x = 0.0, g_mean = 0.0;
+#pragma omp simd reduction(+ : g_left, g_right, g_tied_left, g_left_x, g_right_x, g_mean)
+      for (int64_t k = 0; k < dim; ++k) {
+        const double gk = gi[k];
+        g_left += gk * (w.mid.rows[k] - w.lo.rows[k]);
+        g_right += gk * (w.hi.rows[k] - w.mid.rows[k]);
+        g_tied_left += gk * (w.below.rows[k] - w.lo.rows[k]);  // the left window without the tied keys
+        g_left_x += gk * (w.mid.scored_rows[k] - w.lo.scored_rows[k]);
+        g_right_x += gk * (w.hi.scored_rows[k] - w.mid.scored_rows[k]);
+        g_mean += gk * static_cast<double>(mean[k]);
+      }
+      const double c = s[at + i], a = coef[at + i];
+      const double left_n = w.mid.at - w.lo.at, right_n = w.hi.at - w.mid.at, strict_left_n = w.below.at - w.lo.at;
+      const double left_t = w.mid.sum_x - w.lo.sum_x, right_t = w.hi.sum_x - w.mid.sum_x;
+      grad_s[at + i] = static_cast<T>(a * ((g_right + g_mean * right_n) - (g_tied_left + g_mean * strict_left_n)));
+      const double left = g_left + g_mean * left_n, right = g_right + g_mean * right_n;
+      const double left_x = g_left_x + g_mean * left_t, right_x = g_right_x + g_mean * right_t;
+      grad_b[at + i] = static_cast<T>(a / b * (c * (left - right) + right_x - left_x));
+    });
+  }
+}
+
+// The keys' gradients (sources: the queries' rows coef_i g_i at s_i, in s_order; centres: the real keys
+// in key order, the first count[n] of it; padded keys get zeros). The output is coef_i b Σ_j hat w_j:
+//   dL/dv_j = b Σ_i coef_i hat(s_i − t_j) g_i
+//   dL/dt_j = v_j · (Σ_{s∈(t,t+b)} coef g − Σ_{s∈(t−b,t)} coef g)
+template <typename T>
+void key_grads_rows(const T* g, const int64_t* s_order, const T* s_sorted, const T* coef, const T* v,
+                    const int64_t* order, const int64_t* count, const T* t, const T* width, T* grad_v, T* grad_t,
+                    int64_t length, int64_t dim, int64_t row_begin, int64_t row_end) {
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const int64_t at = n * length;
+    const Sources<T> queries{g + at * dim, s_order + at, s_sorted + at, coef + at, nullptr, length, dim};
+    const double b = width[n];
+    walk_windows(queries, t + at, order + at, count[n], width[n], [&](int64_t j, const Windows<T>& w) {
+      const double c = t[at + j];
+      const T* vj = v + (at + j) * dim;
+      T* target = grad_v + (at + j) * dim;
+      double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t k = 0; k < dim; ++k) {
+        const double left = w.mid.rows[k] - w.lo.rows[k], right = w.hi.rows[k] - w.mid.rows[k];
+        const double left_x = w.mid.scored_rows[k] - w.lo.scored_rows[k];
+        const double right_x = w.hi.scored_rows[k] - w.mid.scored_rows[k];
+        target[k] = static_cast<T>((b - c) * left + left_x + (b + c) * right - right_x);
+        dot += vj[k] * (right - (w.below.rows[k] - w.lo.rows[k]));
+      }
+      grad_t[at + j] = static_cast<T>(dot);
+    });
+    for (int64_t p = count[n]; p < length; ++p) {  // padded keys: no gradient
+      const int64_t j = order[at + p];
+      std::fill(grad_v + (at + j) * dim, grad_v + (at + j + 1) * dim, static_cast<T>(0));
+      grad_t[at + j] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+// Every array contiguous, rows n in [row_begin, row_end) of N: v, g, out, grad_v (N, length, dim); order
+// (keys by ascending score, the count[n] real ones first) and t_sorted, s_order (every query by ascending
+// score) and s_sorted, s, t, coef, grad_s, grad_b (N, length); count (N) real keys; vbar (N, dim) the
+// mean of the real values (the forward writes it, the queries' gradients read it); width (N) the
+// bandwidth.
+#define ATTNLAB_FORWARD(NAME, T) \
+  void NAME(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, T* vbar, const T* s, \
+            const int64_t* s_order, const T* width, const T* coef, T* out, int64_t length, int64_t dim, \
+            int64_t row_begin, int64_t row_end) { \
+    forward_rows(v, order, t_sorted, count, vbar, s, s_order, width, coef, out, length, dim, row_begin, row_end); \
+  }
+#define ATTNLAB_QUERY_GRADS(NAME, T) \
+  void NAME(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, const T* vbar, const T* s, \
+            const int64_t* s_order, const T* width, const T* coef, const T* g, T* grad_s, T* grad_b, int64_t length, \
+            int64_t dim, int64_t row_begin, int64_t row_end) { \
+    query_grads_rows(v, order, t_sorted, count, vbar, s, s_order, width, coef, g, grad_s, grad_b, length, dim, \
+                     row_begin, row_end); \
+  }
+#define ATTNLAB_KEY_GRADS(NAME, T) \
+  void NAME(const T* g, const int64_t* s_order, const T* s_sorted, const T* coef, const T* v, const int64_t* order, \
+            const int64_t* count, const T* t, const T* width, T* grad_v, T* grad_t, int64_t length, int64_t dim, \
+            int64_t row_begin, int64_t row_end) { \
+    key_grads_rows(g, s_order, s_sorted, coef, v, order, count, t, width, grad_v, grad_t, length, dim, row_begin, \
+                   row_end); \
+  }
+
+extern "C" {
+ATTNLAB_FORWARD(sliced_relu_bump_forward_f32, float)
+ATTNLAB_FORWARD(sliced_relu_bump_forward_f64, double)
+ATTNLAB_QUERY_GRADS(sliced_relu_bump_query_grads_f32, float)
+ATTNLAB_QUERY_GRADS(sliced_relu_bump_query_grads_f64, double)
+ATTNLAB_KEY_GRADS(sliced_relu_bump_key_grads_f32, float)
+ATTNLAB_KEY_GRADS(sliced_relu_bump_key_grads_f64, double)
+}
