@@ -105,10 +105,10 @@ inline bool counts(T key, T x, bool strict) {
 // One row's sums, handed to emit(position, sums (double[width]), first) twice per position: the
 // pairs inside its block (first = true), then those across blocks. transpose = false: the positions
 // are the thresholds', S_i over keys j ≤ i; true: the keys', over thresholds i ≥ j.
-template <typename T, typename Rows, typename Emit, typename Prefetch>
-void dominance_row(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, bool strict,
-                   bool transpose, const Rows& rows, int64_t length, int64_t width, int64_t block, Emit emit,
-                   Prefetch prefetch_out) {
+// The pairs inside each block, handed to emit(position, sums, true).
+template <typename T, typename Rows, typename Emit>
+void block_pairs(const T* key, const T* x, bool strict, bool transpose, const Rows& rows, int64_t length,
+                 int64_t width, int64_t block, Emit emit) {
   std::vector<double> acc(width);
   for (int64_t start = 0; start < length; start += block) {
     const int64_t end = std::min(start + block, length);
@@ -121,7 +121,14 @@ void dominance_row(const T* key, const int64_t* key_order, const T* x, const int
       emit(p, acc.data(), true);
     }
   }
+}
 
+template <typename T, typename Rows, typename Emit, typename Prefetch>
+void dominance_row(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, bool strict,
+                   bool transpose, const Rows& rows, int64_t length, int64_t width, int64_t block, Emit emit,
+                   Prefetch prefetch_out) {
+  block_pairs(key, x, strict, transpose, rows, length, width, block, emit);
+  std::vector<double> acc(width);
   const int64_t blocks = (length + block - 1) / block;
   BlockTree tree(blocks, width);
   std::vector<double> row(width);
@@ -241,23 +248,51 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
       sums_of[o] = in_place ? reinterpret_cast<double*>(outs[o] + at * width) : copy.data() + o * length * width;
       std::fill(sums_of[o], sums_of[o] + length * width, 0.0);
     }
-    for (int64_t h = 0; h < n_thresholds; ++h) {
-      auto emit = [&](int64_t p, const double* sums, bool) {
-        for (int64_t k = 0; k < n_terms; ++k) {
-          if (term_threshold[k] != h) continue;
-          const double coef = coefs[k] == nullptr ? 1.0 : coefs[k][at + p];
-          const double* part = sums + term_block[k] * width;
-          double* target = sums_of[term_out[k]] + p * width;
+    auto emit = [&](int64_t h, int64_t p, const double* sums) {
+      for (int64_t k = 0; k < n_terms; ++k) {
+        if (term_threshold[k] != h) continue;
+        const double coef = coefs[k] == nullptr ? 1.0 : coefs[k][at + p];
+        const double* part = sums + term_block[k] * width;
+        double* target = sums_of[term_out[k]] + p * width;
 #pragma omp simd
-          for (int64_t c = 0; c < width; ++c) target[c] += coef * part[c];
+        for (int64_t c = 0; c < width; ++c) target[c] += coef * part[c];
+      }
+    };
+    const TableRows<T> rows{table + at * table_width, table_width};
+    for (int64_t h = 0; h < n_thresholds; ++h) {
+      block_pairs(key + at, xs[h] + at, strict[h] != 0, false, rows, length, table_width, block,
+                  [&](int64_t p, const double* sums, bool) { emit(h, p, sums); });
+    }
+    // Across blocks, one walk up the keys for every threshold row: before a key joins the tree, each
+    // row's thresholds that do not count it read (in their ascending order), so each key is added once.
+    const int64_t blocks = (length + block - 1) / block;
+    BlockTree tree(blocks, table_width);
+    std::vector<double> row(table_width), acc(table_width);
+    std::vector<int64_t> next(n_thresholds, 0);
+    for (int64_t k = 0; k <= length; ++k) {
+      const T* key_row = key + at;
+      for (int64_t h = 0; h < n_thresholds; ++h) {
+        const T* x = xs[h] + at;
+        const int64_t* x_order = x_orders[h] + at;
+        while (next[h] < length && (k == length || !counts(key_row[key_order[at + k]], x[x_order[next[h]]], strict[h] != 0))) {
+          if (next[h] + AHEAD < length) {  // its output rows and coefficients, in sorted order: random
+            const int64_t ahead = x_order[next[h] + AHEAD];
+            for (int64_t o = 0; o < n_outs; ++o) prefetch_row(sums_of[o] + ahead * width, width, 1);
+            for (int64_t t = 0; t < n_terms; ++t) {
+              if (term_threshold[t] == h && coefs[t] != nullptr) __builtin_prefetch(coefs[t] + at + ahead, 0);
+            }
+          }
+          const int64_t i = x_order[next[h]++];
+          tree.before(i / block, acc.data());
+          emit(h, i, acc.data());
         }
-      };
-      auto prefetch = [&](int64_t p) {
-        for (int64_t o = 0; o < n_outs; ++o) prefetch_row(sums_of[o] + p * width, width, 1);
-      };
-      const TableRows<T> rows{table + at * table_width, table_width};
-      dominance_row(key + at, key_order + at, xs[h] + at, x_orders[h] + at, strict[h] != 0, false, rows, length,
-                    table_width, block, emit, prefetch);
+      }
+      if (k == length) break;
+      if (k + AHEAD < length) rows.prefetch(key_order[at + k + AHEAD]);
+      const int64_t j = key_order[at + k];
+      std::fill(row.begin(), row.end(), 0.0);
+      rows.add(j, row.data());
+      tree.add(j / block, row.data());
     }
     if (!in_place) {
       for (int64_t o = 0; o < n_outs; ++o) std::copy(sums_of[o], sums_of[o] + length * width, outs[o] + at * width);
