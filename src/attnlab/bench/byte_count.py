@@ -20,11 +20,14 @@ What a GPU will move can still be *measured* on a CPU, one access at a time:
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnlab.attention.common import native
 
 aten = torch.ops.aten
 
@@ -165,9 +168,24 @@ def _interpreter_hooks(counter: _Counter):
         builder.create_masked_load, builder.create_masked_store, executor.__call__ = load, store, call
 
 
+@contextlib.contextmanager
+def _torch_code():
+    """The torch code instead of the CPU's C++ kernels (``ATTNLAB_NATIVE=off``): what runs beside the
+    Triton kernels on a GPU, whose traffic is counted."""
+    before = os.environ.get(native.SWITCH)
+    os.environ[native.SWITCH] = "off"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[native.SWITCH]
+        else:
+            os.environ[native.SWITCH] = before
+
+
 def count_bytes(fn: Callable[[], object]) -> list[Traffic]:
     """Run ``fn`` once and return the bytes each torch op and Triton kernel moved, largest first."""
     counter = _Counter()
-    with _interpreter_hooks(counter), counter:
+    with _torch_code(), _interpreter_hooks(counter), counter:
         fn()
     return sorted(counter.rows.values(), key=lambda r: -r.total)

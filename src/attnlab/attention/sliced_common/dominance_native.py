@@ -6,7 +6,7 @@ level, about two full passes over the (T, W) table each. The kernels cut time in
 ``chunk`` tokens once, sum the pairs inside a block directly, and take the pairs across blocks from
 one walk per row up the sorted scores, with a Fenwick tree over the blocks that stays in the cache:
 one read of each table row and one write of each output row besides. The orders come from
-``torch.argsort`` (the rows in parallel); the backward pass reuses the forward's. The functions below
+``rows.sort_rows`` (a radix sort in C++); the backward pass reuses the forward's. The functions below
 take the torch functions' arguments and return what they return; they run where ``kernels`` finds
 the library (CPU, float32/float64, a compiler: ``attnlab.attention.common.native``).
 """
@@ -20,6 +20,7 @@ import torch
 
 from attnlab.attention.common import native
 from attnlab.attention.sliced_common.path import KERNEL_SOURCES
+from attnlab.attention.sliced_common.rows import sort_rows
 
 SOURCE = KERNEL_SOURCES["causal_relu"]  # dominance_kernels.cpp beside this file (both causal ops')
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -48,7 +49,7 @@ def kernels(table: torch.Tensor, *compared: torch.Tensor) -> dict | None:
 
 
 def ascending(x: torch.Tensor) -> torch.Tensor:
-    return torch.argsort(x.detach(), dim=1)
+    return sort_rows(x.detach())[1]
 
 
 def _same_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

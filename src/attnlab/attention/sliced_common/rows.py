@@ -6,12 +6,14 @@ precision) is in the package docstring, ``attnlab.attention.sliced_common``.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention.common import compiler
+from attnlab.attention.common import compiler, native
 from attnlab.attention.common.precision import FLOAT_DTYPES
 
 
@@ -148,12 +150,33 @@ def real_counts(valid: torch.Tensor | None, n_rows: int, length: int, dtype, dev
     return valid.sum(dim=1).clamp_min(1).to(dtype)
 
 
+SORT_KERNELS = Path(__file__).with_name("sort_kernels.cpp")
+_SORT_ARGTYPES = {"sort_rows": [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4}
+
+
+def sort_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.sort(x, dim=1)`` of ``(N, T)`` scores: on the CPU a radix sort in C++ (``sort_kernels.cpp``,
+    the rows on torch's threads; several times faster than torch's comparison sort at T = 16K), the same
+    values and an order equally valid (ties in index order); elsewhere, with ``ATTNLAB_NATIVE=off`` or
+    under autograd, torch's."""
+    tracked = x.requires_grad and torch.is_grad_enabled()
+    found = (
+        None if x.device.type != "cpu" or tracked else native.kernels(SORT_KERNELS, x.dtype, _SORT_ARGTYPES)
+    )
+    if found is None or x.dim() != 2:
+        return torch.sort(x, dim=1)
+    x = x.contiguous()
+    values, order = torch.empty_like(x), torch.empty(x.shape, dtype=torch.int64)
+    native.call_rows(found["sort_rows"], (x, values, order), (*x.shape, 1))
+    return values, order
+
+
 def sort_real_first(scores: torch.Tensor, valid: torch.Tensor | None):
     """Sort scores ascending with padded slots last. Returns the sorted scores with padded = +inf
     (for ``searchsorted``: no finite score ranks past a real one), the same with padded = 0 (for
     arithmetic: never inf · 0) and the sort order."""
     key = scores if valid is None else scores.masked_fill(~valid, float("inf"))
-    ordered, order = torch.sort(key, dim=1)
+    ordered, order = sort_rows(key)
     if valid is None:
         return ordered, ordered, order
     return ordered, ordered.masked_fill(~torch.gather(valid, 1, order), 0.0), order

@@ -35,6 +35,7 @@ from attnlab.attention.sliced_common.rows import (
     real_counts,
     rowdot,
     sort_real_first,
+    sort_rows,
     sorted_rows,
     take_rows,
     times_scores,
@@ -91,7 +92,7 @@ class SlicedReLUBump(torch.autograd.Function):
         ctx.kernels = cpu_kernels(v)
         if ctx.kernels is not None:  # the CPU: walks up the sorted scores (cpu_kernels.cpp), no tables
             real = valid.sum(dim=1) if valid is not None else torch.full((n_rows,), length)
-            s_sorted, s_order = torch.sort(s, dim=1)  # every query (dropped ones: s = 0, coef = 0)
+            s_sorted, s_order = sort_rows(s)  # every query (dropped ones: s = 0, coef = 0)
             v, coef, width = v.contiguous(), coef.contiguous(), b.reshape(-1).contiguous()
             out, vbar = torch.empty_like(v), v.new_empty(n_rows, v.shape[-1])  # vbar: the kernel's
             arrays = (v, order, t_sorted, real, vbar, s, s_order, width, coef, out)
