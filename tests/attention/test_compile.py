@@ -20,6 +20,7 @@ from torch import nn
 from attnlab.attention.common import compiler, rope
 from attnlab.attention.common.rope import RotaryEmbedding
 from attnlab.attention.registry import build_attention
+from attnlab.attention.sliced_common.path import crossover
 
 DIM, HEADS, LENGTH = 16, 2, 40
 BACKENDS = ("softmax", "sliced_relu", "sliced_relu_bump", "linear", "performer")
@@ -188,19 +189,33 @@ def _graphs_over_lengths(backends, lengths) -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
+def _sides_of_the_crossovers(backends, lengths) -> int:
+    """How many ways ``lengths`` fall about the CPU float32 dense/sorted crossovers of ``backends``'
+    sliced ops (the C++ kernels' where they build, the torch code's otherwise): one graph each."""
+    ops = {"sliced_relu": "relu", "sliced_relu_bump": "bump"}
+    limits = [crossover(ops[b], "cpu", torch.float32) for b in backends if b in ops]
+    return len({tuple(length <= limit for limit in limits) for length in lengths})
+
+
 @pytest.mark.slow
 def test_new_lengths_reuse_the_compiled_graphs():
     """With dynamic shapes a new length compiles nothing new; only the sliced ops' dense/sorted
-    crossover (T = 64 for sliced ReLU on the CPU) splits the graph. (A length formatted into a
-    dispatch message, or the Performer's call counter read as a constant, once made every length
-    or call a new graph.) Guards are dynamo's: the ``eager`` backend finds them."""
-    assert _graphs_over_lengths(("sliced_relu", "performer"), (40, 71, 45, 90, 87)) == 2
+    crossover splits the graph. (A length formatted into a dispatch message, the Performer's call
+    counter read as a constant, or the kernels' file name formatted while tracing once made every
+    length or call a new graph.) Guards are dynamo's: the ``eager`` backend finds them."""
+    lengths = (20, 40, 71, 45, 90, 87)
+    expected = _sides_of_the_crossovers(("sliced_relu",), lengths)
+    assert expected == 2  # lengths on both sides of sliced ReLU's crossover (32 or 64)
+    assert _graphs_over_lengths(("sliced_relu", "performer"), lengths) == expected
 
 
 @pytest.mark.slow
 def test_every_backend_reuses_the_compiled_graphs():
-    """Every backend, on either side of both crossovers (64 for ReLU, 128 for ReLU-bump): 3 graphs."""
-    assert _graphs_over_lengths(BACKENDS, (40, 71, 150, 45, 90, 161, 87)) == 3
+    """Every backend, on either side of both crossovers: a graph for each side."""
+    lengths = (20, 40, 71, 150, 45, 90, 161, 87)
+    expected = _sides_of_the_crossovers(BACKENDS, lengths)
+    assert expected == 3  # below both, between them, above both
+    assert _graphs_over_lengths(BACKENDS, lengths) == expected
 
 
 def test_performer_redraws_on_schedule_under_compile():

@@ -70,10 +70,15 @@ KERNEL_SOURCES = {
 }
 
 
+# the same as strings: ``str(path)`` runs pathlib code that torch.compile cannot trace (a graph break
+# in every layer call, and a new graph for each length)
+_KERNEL_FILES = {op: str(source) for op, source in KERNEL_SOURCES.items()}
+
+
 def crossover(op: str, device: torch.device | str, dtype: torch.dtype) -> int:
     """The longest T at which ``path="auto"`` runs ``op`` densely on ``device`` (a device or its
     type; 0: never)."""
     key = (op, torch.device(device).type, dtype)
-    if key in KERNEL_CROSSOVER and native.built(str(KERNEL_SOURCES[op])):
+    if key in KERNEL_CROSSOVER and native.built(_KERNEL_FILES[op]):
         return KERNEL_CROSSOVER[key]
     return CROSSOVER.get(key, 0)
