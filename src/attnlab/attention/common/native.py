@@ -150,6 +150,12 @@ def kernels(source: Path, dtype: torch.dtype, argtypes: dict[str, list]) -> dict
     return functions
 
 
+def cpu_kernels(x: torch.Tensor, source: Path, argtypes: dict[str, list]) -> dict | None:
+    """``kernels`` for a CPU tensor ``x`` (by its dtype), None on any other device: the sorted ops'
+    C++ kernels serve CPU inputs only."""
+    return kernels(source, x.dtype, argtypes) if x.device.type == "cpu" else None
+
+
 def pointer(x) -> ctypes.c_void_p:
     """A tensor's data as a C pointer (the caller keeps the tensor alive and contiguous)."""
     return ctypes.c_void_p(x.data_ptr())

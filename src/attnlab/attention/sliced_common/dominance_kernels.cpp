@@ -102,9 +102,6 @@ inline bool counts(T key, T x, bool strict) {
   return strict ? key < x : key <= x;
 }
 
-// One row's sums, handed to emit(position, sums (double[width]), first) twice per position: the
-// pairs inside its block (first = true), then those across blocks. transpose = false: the positions
-// are the thresholds', S_i over keys j ≤ i; true: the keys', over thresholds i ≥ j.
 // The pairs inside each block, handed to emit(position, sums, true).
 template <typename T, typename Rows, typename Emit>
 void block_pairs(const T* key, const T* x, bool strict, bool transpose, const Rows& rows, int64_t length,
@@ -123,6 +120,9 @@ void block_pairs(const T* key, const T* x, bool strict, bool transpose, const Ro
   }
 }
 
+// One row's sums, handed to emit(position, sums (double[width]), first) twice per position: the
+// pairs inside its block (first = true), then those across blocks. transpose = false: the positions
+// are the thresholds', S_i over keys j ≤ i; true: the keys', over thresholds i ≥ j.
 template <typename T, typename Rows, typename Emit, typename Prefetch>
 void dominance_row(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, bool strict,
                    bool transpose, const Rows& rows, int64_t length, int64_t width, int64_t block, Emit emit,
@@ -269,12 +269,14 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
     BlockTree tree(blocks, table_width);
     std::vector<double> row(table_width), acc(table_width);
     std::vector<int64_t> next(n_thresholds, 0);
-    for (int64_t k = 0; k <= length; ++k) {
-      const T* key_row = key + at;
+    const T* key_row = key + at;
+    const int64_t* key_sorted = key_order + at;
+    for (int64_t k = 0; k <= length; ++k) {  // k == length: every key is in, the rest read
       for (int64_t h = 0; h < n_thresholds; ++h) {
         const T* x = xs[h] + at;
         const int64_t* x_order = x_orders[h] + at;
-        while (next[h] < length && (k == length || !counts(key_row[key_order[at + k]], x[x_order[next[h]]], strict[h] != 0))) {
+        const bool strict_h = strict[h] != 0;
+        while (next[h] < length && (k == length || !counts(key_row[key_sorted[k]], x[x_order[next[h]]], strict_h))) {
           if (next[h] + AHEAD < length) {  // its output rows and coefficients, in sorted order: random
             const int64_t ahead = x_order[next[h] + AHEAD];
             for (int64_t o = 0; o < n_outs; ++o) prefetch_row(sums_of[o] + ahead * width, width, 1);
@@ -288,8 +290,8 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
         }
       }
       if (k == length) break;
-      if (k + AHEAD < length) rows.prefetch(key_order[at + k + AHEAD]);
-      const int64_t j = key_order[at + k];
+      if (k + AHEAD < length) rows.prefetch(key_sorted[k + AHEAD]);
+      const int64_t j = key_sorted[k];
       std::fill(row.begin(), row.end(), 0.0);
       rows.add(j, row.data());
       tree.add(j / block, row.data());

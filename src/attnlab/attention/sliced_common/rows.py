@@ -156,13 +156,10 @@ _SORT_ARGTYPES = {"sort_rows": [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4}
 
 def sort_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.sort(x, dim=1)`` of ``(N, T)`` scores: on the CPU a radix sort in C++ (``sort_kernels.cpp``,
-    the rows on torch's threads; several times faster than torch's comparison sort at T = 16K), the same
-    values and an order equally valid (ties in index order); elsewhere, with ``ATTNLAB_NATIVE=off`` or
-    under autograd, torch's."""
+    the rows on torch's threads; torch's is a comparison sort), the same values and an order equally
+    valid (ties in index order); elsewhere, with ``ATTNLAB_NATIVE=off`` or under autograd, torch's."""
     tracked = x.requires_grad and torch.is_grad_enabled()
-    found = (
-        None if x.device.type != "cpu" or tracked else native.kernels(SORT_KERNELS, x.dtype, _SORT_ARGTYPES)
-    )
+    found = None if tracked else native.cpu_kernels(x, SORT_KERNELS, _SORT_ARGTYPES)
     if found is None or x.dim() != 2:
         return torch.sort(x, dim=1)
     x = x.contiguous()

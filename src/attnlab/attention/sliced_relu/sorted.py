@@ -197,5 +197,5 @@ class Kernels(NamedTuple):
 def cpu_kernels(v: torch.Tensor) -> Kernels | None:
     """The C++ kernels (``cpu_kernels.cpp``) for CPU values of ``v``'s dtype, or None: not the CPU,
     not float32/float64, ``ATTNLAB_NATIVE=off`` or no compiler (the torch code runs)."""
-    found = native.kernels(KERNELS, v.dtype, _ARGTYPES) if v.device.type == "cpu" else None
+    found = native.cpu_kernels(v, KERNELS, _ARGTYPES)
     return None if found is None else Kernels(*found.values())
