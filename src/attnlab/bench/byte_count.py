@@ -20,7 +20,6 @@ What a GPU will move can still be *measured* on a CPU, one access at a time:
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -168,24 +167,10 @@ def _interpreter_hooks(counter: _Counter):
         builder.create_masked_load, builder.create_masked_store, executor.__call__ = load, store, call
 
 
-@contextlib.contextmanager
-def _torch_code():
-    """The torch code instead of the CPU's C++ kernels (``ATTNLAB_NATIVE=off``): what runs beside the
-    Triton kernels on a GPU, whose traffic is counted."""
-    before = os.environ.get(native.SWITCH)
-    os.environ[native.SWITCH] = "off"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[native.SWITCH]
-        else:
-            os.environ[native.SWITCH] = before
-
-
 def count_bytes(fn: Callable[[], object]) -> list[Traffic]:
     """Run ``fn`` once and return the bytes each torch op and Triton kernel moved, largest first."""
     counter = _Counter()
-    with _torch_code(), _interpreter_hooks(counter), counter:
+    # the torch code a GPU runs beside its Triton kernels, not the CPU's C++ kernels
+    with native.torch_code(), _interpreter_hooks(counter), counter:
         fn()
     return sorted(counter.rows.values(), key=lambda r: -r.total)

@@ -15,9 +15,6 @@ shapes (T = 2048, b = 0.01, offset 100; T = 4096, b = 0.005) take a minute each 
 
 from __future__ import annotations
 
-import os
-from unittest import mock
-
 import pytest
 import torch
 
@@ -67,9 +64,7 @@ def errors(args, mask, grad_out, impl):
 
 
 def check(args, mask, grad_out, record_property, against_torch=True):
-    with mock.patch.dict(
-        os.environ, {native.SWITCH: "off"}
-    ):  # the torch code a GPU runs, not the C++ kernels
+    with native.torch_code():  # the torch code a GPU runs, not the C++ kernels
         torch_path = errors(args, mask, grad_out, "torch")
     triton_path = errors(args, mask, grad_out, "triton")
     for name in NAMES:

@@ -19,6 +19,7 @@ The reason is logged once.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -27,7 +28,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,6 +42,21 @@ SWITCH = "ATTNLAB_NATIVE"
 
 def enabled() -> bool:
     return os.environ.get(SWITCH, "").strip().lower() not in ("off", "0", "false", "no")
+
+
+@contextlib.contextmanager
+def torch_code() -> Iterator[None]:
+    """The torch code instead of the kernels while inside (``ATTNLAB_NATIVE=off``), then the switch as
+    it was: for a caller that measures or checks what other devices run."""
+    before = os.environ.get(SWITCH)
+    os.environ[SWITCH] = "off"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[SWITCH]
+        else:
+            os.environ[SWITCH] = before
 
 
 @functools.cache
