@@ -98,7 +98,9 @@ class SlicedReLUBump(torch.autograd.Function):
             arrays = (v, order, t_sorted, real, vbar, s, s_order, width, coef, out)
             native.call_rows(ctx.kernels.forward, arrays, v.shape)
             nan_rows(out, bad, queries)
-            ctx.save_for_backward(s, t, v, b, order, t_sorted, real, vbar, s_sorted, s_order, coef)
+            ctx.save_for_backward(
+                s, t.contiguous(), v, width, order, t_sorted, real, vbar, s_sorted, s_order, coef
+            )
             ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
             return out
         # Tables of the centred values w = v - vbar (running totals stay of order sqrt(T) instead of
@@ -143,13 +145,12 @@ class SlicedReLUBump(torch.autograd.Function):
     @staticmethod
     def _kernel_gradients(ctx, grad_out):
         """The CPU: the queries' side and the keys' side in one walk each (``cpu_kernels.cpp``)."""
-        s, t, v, b, order, t_sorted, real, vbar, s_sorted, s_order, coef = ctx.saved_tensors
-        width = b.reshape(-1).contiguous()
+        s, t, v, width, order, t_sorted, real, vbar, s_sorted, s_order, coef = ctx.saved_tensors
         grad_s, grad_b = torch.empty_like(s), torch.empty_like(s)
         arrays = (v, order, t_sorted, real, vbar, s, s_order, width, coef, grad_out, grad_s, grad_b)
         native.call_rows(ctx.kernels.query_grads, arrays, v.shape)
         grad_v, grad_t = torch.empty_like(v), torch.empty_like(t)
-        arrays = (grad_out, s_order, s_sorted, coef, v, order, real, t.contiguous(), width, grad_v, grad_t)
+        arrays = (grad_out, s_order, s_sorted, coef, v, order, real, t, width, grad_v, grad_t)
         native.call_rows(ctx.kernels.key_grads, arrays, v.shape)
         return grad_s, grad_t, grad_v, grad_b.sum(dim=1, keepdim=True)
 
