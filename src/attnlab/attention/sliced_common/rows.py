@@ -143,6 +143,12 @@ def valid_rows(key_padding_mask: torch.Tensor | None, heads: int, device=None) -
     return rows if device is None else rows.to(device)
 
 
+def real_keys(valid: torch.Tensor | None, n_rows: int, length: int) -> torch.Tensor:
+    """Number of real keys per row as an int64 count, 0 for an all-padded row: the CPU kernels walk the
+    first that many of each row's keys sorted real-first."""
+    return valid.sum(dim=1) if valid is not None else torch.full((n_rows,), length)
+
+
 def real_counts(valid: torch.Tensor | None, n_rows: int, length: int, dtype, device) -> torch.Tensor:
     """Number of real tokens per row, at least 1 (an all-padded row then outputs zeros)."""
     if valid is None:

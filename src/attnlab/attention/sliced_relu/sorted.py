@@ -29,6 +29,7 @@ from attnlab.attention.sliced_common.rows import (
     masked_mean_rows,
     nan_rows,
     real_counts,
+    real_keys,
     reuse_buffer,
     rowdot,
     sort_real_first,
@@ -77,7 +78,7 @@ class SlicedReLU(torch.autograd.Function):
 
         if ctx.kernels is not None:  # the CPU: the D-wide sums in one walk per row (cpu_kernels.cpp)
             v = v.contiguous()
-            ctx.real = valid.sum(dim=1) if valid is not None else torch.full((n_rows,), length)
+            ctx.real = real_keys(valid, n_rows, length)
             out, vbar = torch.empty_like(v), v.new_empty(n_rows, v.shape[-1])
             arrays = (v, order, t_sorted, s, rank, ctx.real, scale, vbar, out)
             native.call_rows(ctx.kernels.forward, arrays, v.shape)

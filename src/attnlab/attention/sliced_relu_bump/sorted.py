@@ -33,6 +33,7 @@ from attnlab.attention.sliced_common.rows import (
     masked_mean_rows,
     nan_rows,
     real_counts,
+    real_keys,
     rowdot,
     sort_real_first,
     sort_rows,
@@ -91,7 +92,7 @@ class SlicedReLUBump(torch.autograd.Function):
             coef = coef.masked_fill(~queries, 0.0)
         ctx.kernels = cpu_kernels(v)
         if ctx.kernels is not None:  # the CPU: walks up the sorted scores (cpu_kernels.cpp), no tables
-            real = valid.sum(dim=1) if valid is not None else torch.full((n_rows,), length)
+            real = real_keys(valid, n_rows, length)
             s_sorted, s_order = sort_rows(s)  # every query (dropped ones: s = 0, coef = 0)
             v, coef, width = v.contiguous(), coef.contiguous(), b.reshape(-1).contiguous()
             out, vbar = torch.empty_like(v), v.new_empty(n_rows, v.shape[-1])  # vbar: the kernel's
