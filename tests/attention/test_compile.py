@@ -11,16 +11,20 @@ inductor cases are ``slow``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.testing import CompileCounterWithBackend
 
-from attnlab.attention.common import compiler, rope
+from attnlab.attention.common import compiler, native, rope
 from attnlab.attention.common.rope import RotaryEmbedding
 from attnlab.attention.registry import build_attention
+from attnlab.attention.sliced_common.decoding import prefill_state, state_of
 from attnlab.attention.sliced_common.path import crossover
+from attnlab.attention.sliced_relu.decoding import prefix_stats
 
 DIM, HEADS, LENGTH = 16, 2, 40
 BACKENDS = ("softmax", "sliced_relu", "sliced_relu_bump", "linear", "performer")
@@ -116,6 +120,79 @@ def test_inductor_compiled_layer_equals_eager_on_cuda(backend):
     _check_equal(backend, "inductor", tolerance=1e-4, every=True, device="cuda")
 
 
+#: decoding cases: backend, layer options, the sliced steps' code (C++ kernels or torch code)
+STEP_CASES = [
+    ("softmax", {}, None),
+    ("linear", {}, None),
+    ("performer", {}, None),
+    ("sliced_relu", {"standardise": "prefix"}, "native"),
+    ("sliced_relu", {"standardise": "prefix"}, "torch"),
+    ("sliced_relu_bump", {}, "native"),
+]
+MORE_STEP_CASES = [
+    ("sliced_relu", {"standardise": "none"}, "native"),
+    ("sliced_relu", {"standardise": "none"}, "torch"),
+    ("sliced_relu_bump", {}, "torch"),
+]
+PROMPT = 5  # prefilled tokens; the steps after it cross the sliced runs' merges and the KV cache's growth
+
+
+def _decode(layer, x, step):
+    """The outputs of ``step`` over x's tokens after the prefilled prompt, and the final state."""
+    with torch.no_grad():
+        _, state = layer.prefill(x[:, :PROMPT])
+        outs = []
+        for i in range(PROMPT, x.shape[1]):
+            out, state = step(x[:, i], state)
+            outs.append(out)
+    return torch.stack(outs, 1), state
+
+
+def _check_compiled_steps(backend, options, code, compile_backend):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    layer = build_attention(backend, DIM, HEADS, causal=True, **options).eval()
+    x = torch.randn(2, LENGTH, DIM, generator=torch.Generator().manual_seed(1))
+    counter = CompileCounterWithBackend(compile_backend)
+    compiled = torch.compile(layer.step, backend=counter, fullgraph=True, dynamic=True)
+    with contextlib.nullcontext() if code != "torch" else native.torch_code():
+        want, _ = _decode(layer, x, layer.step)
+        got, state = _decode(layer, x, compiled)
+    assert torch.allclose(got, want, rtol=0, atol=1e-6 * want.abs().max()), (backend, options, code)
+    # a few graphs (the KV cache's: full, room to spare, its last spare row), not one per token
+    assert counter.frame_count <= 4, (backend, counter.frame_count)
+    return state
+
+
+@pytest.mark.parametrize(
+    ("backend", "options", "code"),
+    STEP_CASES + [pytest.param(*case, marks=pytest.mark.slow) for case in MORE_STEP_CASES],
+)
+def test_compiled_decoding_steps_equal_eager(backend, options, code):
+    """``layer.step`` under ``torch.compile(fullgraph=True, dynamic=True)`` (as ``compile=true``
+    compiles): the sliced steps call their sorted runs as one custom op, which finds the state by
+    its handle and updates the running statistics in place; the steps' outputs are eager's, and a
+    new length reuses the graphs."""
+    _check_compiled_steps(backend, options, code, "aot_eager")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "options", "code"), STEP_CASES + MORE_STEP_CASES)
+def test_inductor_compiled_decoding_steps_equal_eager(backend, options, code):
+    _check_compiled_steps(backend, options, code, "inductor")
+
+
+def test_a_freed_decoding_state_is_named_by_its_handle():
+    layer = build_attention("sliced_relu", DIM, HEADS, causal=True).eval()
+    _, state = layer.prefill(torch.randn(1, 3, DIM))
+    handle = state.op.handle.clone()
+    assert state_of(handle) is state.op
+    del state
+    gc.collect()
+    with pytest.raises(RuntimeError, match=f"handle {int(handle)}: it was freed"):
+        state_of(handle)
+
+
 def test_each_custom_op_passes_torch_opcheck():
     """``opcheck`` checks what the compiler relies on: the schema (no hidden mutation or aliasing),
     the fake implementation's shapes against the real op's, and the registered autograd. Not its
@@ -145,6 +222,24 @@ def test_each_custom_op_passes_torch_opcheck():
             "sorted",
         ),
         "linear_attention": (q, k, v, mask, True, 1e-6, 8, "auto", "zero"),
+    }
+    for name, args in ops.items():
+        torch.library.opcheck(getattr(torch.ops.attnlab, name).default, args, test_utils=OPCHECKS)
+
+
+def test_each_decoding_step_op_passes_torch_opcheck():
+    """The sliced steps' custom ops: the schema declares what they write (the running statistics, and
+    the handle, which orders the steps of one state), the fake gives the output's shape. Each call
+    advances the state, as a step does."""
+    generator = torch.Generator().manual_seed(2)
+    t, v = torch.randn(1, 2, 7, generator=generator), torch.randn(1, 2, 7, 8, generator=generator)
+    s_t, t_t, v_t = torch.randn(1, 2), torch.randn(1, 2), torch.randn(1, 2, 8)
+    relu = prefill_state(t, v, "relu")
+    stats = tuple(x.contiguous() for x in prefix_stats(torch.randn(1, 2, 7), t))
+    bump = prefill_state(t, v, "bump")
+    ops = {
+        "sliced_relu_decode_step": (relu.handle, s_t, t_t, v_t, *stats, 1e-4),
+        "sliced_relu_bump_decode_step": (bump.handle, s_t, t_t, v_t, torch.full((2,), 0.5), "count", 1e-2),
     }
     for name, args in ops.items():
         torch.library.opcheck(getattr(torch.ops.attnlab, name).default, args, test_utils=OPCHECKS)

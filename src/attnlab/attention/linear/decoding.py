@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from attnlab.attention.common import compiler
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.linear.chunked import elu_feature_map
 
@@ -68,7 +69,9 @@ def linear_attention_step(
                     f"state must be (S, z) of shapes {(b, h, d, v.shape[-1])} and {(b, h, d)}; "
                     f"got {tuple(s_prev.shape)} and {tuple(z_prev.shape)}"
                 )
-        if inplace and state is not None and s_prev.dtype == acc and z_prev.dtype == acc:
+        # in place only in eager: inductor (torch 2.10, CPU) miscompiles the matmul of an input updated
+        # in place beside a reduction, and fuses the new tensors' form anyway
+        if inplace and state is not None and s_prev.dtype == acc == z_prev.dtype and not compiler.compiling():
             # S += φ(k) vᵀ, z += φ(k), into the state's memory: no allocation
             s_new, z_new = s_prev.addcmul_(phi_k.unsqueeze(-1), v.unsqueeze(-2)), z_prev.add_(phi_k)
         else:

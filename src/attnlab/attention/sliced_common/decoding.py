@@ -25,6 +25,8 @@ for sliced ReLU, values by the first value), sums in at least float32.
 from __future__ import annotations
 
 import ctypes
+import itertools
+import weakref
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,6 +41,7 @@ __all__ = [
     "SlicedAttentionState",
     "SlicedDecodeState",
     "check_step",
+    "state_of",
     "prefill_state",
     "push_token",
     "slice_one_token",
@@ -46,6 +49,9 @@ __all__ = [
 
 RECENT = 32  # tokens summed directly before they are sorted into a run (L)
 _FREE = torch.iinfo(torch.int64).max  # search key of unused slots: after every real one
+#: every live state by its handle's key (`state_of`); an entry goes with its state
+_STATES: dict[int, weakref.ref] = {}
+_STATE_KEYS = itertools.count()
 
 
 def _order(x: torch.Tensor) -> torch.Tensor:
@@ -82,6 +88,10 @@ class SlicedDecodeState:
         self.recent = 0
         self._bounds: tuple[torch.Tensor, ...] | None = None
         self._sizes: torch.Tensor | None = None
+        key = next(_STATE_KEYS)
+        self.handle = torch.tensor(key)
+        _STATES[key] = weakref.ref(self)
+        weakref.finalize(self, _STATES.pop, key, None)
 
     @property
     def stored(self) -> int:
@@ -207,12 +217,13 @@ class SlicedDecodeState:
         ``o (B, H, D)`` in the state's dtype, or None where the kernel does not run (then nothing
         changed). ``s, t (B, H)`` and ``v (B, H, D)`` are the scores and value as
         ``sliced_relu_attention_step`` takes them; with ``stats`` (`standardise_step`'s running
-        statistics, updated in place) the scores are standardised first, as `standardise_step` does."""
+        statistics over this state's tokens, updated in place) the scores are standardised first,
+        as `standardise_step` does."""
         if stats is None:
             return self._step_natively("sliced_relu_step", s, t, v, [float(eps), None, None, None, 0.0, 0.0])
-        shift, pairs, total, squares = stats
-        options = [float(eps), shift, total, squares, float(pairs), float(std_eps)]
-        return self._step_natively("sliced_relu_step", s, t, v, options, kept=(shift, total, squares))
+        shift, total, squares = stats
+        options = [float(eps), shift, total, squares, 2.0 * self.count, float(std_eps)]
+        return self._step_natively("sliced_relu_step", s, t, v, options, kept=stats)
 
     def bump_step_natively(self, s, t, v, bandwidth, normaliser: str, mass_eps: float):
         """Sliced ReLU-bump's whole step in one C++ call, as `relu_step_natively`; the hat's second
@@ -316,6 +327,15 @@ def _merge_runs(a, b):
     return keys, torch.gather(table, -2, order[..., None].expand_as(table)), total_a + total_b
 
 
+def state_of(handle: torch.Tensor) -> SlicedDecodeState:
+    """The live state whose ``handle`` this is (the compiled steps' custom ops look their state up)."""
+    found = _STATES.get(int(handle))
+    state = None if found is None else found()
+    if state is None:
+        raise RuntimeError(f"no live sliced decoding state has handle {int(handle)}: it was freed")
+    return state
+
+
 def check_step(name, s_t, t_t, v_t, state, kind):
     for label, x in (("s_t", s_t), ("t_t", t_t), ("v_t", v_t)):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
@@ -376,8 +396,8 @@ def prefill_state(t: torch.Tensor, v: torch.Tensor, kind: str) -> SlicedDecodeSt
 
 class SlicedAttentionState(NamedTuple):
     """Decoding state of a causal sliced ReLU(-bump) layer: the op's sorted runs, the running score
-    statistics of `standardise="prefix"` (shift, count, Σ, Σ² of the shifted scores; None otherwise),
-    tokens seen."""
+    statistics of `standardise="prefix"` (shift, Σ, Σ² of the shifted scores, over the op's
+    ``count`` tokens; None otherwise), tokens seen."""
 
     op: SlicedDecodeState
     stats: tuple[torch.Tensor, ...] | None

@@ -162,18 +162,20 @@ def standardise_scores_prefix(
     return (ds - mean) / std, (dt - mean) / std
 
 
-def standardise_step(s, t, stats, eps: float = STANDARDISE_EPS):
-    """One token of `standardise_scores_prefix` from running (shift, count, Σ, Σ²): scores (B, H).
+def standardise_step(s, t, stats, seen: int, eps: float = STANDARDISE_EPS):
+    """One token of `standardise_scores_prefix` from running (shift, Σ, Σ²) over the ``seen`` tokens
+    before it (two scores each; None before the first): scores (B, H) and the statistics after.
     The new s and t go through as one (2, B, H) tensor: a decoding step is a chain of small ops."""
     acc = accumulation_dtype(s.dtype)
     s, t = s.to(acc), t.to(acc)
     if stats is None:
-        shift, count, total, squares = t, 0.0, torch.zeros_like(t), torch.zeros_like(t)
+        shift, total, squares = t, torch.zeros_like(t), torch.zeros_like(t)
     else:
-        shift, count, total, squares = stats
+        shift, total, squares = stats
+    count = 2.0 * (seen + 1)
     pair = torch.stack([s, t]) - shift
-    count, total, squares = count + 2, total + pair.sum(0), squares + (pair * pair).sum(0)
+    total, squares = total + pair.sum(0), squares + (pair * pair).sum(0)
     mean = total / count
     std = torch.sqrt((squares / count - mean * mean).clamp_min_(0.0) + eps)
     scores = (pair - mean) / std
-    return scores[0], scores[1], (shift, count, total, squares)
+    return scores[0], scores[1], (shift, total, squares)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.attention.common import compiler
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.sliced_common.decoding import (
     SlicedAttentionState,
@@ -14,6 +15,7 @@ from attnlab.attention.sliced_common.decoding import (
     prefill_state,
     push_token,
     slice_one_token,
+    state_of,
 )
 from attnlab.attention.sliced_common.scores import slice_tokens, standardise_scores_prefix, standardise_step
 
@@ -65,7 +67,7 @@ def prefix_stats(s: torch.Tensor, t: torch.Tensor):
     s, t = s.to(acc), t.to(acc)
     shift = t[..., 0]
     ds, dt = s - shift[..., None], t - shift[..., None]
-    return shift, 2.0 * s.shape[-1], (ds + dt).sum(-1), (ds * ds + dt * dt).sum(-1)
+    return shift, (ds + dt).sum(-1), (ds * ds + dt * dt).sum(-1)
 
 
 def layer_state(layer, q, k, v) -> SlicedAttentionState:
@@ -78,18 +80,57 @@ def layer_state(layer, q, k, v) -> SlicedAttentionState:
 
 
 def layer_step(layer, q, k, v, state: SlicedAttentionState | None):
-    position = 0 if state is None else state.position
     s, t = slice_one_token(layer, q, k)
-    if state is not None:  # the CPU: standardisation and op in one C++ call
-        stats = state.stats if layer.standardise == "prefix" else None
-        acc = state.op.keys.dtype
-        o = state.op.relu_step_natively(s.to(acc), t.to(acc), v.to(acc), layer.eps, stats)
-        if o is not None:
-            stats = None if stats is None else (stats[0], stats[1] + 2, *stats[2:])
-            return o.to(v.dtype), SlicedAttentionState(state.op, stats, position + 1)
-    stats = None
-    if layer.standardise == "prefix":
-        s, t, stats = standardise_step(s, t, None if state is None else state.stats)
-    previous = None if state is None else state.op
-    o, op_state = sliced_relu_attention_step(s, t, v, previous, layer.eps)
-    return o, SlicedAttentionState(op_state, stats, position + 1)
+    if state is None:
+        stats = None
+        if layer.standardise == "prefix":
+            s, t, stats = standardise_step(s, t, None, 0)
+        o, op_state = sliced_relu_attention_step(s, t, v, None, layer.eps)
+        return o, SlicedAttentionState(op_state, stats, 1)
+    stats = state.stats if layer.standardise == "prefix" else None
+    if compiler.compiling():  # the op's step as one custom op, its statistics updated in place
+        o = _compiled_step(state.op.handle, s, t, v, *(stats or (None, None, None)), layer.eps)
+    else:
+        o, stats = _op_step(state.op, s, t, v, stats, layer.eps)
+    return o, SlicedAttentionState(state.op, stats, state.position + 1)
+
+
+def _op_step(op_state: SlicedDecodeState, s, t, v, stats, eps: float):
+    """The op's part of a layer step on an existing state: the output and the statistics after it.
+    On the CPU standardisation and op are one C++ call, which updates ``stats`` in place."""
+    acc = op_state.keys.dtype
+    o = op_state.relu_step_natively(s.to(acc), t.to(acc), v.to(acc), eps, stats)
+    if o is not None:
+        return o.to(v.dtype), stats
+    if stats is not None:
+        s, t, stats = standardise_step(s, t, stats, op_state.count)
+    return sliced_relu_attention_step(s, t, v, op_state, eps)[0], stats
+
+
+def _step_op(
+    handle: torch.Tensor,
+    s: torch.Tensor,
+    t: torch.Tensor,
+    v: torch.Tensor,
+    shift: torch.Tensor | None,
+    total: torch.Tensor | None,
+    squares: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    """`_op_step` on the state named by ``handle``; the statistics (shift, total, squares), if any,
+    are updated in place."""
+    stats = None if shift is None else (shift, total, squares)
+    o, after = _op_step(state_of(handle), s, t, v, stats, eps)
+    if after is not None:
+        for kept, new in zip(stats, after, strict=True):
+            if new is not kept:  # the torch code returns new tensors; the kernel wrote in place
+                kept.copy_(new)
+    return o
+
+
+_compiled_step = compiler.library_op(
+    "sliced_relu_decode_step",
+    _step_op,
+    fake=lambda handle, s, t, v, *rest: torch.empty_like(v),
+    mutates_args=("handle", "shift", "total", "squares"),
+)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.attention.common import compiler
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.sliced_common.decoding import (
     SlicedAttentionState,
@@ -14,6 +15,7 @@ from attnlab.attention.sliced_common.decoding import (
     prefill_state,
     push_token,
     slice_one_token,
+    state_of,
 )
 from attnlab.attention.sliced_common.scores import slice_tokens
 from attnlab.attention.sliced_relu_bump.normaliser import check_bump_normaliser
@@ -66,10 +68,34 @@ def layer_state(layer, q, k, v) -> SlicedAttentionState:
 
 
 def layer_step(layer, q, k, v, state: SlicedAttentionState | None):
-    position = 0 if state is None else state.position
     s, t = slice_one_token(layer, q, k)
+    if state is not None and compiler.compiling():  # the op's step as one custom op
+        o = _compiled_step(state.op.handle, s, t, v, layer.bandwidth, layer.normaliser, layer.mass_eps)
+        return o, SlicedAttentionState(state.op, None, state.position + 1)
     o, op_state = sliced_relu_bump_attention_step(
         s, t, v, layer.bandwidth, None if state is None else state.op,
         normaliser=layer.normaliser, mass_eps=layer.mass_eps,
     )  # fmt: skip
-    return o, SlicedAttentionState(op_state, None, position + 1)
+    return o, SlicedAttentionState(op_state, None, 1 if state is None else state.position + 1)
+
+
+def _step_op(
+    handle: torch.Tensor,
+    s: torch.Tensor,
+    t: torch.Tensor,
+    v: torch.Tensor,
+    bandwidth: torch.Tensor,
+    normaliser: str,
+    mass_eps: float,
+) -> torch.Tensor:
+    """`sliced_relu_bump_attention_step` on the state named by ``handle``."""
+    state = state_of(handle)
+    return sliced_relu_bump_attention_step(s, t, v, bandwidth, state, normaliser, mass_eps)[0]
+
+
+_compiled_step = compiler.library_op(
+    "sliced_relu_bump_decode_step",
+    _step_op,
+    fake=lambda handle, s, t, v, *rest: torch.empty_like(v),
+    mutates_args=("handle",),
+)

@@ -36,8 +36,9 @@ def layer_step(layer, q, k, v, state: KVCache | None):
             grown[0][:, :, :n].copy_(state.k)
             grown[1][:, :, :n].copy_(state.v)
         state = KVCache(grown[0], grown[1], n)
-    state.k[:, :, n].copy_(k)
-    state.v[:, :, n].copy_(v)
+    # narrow, not [:, :, n]: under torch.compile an integer index would fix n into the graph
+    state.k.narrow(2, n, 1).copy_(k[:, :, None])
+    state.v.narrow(2, n, 1).copy_(v[:, :, None])
     keys, values = state.k[:, :, : n + 1], state.v[:, :, : n + 1]
     o = F.scaled_dot_product_attention(q[:, :, None], keys, values)  # the last query sees every cached key
     return o[:, :, 0], KVCache(state.k, state.v, n + 1)
