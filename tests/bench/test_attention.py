@@ -27,6 +27,33 @@ def run(tmp_path: Path, *extra: str) -> int:
     return main(["bench", "attention", "--out-dir", str(tmp_path), "--heads", "2", "--dim", "4", *extra])
 
 
+def test_compiled_rows_run_beside_the_eager_ones(tmp_path, monkeypatch):
+    """``--compile both``: each op also under ``torch.compile`` (``+compile`` rows, its compile in an
+    untimed first call), one compiled op per backend across the lengths; decoding steps stay eager.
+    ``aot_eager`` stands in for inductor (the same graphs and custom ops without generating C++)."""
+    compiled = []
+
+    def compile_with_aot_eager(fn, **options):
+        compiled.append(fn)
+        return torch.compile.__wrapped__(fn, backend="aot_eager", **options)
+
+    compile_with_aot_eager.__wrapped__ = torch.compile
+    monkeypatch.setattr(torch, "compile", compile_with_aot_eager)
+    backends = ["softmax", "sliced_relu_sorted", "linear_decode"]
+    code = run(
+        tmp_path, "--backends", *backends, "--seq-lens", "16", "40", "--compile", "both", "--repeats", "1"
+    )
+    assert code == 0
+    rows = {(r["backend"], r["mode"], r["seq_len"]): r for r in read_rows(tmp_path)}
+    for backend in ("softmax", "sliced_relu_sorted"):
+        for mode in ("fwd", "fwdbwd"):
+            for length in ("16", "40"):
+                assert rows[(backend, mode, length)]["status"] == "ok"
+                assert rows[(backend + "+compile", mode, length)]["status"] == "ok"
+    assert rows[("linear_decode+compile", "fwd", "16")]["status"] == "n/a"
+    assert len(compiled) == 2  # softmax's op and sliced ReLU's, each once for both lengths
+
+
 def test_all_backends_tiny(tmp_path, capsys):
     code = run(tmp_path, "--seq-lens", "16", "33", "--repeats", "2")
     assert code == 0

@@ -37,6 +37,12 @@ memory for reuse as it starts (`attnlab.allocator`; the user's `MALLOC_*` settin
 removes this noise for every backend alike; `THP_MEM_ALLOC_ENABLE=1` (PyTorch backs large tensors
 with transparent huge pages) is another way. The title line says which applies.
 
+``--compile on`` times each op under ``torch.compile`` as ``compile=true`` compiles a model (inductor,
+dynamic shapes; its compile in an untimed first call), ``--compile both`` eager and compiled side by
+side (``<backend>+compile`` rows): what the compiler gains on the op itself, where it traces the op
+(softmax, linear, the sliced dense path) and where it calls it whole (the sliced sorted and causal
+ops, custom ops). Decoding steps are timed eager only.
+
 Results are printed as a table and written to `<out-dir>/bench_attention.csv` and a log-log plot
 `<out-dir>/bench_attention.png`. Timings are never asserted: on a shared machine they are noisy,
 so read them as orders of magnitude unless the machine is quiet.
@@ -62,6 +68,7 @@ from attnlab.allocator import applied as malloc_settings
 from attnlab.bench import floor
 from attnlab.bench.backends import BACKENDS, INFERENCE_ONLY, op, state_bytes
 from attnlab.bench.ratios import ratio_lines
+from attnlab.run.compile_modes import COMPILE_CHOICES, COMPILED
 
 DEFAULT_BACKENDS = [
     "softmax",
@@ -237,6 +244,22 @@ def _extrapolate(history: list[tuple[int, float]], length: int) -> float:
     return last_s * (length / last_len) ** exponent
 
 
+def _compiled_op(name: str, compiled: dict[str, Callable]) -> Callable:
+    """The op ``name`` under ``torch.compile`` as ``compile=true`` compiles a model (inductor, dynamic
+    shapes), one per op for the whole run, so a longer T reuses the graphs of a shorter one."""
+    if name not in compiled:
+        compiled[name] = torch.compile(op(name), dynamic=True)
+    return compiled[name]
+
+
+def _compiler_settings(ops: int):
+    """Room for ``ops`` compiled ops' graphs (their forwards, forward + backward, each side of the
+    sliced crossovers) in torch's per-function limit, and an error past it: a backend and its forced
+    variants are one function to torch, which would otherwise run them eagerly without a word."""
+    limit = max(torch._dynamo.config.recompile_limit, 8 * ops)
+    return torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True)
+
+
 def run_bench(
     args: argparse.Namespace, log: Callable[[str], None] = print, cells: list[Cell] | None = None
 ) -> list[Cell]:
@@ -248,17 +271,21 @@ def run_bench(
     # (backend, mode) -> the status that stopped it / its (T, seconds) measured so far
     stopped: dict[tuple[str, str], str] = {}
     last_time: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    rows = [(backend, compiled) for backend in args.backends for compiled in COMPILE_CHOICES[args.compile]]
+    compiled_ops: dict[str, Callable] = {}
     for length in args.seq_lens:
-        for backend in args.backends:
+        for backend, compiled in rows:
             op_name, build = BACKENDS[backend]
-            backend_op = op(op_name)
+            label = backend + (COMPILED if compiled else "")
+            stepping = backend in INFERENCE_ONLY  # a decoding step: timed eager only
+            backend_op = _compiled_op(op_name, compiled_ops) if compiled and not stepping else op(op_name)
             inputs = None
             for mode in args.mode:
-                key = (backend, mode)
-                cell = Cell(backend, mode, length, args.batch, args.heads, args.dim, args.dtype, args.device)
+                key = (label, mode)
+                cell = Cell(label, mode, length, args.batch, args.heads, args.dim, args.dtype, args.device)
                 cells.append(cell)
-                if backend in INFERENCE_ONLY and mode == "fwdbwd":
-                    cell.status, cell.note = "n/a", "inference only"
+                if stepping and (mode == "fwdbwd" or compiled):
+                    cell.status, cell.note = "n/a", "inference only" if mode == "fwdbwd" else "an eager step"
                     log(_format_row(cell))
                     continue
                 if key in stopped:
@@ -281,10 +308,10 @@ def run_bench(
                     if mode == "fwdbwd":
                         for x in inputs:
                             x.requires_grad_(x.is_floating_point())  # not the rows' segment ids
-                    # on CUDA every length of a Triton backend gets an untimed first call: a new length
-                    # can need new kernel specialisations (seconds to compile), not part of its time
+                    # an untimed first call where it may compile: every length of a Triton backend on
+                    # CUDA (new kernel specialisations, seconds each), and every compiled cell
                     call = _make_call(backend_op, inputs, mode)
-                    first = device.type == "cuda" and not backend.endswith("_torch")
+                    first = compiled or (device.type == "cuda" and not backend.endswith("_torch"))
                     measure_cell(cell, call, args.repeats, args.timeout_s, compile_first=first)
                 except Exception as err:  # noqa: BLE001 - any failure becomes a marked cell
                     if not _is_oom(err):
@@ -308,7 +335,7 @@ def run_bench(
 # --------------------------------------------------------------------------------------------
 
 _HEADER = (
-    f"{'backend':<23} {'mode':<7} {'T':>7} {'status':<8} {'time_ms':>11} {'peak_mem_mb':>12} "
+    f"{'backend':<27} {'mode':<7} {'T':>7} {'status':<8} {'time_ms':>11} {'peak_mem_mb':>12} "
     f"{'state_mb':>9}  note"
 )
 
@@ -317,7 +344,7 @@ def _format_row(cell: Cell) -> str:
     time_text = f"{cell.time_ms:11.2f}" if cell.status == "ok" else f"{'-':>11}"
     mem_text = f"{cell.peak_mem_mb:12.1f}" if not math.isnan(cell.peak_mem_mb) else f"{'-':>12}"
     state_text = f"{cell.state_mb:9.2f}" if not math.isnan(cell.state_mb) else f"{'-':>9}"
-    head = f"{cell.backend:<23} {cell.mode:<7} {cell.seq_len:>7} {cell.status:<8}"
+    head = f"{cell.backend:<27} {cell.mode:<7} {cell.seq_len:>7} {cell.status:<8}"
     return f"{head} {time_text} {mem_text} {state_text}  {cell.note}"
 
 
@@ -400,8 +427,12 @@ def main(args: argparse.Namespace) -> int:
     print(_HEADER)
     cells: list[Cell] = []
     csv_path, png_path = args.out_dir / CSV_NAME, args.out_dir / PNG_NAME
+    compiles = COMPILE_CHOICES[args.compile][-1]
     try:
-        with _sigterm_as_exit():
+        with (
+            _sigterm_as_exit(),
+            _compiler_settings(len(args.backends)) if compiles else contextlib.nullcontext(),
+        ):
             run_bench(args, cells=cells)
     except (KeyboardInterrupt, SystemExit) as stop:  # SIGTERM (time limit) or Ctrl-C: keep the cells
         for cell in cells:

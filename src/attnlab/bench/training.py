@@ -52,6 +52,7 @@ import time
 
 from attnlab.bench.machine import load_average
 from attnlab.reporting.formats import markdown_table
+from attnlab.run.compile_modes import COMPILE_CHOICES, COMPILED
 
 #: task -> (sequence length, batch size, positions): the real lengths, about 8K tokens a step, and each
 #: task's position scheme (conf/task/*.yaml; timm's ViT adds learned positions, point clouds have none);
@@ -89,8 +90,6 @@ FIXED_TASKS = list(TASKS)  # what --tasks runs by default (with --packing on or 
 TASKS.update({"glue_like": (128, 32, "rope"), "text_like": (4096, 8, "rope")})
 DRAWS = 8  # seeded batches of a mixed task, cycled through by the steps of a run
 
-COMPILED = "+compile"  # the suffix of a compiled row's name
-COMPILE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 PACKED = "+packed"  # the suffix of a packed row's name
 PACKING_CHOICES = COMPILE_CHOICES
 

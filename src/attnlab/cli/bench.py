@@ -19,6 +19,7 @@ from attnlab.cli.bench_args import (
     positive_float,
     positive_int,
 )
+from attnlab.run.compile_modes import COMPILE_CHOICES
 
 
 def register(subparsers) -> None:
@@ -58,6 +59,10 @@ def _attention(kinds) -> None:
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--mode", nargs="+", choices=attention.MODES, default=list(attention.MODES))
+    parser.add_argument(
+        "--compile", choices=tuple(COMPILE_CHOICES), default="off",
+        help="each op eager (off), under torch.compile as compile=true compiles it (on), or both",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed calls per cell (median)")
     parser.add_argument(
         "--timeout-s", type=positive_float, default=120.0,
@@ -126,7 +131,7 @@ def _training(kinds) -> None:
         help="positions of every row (default: each task's own, as in TASKS)",
     )  # fmt: skip
     parser.add_argument(
-        "--compile", choices=tuple(training.COMPILE_CHOICES), default="off",
+        "--compile", choices=tuple(COMPILE_CHOICES), default="off",
         help="eager models (off), under torch.compile as compile=true trains them (on), or both interleaved",
     )  # fmt: skip
     parser.add_argument(
