@@ -19,8 +19,12 @@ from attnlab.errors import ConfigError
 from attnlab.pipeline import train
 from attnlab.run import compilation
 from attnlab.run.compilation import compile_model, compile_report
+from tasks.test_glue_tasks import _write_sst2, pretrained  # noqa: F401  (pretrained: an MLM checkpoint)
 from tasks.test_lm_tasks import VOCAB
 from tasks.test_lra_tasks import lra_data  # noqa: F401  (the fixture: files in the official formats)
+from tasks.test_pointcloud_tasks import TINY as TINY_POINTS
+from tasks.test_pointcloud_tasks import modelnet40_off  # noqa: F401  (ModelNet40's OFF layout)
+from tasks.test_vision_tasks import TINY_VIT, vision_data  # noqa: F401  (CIFAR-10, Tiny ImageNet)
 from tiny_runs import QUIET, TINY_LISTOPS
 
 
@@ -137,14 +141,43 @@ LRA_FILES = {
 }  # fmt: skip
 
 
+# and the tasks on small fixtures in their datasets' own layouts: the ViTs on the CIFAR-10 pickles and
+# Tiny ImageNet's folders, ModelNet40's OFF meshes, a GLUE task fine-tuning a short (softmax) MLM checkpoint
+FIXTURE_TASKS = {
+    "cifar10_vit": [
+        "task=cifar10_vit", *QUIET, *TINY_VIT, "task.data.num_workers=0", "task.data.batch_size=8",
+        "task.data.eval_batch_size=16", "task.data.source.val_per_class=2",
+    ],
+    "tinyimagenet_vit": [
+        "task=tinyimagenet_vit", *QUIET, *TINY_VIT, "task.data.num_workers=0", "task.data.batch_size=8",
+        "task.data.eval_batch_size=16", "task.data.source.val_per_class=1",
+    ],
+    "modelnet40": [
+        "task=modelnet40", *QUIET, *(o for o in TINY_POINTS if "max_steps" not in o),
+        "task.data.num_workers=0",
+    ],
+    "glue": ["task=glue", "task.glue_task=sst2", "attn=softmax", *QUIET, "task.data.batch_size=16"],
+}  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("task", [*TASKS, *LRA_FILES])
-def test_each_task_trains_with_compile_true(task, train_config, corpus_data_dir, lra_data, caplog):  # noqa: F811
-    overrides = [*TASKS.get(task, LRA_FILES.get(task)), "logger=none", "trainer.max_steps=4", "compile=true"]
+@pytest.mark.parametrize("task", [*TASKS, *LRA_FILES, *FIXTURE_TASKS])
+def test_each_task_trains_with_compile_true(task, train_config, corpus_data_dir, lra_data, request, caplog):  # noqa: F811
+    """Every task but Path-X, whose 16K-token images no test trains (`test_pathx_builds_at_16k_tokens`)."""
+    overrides = [*TASKS.get(task, LRA_FILES.get(task, FIXTURE_TASKS.get(task)))]
+    overrides += ["logger=none", "trainer.max_steps=4", "compile=true"]
     if task in ("lm", "mlm"):
         overrides.append(f"paths.data_dir={corpus_data_dir}")
     if task in LRA_FILES:
         overrides.append(f"paths.data_dir={lra_data}")
+    if task.endswith("_vit"):
+        overrides.append(f"paths.data_dir={request.getfixturevalue('vision_data')}")
+    if task == "modelnet40":
+        overrides.append(f"paths.data_dir={request.getfixturevalue('modelnet40_off').parent}")
+    if task == "glue":
+        data = request.getfixturevalue("tmp_path") / "data"
+        _write_sst2(data)
+        overrides += [f"paths.data_dir={data}", f"task.pretrained={request.getfixturevalue('pretrained')}"]
     torch._dynamo.reset()
     with caplog.at_level(logging.INFO):
         summary = train(train_config(*overrides))

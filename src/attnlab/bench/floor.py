@@ -60,7 +60,7 @@ def floor_lines(cells: Iterable, threads: int, measure=copy_bandwidth) -> list[s
     for cell in measured:
         floor_ms = 1e3 * floor_bytes(cell) / bandwidth
         lines.append(
-            f"{cell.backend:<30} {cell.mode:<7} {cell.seq_len:>7} {cell.time_ms / floor_ms:>7.1f}x the floor "
+            f"{cell.backend:<32} {cell.mode:<7} {cell.seq_len:>7} {cell.time_ms / floor_ms:>7.1f}x the floor "
             f"({floor_ms:.2f} ms, {floor_bytes(cell) / 1e6:.1f} MB)"
         )
     return lines

@@ -78,7 +78,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "sliced_relu_linear": ("sliced_relu", {"projection": "linear"}),
     "sliced_relu_h16": ("sliced_relu", {"projection_hidden": 16}),
 }
-KNOWN_BACKENDS = (*BACKENDS, "sliced_relu_h16")
+KNOWN_BACKENDS = (*BACKENDS, "performer", "sliced_relu_h16")  # the last two run when asked
 SLICED = ("sliced_relu", "sliced_relu_bump")
 
 
