@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
+from attnlab.attention.sliced_common import dominance_native
 from attnlab.attention.sliced_common.causal import (
     DEFAULT_CHUNK,
     check_chunk,
@@ -21,6 +22,7 @@ from attnlab.attention.sliced_common.dominance import Query, dominance_sums, dom
 from attnlab.attention.sliced_common.merged import Pairs, merged_dominance_sums, merged_dominated_sums
 from attnlab.attention.sliced_common.rows import as_rows, rowdot, take_rows, valid_rows
 from attnlab.attention.sliced_common.segments import Runs
+from attnlab.attention.sliced_relu import causal_native
 
 __all__ = ["causal_sliced_relu_attention"]
 
@@ -57,9 +59,8 @@ class _CausalSlicedReLU(torch.autograd.Function):
             key, query = segment_codes([t, s], runs, later_first=True)
         ones = torch.ones_like(t) if real is None else real
         # A_i, B_i, C_i, E_i: the sums of v, t v, 1 and t over the keys j <= i below s_i
-        (sum_v, sum_tv, count, sum_t), levels = merged_dominance_sums(
-            key, query, Pairs(v, None, t, ones, t), chunk
-        )
+        sums, levels = merged_dominance_sums(key, query, Pairs(v, None, t, ones, t), chunk)
+        sum_v, sum_tv, count, sum_t = sums
         # #{j <= i : t_j <= s_i} (for the gradient) is #{t_j < s_i} plus the tied pairs
         pairs = tied_pairs(query, key, valid)
         if pairs is None:  # too many ties to list: count them in a pass of their own
@@ -69,21 +70,26 @@ class _CausalSlicedReLU(torch.autograd.Function):
             count_le = count.clone()
             count_le.view(-1).index_add_(0, pairs[0], torch.ones_like(pairs[0], dtype=count.dtype))
 
-        n = running_sum(ones, runs)  # real keys j <= i
-        n_safe = n.clamp_min(1)
-        vbar = running_sum(v, runs).div_(n_safe[..., None])
-        total_t = running_sum(t, runs)
-        relu_mass = s * count - sum_t  # Σ_{j≤i} ReLU(s_i − t_j)
-        # numerator Σ_{j≤i, t_j<s_i} (s_i − t_j)(v_j − vbar_i) = s A − B − vbar (s C − E)
-        num = torch.addcmul(-sum_tv, sum_v, s[..., None]).sub_(vbar * relu_mass[..., None])
-        den = s * (2 * count - n) + total_t - 2 * sum_t  # Σ_{j≤i} |s_i − t_j|
-        scale = 2.0 / den.clamp_min(eps)
-        if valid is not None:
-            scale = scale.masked_fill(~valid, 0.0)
-        out = num.mul_(scale[..., None])
+        fused = _fused_kernels(v, levels, runs)
+        if fused is not None:  # the CPU: the element-wise work below in one pass of C++
+            out, den, relu_mass, n_safe = causal_native.forward(fused, s, t, v, real, sums, eps)
+            vbar = None  # summed again where the backward needs it
+        else:
+            n = running_sum(ones, runs)  # real keys j <= i
+            n_safe = n.clamp_min(1)
+            vbar = running_sum(v, runs).div_(n_safe[..., None])
+            total_t = running_sum(t, runs)
+            relu_mass = s * count - sum_t  # Σ_{j≤i} ReLU(s_i − t_j)
+            # numerator Σ_{j≤i, t_j<s_i} (s_i − t_j)(v_j − vbar_i) = s A − B − vbar (s C − E)
+            num = torch.addcmul(-sum_tv, sum_v, s[..., None]).sub_(vbar * relu_mass[..., None])
+            den = s * (2 * count - n) + total_t - 2 * sum_t  # Σ_{j≤i} |s_i − t_j|
+            scale = 2.0 / den.clamp_min(eps)
+            if valid is not None:
+                scale = scale.masked_fill(~valid, 0.0)
+            out = num.mul_(scale[..., None])
         ctx.save_for_backward(s, t, v, sum_v, vbar, count, count_le, n_safe, relu_mass, den, out, key, query)
         ctx.valid, ctx.eps, ctx.chunk, ctx.pairs, ctx.levels = valid, eps, chunk, pairs, levels
-        ctx.runs = runs
+        ctx.runs, ctx.fused = runs, fused
         return out
 
     @staticmethod
@@ -91,16 +97,21 @@ class _CausalSlicedReLU(torch.autograd.Function):
         s, t, v, sum_v, vbar, count, count_le, n, relu_mass, den, out, key, query = ctx.saved_tensors
         valid, eps, chunk, pairs, runs = ctx.valid, ctx.eps, ctx.chunk, ctx.pairs, ctx.runs
         grad_out = grad_out.contiguous()
-        inv_d = 1.0 / den.clamp_min(eps)
-        a_scale = 2.0 * inv_d  # a_i = dL/dnum_i = a_scale_i g_i
-        grad_den = -rowdot(grad_out, out) * inv_d * (den >= eps)
-        if valid is not None:
-            a_scale = a_scale.masked_fill(~valid, 0.0)
-            grad_den = grad_den.masked_fill(~valid, 0.0)
-        a_vbar = a_scale * rowdot(grad_out, vbar)
-
-        # Queries: dL/ds_i = a_i·(A_i − C_i vbar_i) + dden_i (#{t_j<s_i} − #{t_j>s_i}), j ≤ i.
-        grad_s = a_scale * rowdot(grad_out, sum_v) - count * a_vbar + grad_den * (count + count_le - n)
+        real = None if valid is None else valid.to(v.dtype)
+        if ctx.fused is not None:
+            a_scale, grad_den, a_vbar, grad_s = causal_native.backward_queries(
+                ctx.fused, grad_out, out, v, real, sum_v, den, count, count_le, n, eps
+            )
+        else:
+            inv_d = 1.0 / den.clamp_min(eps)
+            a_scale = 2.0 * inv_d  # a_i = dL/dnum_i = a_scale_i g_i
+            grad_den = -rowdot(grad_out, out) * inv_d * (den >= eps)
+            if valid is not None:
+                a_scale = a_scale.masked_fill(~valid, 0.0)
+                grad_den = grad_den.masked_fill(~valid, 0.0)
+            a_vbar = a_scale * rowdot(grad_out, vbar)
+            # Queries: dL/ds_i = a_i·(A_i − C_i vbar_i) + dden_i (#{t_j<s_i} − #{t_j>s_i}), j ≤ i.
+            grad_s = a_scale * rowdot(grad_out, sum_v) - count * a_vbar + grad_den * (count + count_le - n)
 
         # Keys: sums over the later queries i ≥ j with s_i > t_j of a_i, s_i a_i, dden_i and a_i·vbar_i
         # (the transposed dominance sums, over the forward pass's levels).
@@ -112,6 +123,12 @@ class _CausalSlicedReLU(torch.autograd.Function):
         else:  # Σ_{i≥j, s_i>=t_j} dden_i: the tied pairs' share added to the strict sum
             at_or_above = den_above.clone()
             at_or_above.view(-1).index_add_(0, pairs[1], grad_den.reshape(-1)[pairs[0]])
+        if ctx.fused is not None:
+            grad_v, grad_t = causal_native.backward_keys(
+                ctx.fused, grad_out, v, t, real, sum_a, sum_sa, a_scale, relu_mass, n, grad_den, den_above,
+                at_or_above.contiguous(), vbar_a_above,
+            )  # fmt: skip
+            return grad_s, grad_t, grad_v, None, None, None, None
         # dL/dv_j = Σ_{i≥j, s_i>t_j} (s_i − t_j) a_i − Σ_{i≥j} (ReLU mass_i / n_i) a_i   (vbar_i's share)
         grad_v = sum_sa.addcmul_(sum_a, t[..., None], value=-1.0)
         grad_v -= later_sum(grad_out * (a_scale * relu_mass / n)[..., None], runs)
@@ -123,6 +140,14 @@ class _CausalSlicedReLU(torch.autograd.Function):
             grad_t = grad_t.masked_fill(~valid, 0.0)
             grad_s = grad_s.masked_fill(~valid, 0.0)
         return grad_s, grad_t, grad_v, None, None, None, None
+
+
+def _fused_kernels(v, levels, runs) -> dict | None:
+    """`causal_native`'s kernels where the dominance sums ran in C++ (their levels are the kernels'
+    orders) on one sequence per row; None: the torch code."""
+    if runs is not None or not isinstance(levels, dominance_native.Orders):
+        return None
+    return causal_native.kernels(v)
 
 
 def causal_sliced_relu_attention(s, t, v, key_padding_mask=None, eps=1e-4, chunk=DEFAULT_CHUNK):
