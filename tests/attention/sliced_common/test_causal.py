@@ -406,7 +406,9 @@ def test_half_inputs_and_autocast_keep_float32_sums():
 
 def test_bad_chunk_named():
     s, t, v, _ = random_inputs(1, 1, 4, 2)
-    with pytest.raises(ValueError, match="chunk must be a positive integer, got 0"):
+    with pytest.raises(
+        ValueError, match=r"chunk must be a positive integer or None \(each evaluation's own\), got 0"
+    ):
         causal_sliced_relu_attention(s, t, v, chunk=0)
 
 

@@ -56,7 +56,9 @@ from attnlab.attention.sliced_common.dominance import prefix_sums_, suffix_sums_
 from attnlab.attention.sliced_common.merged import merge_rows
 from attnlab.attention.sliced_common.segments import Runs, read_at, segment_running_sum
 
-DEFAULT_CHUNK = 32  # dense local block: below it a masked matmul beats sorting (measured on CPU)
+#: the causal ops' default ``chunk``: each evaluation's own local block (the torch code's
+#: ``dominance.TORCH_CHUNK``, the C++ kernels' ``dominance_native.BLOCK``)
+DEFAULT_CHUNK = None
 
 
 def suffix_sum(x: torch.Tensor) -> torch.Tensor:
@@ -171,6 +173,6 @@ def tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None):
     return query[keep], key[keep]
 
 
-def check_chunk(chunk: int) -> None:
-    if type(chunk) is not int or chunk < 1:
-        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+def check_chunk(chunk: int | None) -> None:
+    if chunk is not None and (type(chunk) is not int or chunk < 1):
+        raise ValueError(f"chunk must be a positive integer or None (each evaluation's own), got {chunk!r}")

@@ -33,6 +33,13 @@ import torch.nn.functional as F
 from attnlab.attention.sliced_common import dominance_native
 from attnlab.attention.sliced_common.rows import row_offsets
 
+TORCH_CHUNK = 32  # the dense local block (the ops' chunk=None): below it a masked matmul beats sorting (CPU)
+
+
+def torch_chunk(chunk: int | None) -> int:
+    """The local block of the torch code for the ops' ``chunk`` (None: ``TORCH_CHUNK``)."""
+    return TORCH_CHUNK if chunk is None else chunk
+
 
 def _gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``table[n, index[n, m]]`` for a contiguous ``(N, L, W)`` table: ``(N, M, W)``.
@@ -183,6 +190,7 @@ def dominance_sums(key: torch.Tensor, table: torch.Tensor, queries: list[Query],
             dominance_native.sums(found, key, q.x, table[..., q.cols], q.side == "left", chunk)[0]
             for q in queries
         ]
+    chunk = torch_chunk(chunk)
     n_rows, length, width = table.shape
     outs = [table.new_empty(n_rows, length, table[0, 0, q.cols].numel()) for q in queries]
     for q, out in zip(queries, outs, strict=True):
@@ -228,6 +236,7 @@ def dominated_sums(x: torch.Tensor, table: torch.Tensor, keys: list[Query], chun
             ]
             for q in keys
         ]
+    chunk = torch_chunk(chunk)
     n_rows, length, width = table.shape
     outs = [table.new_empty(n_rows, length, table[0, 0, q.cols].numel()) for q in keys]
     for q, out in zip(keys, outs, strict=True):
@@ -338,6 +347,7 @@ def combined_sums(
     found = dominance_native.kernels(table, key, *[x for x, _ in thresholds])
     if found is not None:
         return dominance_native.combined(found, key, table, thresholds, combos, width, chunk, raw)
+    chunk = torch_chunk(chunk)
     n_rows, length, full_width = table.shape
     per_row = full_width // width
     dtype = table.dtype

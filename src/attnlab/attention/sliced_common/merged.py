@@ -32,7 +32,13 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.attention.sliced_common import dominance_native
-from attnlab.attention.sliced_common.dominance import dense_chunks, level_layout, pad_to, prefix_sums_
+from attnlab.attention.sliced_common.dominance import (
+    dense_chunks,
+    level_layout,
+    pad_to,
+    prefix_sums_,
+    torch_chunk,
+)
 
 RADIX_MIN = 32768  # torch.sort takes its radix path for 1-D integer CPU tensors of this size and up
 FUSED_LEVELS = 5  # levels read in one gather and one add (their tables: 2.5 (N, T, W) tables)
@@ -135,6 +141,7 @@ def merged_dominance_sums(key: torch.Tensor, x: torch.Tensor, pairs: Pairs, chun
     found = dominance_native.kernels(pairs.u, key, x)
     if found is not None:
         return dominance_native.pair_sums(found, key, x, pairs, strict=True, chunk=chunk)
+    chunk = torch_chunk(chunk)
     table = pairs.table()
     out = table.new_empty(table.shape)
     dense_chunks(key, x, table, "left", chunk, out)
@@ -154,6 +161,7 @@ def merged_dominated_sums(key, x, pairs: Pairs, chunk: int, levels):
     if isinstance(levels, dominance_native.Orders):
         found = dominance_native.kernels(pairs.u, key, x)
         return dominance_native.pair_sums(found, key, x, pairs, True, chunk, orders=levels, transpose=True)[0]
+    chunk = torch_chunk(chunk)
     table = pairs.table()
     out = table.new_empty(table.shape)
     dense_chunks(key, x, table, "left", chunk, out, transpose=True)

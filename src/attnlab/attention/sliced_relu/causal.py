@@ -164,7 +164,9 @@ def causal_sliced_relu_attention(s, t, v, key_padding_mask=None, eps=1e-4, chunk
     return out.view(batch, heads, length, dim).to(v.dtype)
 
 
-def causal_sliced_relu_rows(s, t, v, runs: Runs, eps: float, chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+def causal_sliced_relu_rows(
+    s, t, v, runs: Runs, eps: float, chunk: int | None = DEFAULT_CHUNK
+) -> torch.Tensor:
     """The causal op on packed rows ``s, t (N, L)``, ``v (N, L, D)`` (accumulation dtype): each token
     attends the keys ``j ≤ i`` of its own segment (`sliced_relu_attention_segments` with causal)."""
     check_chunk(chunk)

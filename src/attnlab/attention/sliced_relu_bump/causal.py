@@ -247,7 +247,7 @@ def causal_sliced_relu_bump_attention(
 
 
 def causal_sliced_relu_bump_rows(
-    s, t, v, width, runs: Runs, chunk: int = DEFAULT_CHUNK, mass_eps: float | None = None
+    s, t, v, width, runs: Runs, chunk: int | None = DEFAULT_CHUNK, mass_eps: float | None = None
 ) -> torch.Tensor:
     """The causal op on packed rows ``s, t (N, L)``, ``v (N, L, D)``, per-row bandwidth ``width (N, 1)``
     (accumulation dtype): each token attends the keys ``j ≤ i`` of its own segment
