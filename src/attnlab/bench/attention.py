@@ -285,7 +285,10 @@ def run_bench(
                 cell = Cell(label, mode, length, args.batch, args.heads, args.dim, args.dtype, args.device)
                 cells.append(cell)
                 if stepping and (mode == "fwdbwd" or compiled):
-                    cell.status, cell.note = "n/a", "inference only" if mode == "fwdbwd" else "an eager step"
+                    cell.status, cell.note = (
+                        "n/a",
+                        "inference only" if mode == "fwdbwd" else "decoding: eager only",
+                    )
                     log(_format_row(cell))
                     continue
                 if key in stopped:

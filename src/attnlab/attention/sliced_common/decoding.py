@@ -41,10 +41,10 @@ __all__ = [
     "SlicedAttentionState",
     "SlicedDecodeState",
     "check_step",
-    "state_of",
     "prefill_state",
     "push_token",
     "slice_one_token",
+    "state_of",
 ]
 
 RECENT = 32  # tokens summed directly before they are sorted into a run (L)
