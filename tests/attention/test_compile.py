@@ -148,11 +148,11 @@ def _decode(layer, x, step):
     return torch.stack(outs, 1), state
 
 
-def _check_compiled_steps(backend, options, code, compile_backend):
+def _check_compiled_steps(backend, options, code, compile_backend, device="cpu"):
     torch._dynamo.reset()
     torch.manual_seed(0)
-    layer = build_attention(backend, DIM, HEADS, causal=True, **options).eval()
-    x = torch.randn(2, LENGTH, DIM, generator=torch.Generator().manual_seed(1))
+    layer = build_attention(backend, DIM, HEADS, causal=True, **options).eval().to(device)
+    x = torch.randn(2, LENGTH, DIM, generator=torch.Generator().manual_seed(1)).to(device)
     counter = CompileCounterWithBackend(compile_backend)
     compiled = torch.compile(layer.step, backend=counter, fullgraph=True, dynamic=True)
     with contextlib.nullcontext() if code != "torch" else native.torch_code():
@@ -180,6 +180,14 @@ def test_compiled_decoding_steps_equal_eager(backend, options, code):
 @pytest.mark.parametrize(("backend", "options", "code"), STEP_CASES + MORE_STEP_CASES)
 def test_inductor_compiled_decoding_steps_equal_eager(backend, options, code):
     _check_compiled_steps(backend, options, code, "inductor")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("backend", "options"), [(b, o) for b, o, code in STEP_CASES if code != "torch"])
+def test_inductor_compiled_decoding_steps_on_cuda(backend, options):
+    """On CUDA the sliced steps' torch code runs inside the custom op (the state's tensors on the GPU,
+    its handle on the host)."""
+    _check_compiled_steps(backend, options, None, "inductor", device="cuda")
 
 
 def test_a_freed_decoding_state_is_named_by_its_handle():
