@@ -107,8 +107,8 @@ void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* 
 template <typename T>
 void backward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank,
                    const int64_t* rank_le, const int64_t* count, const T* vbar, const T* g, const T* a,
-                   const T* e, T* below, T* grad_v, T* grad_t, int64_t length, int64_t dim, int64_t row_begin,
-                   int64_t row_end) {
+                   const T* out, const T* e_scale, T* e, T* below, T* grad_v, T* grad_t, int64_t length,
+                   int64_t dim, int64_t row_begin, int64_t row_end) {
   std::vector<double> sum_w(dim), mean_grad(dim), total_a(dim), total_sa(dim), seen_a(dim), seen_sa(dim);
   std::vector<double> prefix_t(length + 1);
   for (int64_t n = row_begin; n < row_end; ++n) {
@@ -119,7 +119,9 @@ void backward_rows(const T* v, const int64_t* order, const T* t_sorted, const T*
     const T* rt = t_sorted + n * length;
     const T* rs = s + n * length;
     const T* ra = a + n * length;
-    const T* re = e + n * length;
+    const T* rout = out + n * length * dim;
+    const T* res = e_scale + n * length;
+    T* re = e + n * length;
     const T* mean = vbar + n * dim;
     T* rgv = grad_v + n * length * dim;
     T* rgt = grad_t + n * length;
@@ -131,16 +133,19 @@ void backward_rows(const T* v, const int64_t* order, const T* t_sorted, const T*
     std::fill(total_a.begin(), total_a.end(), 0.0);
     std::fill(total_sa.begin(), total_sa.end(), 0.0);
     double total_e = 0.0;
-    for (int64_t i = 0; i < length; ++i) {  // the queries in their own order: the totals
-      const T* gi = rg + i * dim;
+    for (int64_t i = 0; i < length; ++i) {  // the queries in their own order: the totals, and e_i
+      const T *gi = rg + i * dim, *oi = rout + i * dim;
       const double ai = ra[i], sai = ai * static_cast<double>(rs[i]);
       const double weight = ai * (static_cast<double>(rs[i]) * rr[i] - prefix_t[rr[i]]);  // a_i R_i
-      #pragma omp simd
+      double g_out = 0.0;
+      #pragma omp simd reduction(+ : g_out)
       for (int64_t c = 0; c < dim; ++c) {
         total_a[c] += ai * gi[c];
         total_sa[c] += sai * gi[c];
         mean_grad[c] += weight * gi[c];
+        g_out += static_cast<double>(gi[c]) * oi[c];
       }
+      re[i] = res[i] == 0 ? static_cast<T>(0) : static_cast<T>(-g_out * res[i]);  // dL/dden_i
       total_e += re[i];
     }
     for (int64_t c = 0; c < dim; ++c) mean_grad[c] = real > 0 ? mean_grad[c] / real : 0.0;
@@ -229,7 +234,7 @@ void ranks_rows(const T* t_search, const T* s, int64_t* rank, int64_t* rank_le, 
 
 // Every array contiguous, rows n in [row_begin, row_end) of N: v, out, g, grad_v (N, length, dim);
 // order (keys by ascending score, the `count` real ones first), t_sorted, s, rank, rank_le, scale, a,
-// e, below, grad_t (N, length); count (N) real keys; vbar (N, dim).
+// e_scale, e, below, grad_t (N, length); count (N) real keys; vbar (N, dim).
 #define ATTNLAB_FORWARD(NAME, T) \
   void NAME(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank, \
             const int64_t* count, const T* scale, T* vbar, T* out, int64_t length, int64_t dim, int64_t row_begin, \
@@ -238,10 +243,11 @@ void ranks_rows(const T* t_search, const T* s, int64_t* rank, int64_t* rank_le, 
   }
 #define ATTNLAB_BACKWARD(NAME, T) \
   void NAME(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank, \
-            const int64_t* rank_le, const int64_t* count, const T* vbar, const T* g, const T* a, const T* e, \
-            T* below, T* grad_v, T* grad_t, int64_t length, int64_t dim, int64_t row_begin, int64_t row_end) { \
-    backward_rows(v, order, t_sorted, s, rank, rank_le, count, vbar, g, a, e, below, grad_v, grad_t, length, dim, \
-                  row_begin, row_end); \
+            const int64_t* rank_le, const int64_t* count, const T* vbar, const T* g, const T* a, const T* out, \
+            const T* e_scale, T* e, T* below, T* grad_v, T* grad_t, int64_t length, int64_t dim, int64_t row_begin, \
+            int64_t row_end) { \
+    backward_rows(v, order, t_sorted, s, rank, rank_le, count, vbar, g, a, out, e_scale, e, below, grad_v, grad_t, \
+                  length, dim, row_begin, row_end); \
   }
 
 #define ATTNLAB_RANKS(NAME, T) \

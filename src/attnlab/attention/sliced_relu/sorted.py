@@ -121,20 +121,23 @@ class SlicedReLU(torch.autograd.Function):
         # o_i = 2 N_i / d_i with d_i = max(den_i, eps):  dL/dN_i = a_i = 2 g_i / d_i and
         # dL/dden_i = -(g_i · o_i) / d_i where den_i >= eps (where clamp passes the gradient).
         inv_d = 1.0 / den.clamp_min(eps)
-        a_scale = 2.0 * inv_d
-        grad_den = -rowdot(grad_out, out) * inv_d * (den >= eps)
+        a_scale, den_scale = 2.0 * inv_d, inv_d * (den >= eps)
         if queries is not None:
             a_scale = a_scale.masked_fill(~queries, 0.0)
-            grad_den = grad_den.masked_fill(~queries, 0.0)
+            den_scale = den_scale.masked_fill(~queries, 0.0)
 
         # Queries: dL/ds_i = a_i · Σ_{t_j<s_i} w_j + dden_i (#{t_j<s_i} - #{t_j>s_i}).
         if ctx.kernels is not None:  # the CPU: every sum of the keys' and queries' sides in two walks
             rank_le = ctx.rank_le  # #{j : t_j <= s_i}
-            below, grad_v, grad_t = torch.empty_like(s), torch.empty_like(v), torch.empty_like(t)
-            arrays = (v, order, t_search, s, rank, rank_le, ctx.real, vbar, grad_out, a_scale, grad_den)
-            native.call_rows(ctx.kernels.backward, (*arrays, below, grad_v, grad_t), v.shape)
+            grad_den, below = torch.empty_like(s), torch.empty_like(s)  # dden_i = -(g_i · o_i) den_scale_i
+            grad_v, grad_t = torch.empty_like(v), torch.empty_like(t)
+            arrays = (v, order, t_search, s, rank, rank_le, ctx.real, vbar, grad_out, a_scale, out, den_scale)
+            native.call_rows(ctx.kernels.backward, (*arrays, grad_den, below, grad_v, grad_t), v.shape)
             grad_s = a_scale * below + grad_den * (rank + rank_le - count[:, None]).to(s.dtype)
             return SlicedReLU._gradients(ctx, grad_s, grad_t, grad_v)
+        grad_den = -rowdot(grad_out, out) * den_scale
+        if queries is not None:
+            grad_den = grad_den.masked_fill(~queries, 0.0)
         rank_le = torch.searchsorted(t_search, s, side="right")  # #{j : t_j <= s_i}
         grad_s = a_scale * rowdot(grad_out, below_w)
         del below_w
@@ -185,7 +188,7 @@ KERNELS = KERNEL_SOURCES["relu"]  # cpu_kernels.cpp beside this file (path.py's 
 _ARGTYPES = {
     "sliced_relu_ranks": [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4,
     "sliced_relu_forward": [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 4,
-    "sliced_relu_backward": [ctypes.c_void_p] * 14 + [ctypes.c_int64] * 4,
+    "sliced_relu_backward": [ctypes.c_void_p] * 16 + [ctypes.c_int64] * 4,
 }
 
 
