@@ -246,7 +246,7 @@ def test_bump_key_gradients_alone(kind, inputs):
         assert (fast_op(kind)(s, t, v, bandwidth, mask) - grads[1][0]).abs().max().item() <= OUT_TOL
 
 
-def test_tied_pairs_are_listed_below_the_budget_only():
+def test_tied_pairs_are_listed_below_the_budget_only(cpu_code):
     s = torch.tensor([[0.0, 1.0, 2.0, 1.0]])
     t = torch.tensor([[1.0, 5.0, 1.0, 2.0]])
     # j <= i with s_i == t_j: (1, 0), (3, 0), (3, 2); (2, 3) is in the future
@@ -256,6 +256,22 @@ def test_tied_pairs_are_listed_below_the_budget_only():
     assert sorted(zip(query.tolist(), key.tolist(), strict=True)) == [(1, 0)]
     flat = torch.zeros(1, 5)
     assert causal.tied_pairs(flat, flat, None) is None  # 25 candidate pairs > 4 per position
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_kernels_list_the_tied_pairs_the_torch_code_lists(dtype):
+    """Quantised scores (many ties), NaN, ±inf, −0 against +0, padding: the same pairs both ways."""
+    generator = torch.Generator().manual_seed(3)
+    s, t = (torch.randint(-12, 13, (3, 40), generator=generator).to(dtype) / 2 for _ in range(2))
+    s[0, 5], t[0, 2], s[1, 7], t[1, 3] = float("nan"), float("nan"), float("inf"), float("inf")
+    s[2, 9], t[2, 1], s[2, 11], t[2, 4] = float("-inf"), float("-inf"), -0.0, 0.0
+    valid = torch.rand(3, 40, generator=generator) > 0.2
+    for mask in (None, valid):
+        got = causal.tied_pairs(s, t, mask)
+        with native.torch_code():
+            want = causal.tied_pairs(s, t, mask)
+        pairs = [sorted(zip(*(x.tolist() for x in found), strict=True)) for found in (got, want)]
+        assert pairs[0] == pairs[1] and len(pairs[0]) > 20
 
 
 @settings(max_examples=25, deadline=None)

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.attention.sliced_common import dominance_native
 from attnlab.attention.sliced_common.dominance import prefix_sums_, suffix_sums_
 from attnlab.attention.sliced_common.merged import merge_rows
 from attnlab.attention.sliced_common.segments import Runs, read_at, segment_running_sum
@@ -146,11 +147,15 @@ def tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None):
     (float32 at T = 16K: a few dozen per row), so the difference is added from this list instead
     of one more dominance pass over every level. Many ties (quantised scores, constant rows) return
     None and the caller takes that exact pass. One merged sort of each row's keys and queries
-    (``merge_rows``: the keys' order and every query's rank among them) and a scan of the runs.
+    (``merge_rows``: the keys' order and every query's rank among them) and a scan of the runs; on
+    the CPU one walk in C++ over both rows' radix-sorted orders (``dominance_native.tied_pairs``).
     """
     n_rows, length = s.shape
     if valid is not None:  # padded positions never tie: -inf queries against +inf keys
         s, t = s.masked_fill(~valid, -float("inf")), t.masked_fill(~valid, float("inf"))
+    found = dominance_native.kernels(s, t)
+    if found is not None:  # the CPU: one merged walk of both radix-sorted rows (dominance_kernels.cpp)
+        return dominance_native.tied_pairs(found, s, t, TIE_PAIR_BUDGET * s.numel())
     key_order, lo, _, _ = merge_rows(s, t)
     keys = torch.gather(t, 1, key_order)
     # the end of the run of equal keys at each sorted position (instead of a second binary search)

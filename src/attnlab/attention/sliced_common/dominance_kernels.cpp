@@ -302,6 +302,41 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
   }
 }
 
+// The tied pairs (causal.py's tied_pairs): in each row the positions j <= i with x_i == key_j, from
+// both ascending orders in one merged walk. Without `offsets`: counts[n] = the row's pairs before the
+// j <= i filter (the run of keys equal to each x_i: O(length) whatever the ties, for the caller's
+// budget). With them (each row's first slot): the pairs written as flat indices (n·length + i,
+// n·length + j), the slots of pairs filtered out left as they were.
+template <typename T>
+void tied_rows(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t length,
+               int64_t* counts, const int64_t* offsets, int64_t* query_out, int64_t* key_out, int64_t row_begin,
+               int64_t row_end) {
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    const int64_t at = n * length;
+    const T *row_key = key + at, *row_x = x + at;
+    const int64_t *ko = key_order + at, *xo = x_order + at;
+    int64_t first = 0, end = 0, found = 0, slot = offsets == nullptr ? 0 : offsets[n];
+    for (int64_t q = 0; q < length; ++q) {
+      const int64_t i = xo[q];
+      const T xi = row_x[i];
+      while (first < length && row_key[ko[first]] < xi) ++first;  // both ascend: each pointer moves on only
+      end = std::max(end, first);
+      while (end < length && row_key[ko[end]] == xi) ++end;
+      if (end == first || !(row_key[ko[first]] == xi)) continue;
+      if (offsets == nullptr) {
+        found += end - first;
+        continue;
+      }
+      for (int64_t r = first; r < end; ++r, ++slot) {
+        if (ko[r] > i) continue;
+        query_out[slot] = at + i;
+        key_out[slot] = at + ko[r];
+      }
+    }
+    if (offsets == nullptr) counts[n] = found;
+  }
+}
+
 }  // namespace
 
 // Every array contiguous, rows n in [row_begin, row_end) of N: key, x (N, length) with key_order,
@@ -336,7 +371,16 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
                   term_threshold, term_block, coefs, n_outs, outs, length, block, row_begin, row_end); \
   }
 
+#define ATTNLAB_TIED(NAME, T) \
+  void NAME(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t length, \
+            int64_t* counts, const int64_t* offsets, int64_t* query_out, int64_t* key_out, int64_t row_begin, \
+            int64_t row_end) { \
+    tied_rows(key, key_order, x, x_order, length, counts, offsets, query_out, key_out, row_begin, row_end); \
+  }
+
 extern "C" {
+ATTNLAB_TIED(tied_pairs_f32, float)
+ATTNLAB_TIED(tied_pairs_f64, double)
 ATTNLAB_SUMS(dominance_sums_f32, float)
 ATTNLAB_SUMS(dominance_sums_f64, double)
 ATTNLAB_PAIRS(pair_sums_f32, float)
