@@ -332,6 +332,7 @@ def combined_sums(
     width: int,
     chunk: int,
     raw: torch.Tensor | None = None,
+    shifted: bool = False,
 ) -> list[torch.Tensor]:
     """For every combination and position i: ``Σ_terms coef_i · Σ_{j ≤ i, key_j < x_i} table_j[block]``
     (``key_j <= x_i`` for a threshold whose side is "right").
@@ -342,11 +343,12 @@ def combined_sums(
     takes one matrix product with the terms' masks summed first. ``raw (N, T, E)``, a few columns,
     adds the plain dominance sums of its columns at every threshold, ``(thresholds, N, T, E)``, last
     in the list (sharing the sorts and binary searches). On the CPU the C++ kernels run
-    (``dominance_native``).
+    (``dominance_native``); ``shifted`` tells them the thresholds are the first one plus a constant
+    per row, so that one sort orders them all.
     """
     found = dominance_native.kernels(table, key, *[x for x, _ in thresholds])
     if found is not None:
-        return dominance_native.combined(found, key, table, thresholds, combos, width, chunk, raw)
+        return dominance_native.combined(found, key, table, thresholds, combos, width, chunk, raw, shifted)
     chunk = torch_chunk(chunk)
     n_rows, length, full_width = table.shape
     per_row = full_width // width

@@ -137,16 +137,19 @@ def tied_pairs(found, x, key, budget: int):
     return query[kept], key_index[kept]
 
 
-def combined(found, key, table, thresholds, combos, width: int, chunk: int, raw=None) -> list[torch.Tensor]:
+def combined(
+    found, key, table, thresholds, combos, width: int, chunk: int, raw=None, shifted: bool = False
+) -> list[torch.Tensor]:
     """``combined_sums``: for every combination of terms ``Σ coef_i · (the sums at one threshold, one
     column block of width ``width``)``, ``(N, T, width)`` each; with ``raw (N, T, E)`` also the plain
-    sums of its columns at every threshold, ``(thresholds, N, T, E)``, last in the list."""
+    sums of its columns at every threshold, ``(thresholds, N, T, E)``, last in the list. ``shifted``:
+    the thresholds are the first one plus a constant per row (a window c − b, c, c + b), so its order
+    sorts them all (rounding is monotone): one sort instead of one per threshold."""
     dtype = table.dtype
     key = _same_dtype(key, dtype)
     xs = [_same_dtype(x, dtype) for x, _ in thresholds]
-    walks = _Walks(
-        key, ascending(key), xs, [ascending(x) for x in xs], [side == "left" for _, side in thresholds]
-    )
+    orders = [ascending(xs[0])] * len(xs) if shifted else [ascending(x) for x in xs]
+    walks = _Walks(key, ascending(key), xs, orders, [side == "left" for _, side in thresholds])
     terms = [(o, term.query, term.block, term.coef) for o, combo in enumerate(combos) for term in combo]
     outs = _combined_call(found, walks, table, width, terms, len(combos), chunk)
     if raw is None:

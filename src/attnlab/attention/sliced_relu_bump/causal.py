@@ -138,7 +138,10 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             combos += [_slope_terms(s, pairs is None), moment]
         # the mass normaliser's counts: plain sums of [1, t] at every threshold, (thresholds, N, T, 2)
         counts = None if mass_eps is None else torch.stack([real, t * real], dim=-1)
-        sums, *query_sums = combined_sums(key, table, thresholds, combos, dim, chunk, raw=counts)
+        shifted = runs is None  # c − b, c, c + b: one order (not so the packed rows' codes)
+        sums, *query_sums = combined_sums(
+            key, table, thresholds, combos, dim, chunk, raw=counts, shifted=shifted
+        )
         del table
         windows = query_sums.pop() if counts is not None else None
         if pairs is not None:
@@ -210,6 +213,7 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
             [_hat_terms(t_rev, w_rev), _slope_terms(t_rev, pairs is None)],
             g.shape[-1],
             chunk,
+            shifted=runs is None,
         )
         grad_t = rowdot(v.flip(1), k_slope).flip(1)
         if pairs is not None:  # tied pairs: v_j · g_i added to dL/dt_j
