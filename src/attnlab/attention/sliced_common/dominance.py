@@ -333,6 +333,7 @@ def combined_sums(
     chunk: int,
     raw: torch.Tensor | None = None,
     shifted: bool = False,
+    later: bool = False,
 ) -> list[torch.Tensor]:
     """For every combination and position i: ``Σ_terms coef_i · Σ_{j ≤ i, key_j < x_i} table_j[block]``
     (``key_j <= x_i`` for a threshold whose side is "right").
@@ -344,11 +345,27 @@ def combined_sums(
     adds the plain dominance sums of its columns at every threshold, ``(thresholds, N, T, E)``, last
     in the list (sharing the sorts and binary searches). On the CPU the C++ kernels run
     (``dominance_native``); ``shifted`` tells them the thresholds are the first one plus a constant
-    per row, so that one sort orders them all.
+    per row, so that one sort orders them all. ``later``: the sums over ``j >= i`` instead (the
+    backward pass's keys), which the kernels walk as they are and the torch code takes with time
+    reversed (every input and output flipped).
     """
     found = dominance_native.kernels(table, key, *[x for x, _ in thresholds])
     if found is not None:
-        return dominance_native.combined(found, key, table, thresholds, combos, width, chunk, raw, shifted)
+        return dominance_native.combined(
+            found, key, table, thresholds, combos, width, chunk, raw, shifted, later
+        )
+    if later:
+        flipped = [[Term(term.query, term.block, term.coef.flip(1)) for term in combo] for combo in combos]
+        outs = combined_sums(
+            key.flip(1),
+            table.flip(1).contiguous(),
+            [(x.flip(1), side) for x, side in thresholds],
+            flipped,
+            width,
+            chunk,
+            None if raw is None else raw.flip(1).contiguous(),
+        )
+        return [out.flip(-2) for out in outs]
     chunk = torch_chunk(chunk)
     n_rows, length, full_width = table.shape
     per_row = full_width // width

@@ -102,16 +102,18 @@ inline bool counts(T key, T x, bool strict) {
   return strict ? key < x : key <= x;
 }
 
-// The pairs inside each block, handed to emit(position, sums, true).
+// The pairs inside each block, handed to emit(position, sums, true); `later`: over q >= p instead of
+// q <= p, the keys compared as without it.
 template <typename T, typename Rows, typename Emit>
 void block_pairs(const T* key, const T* x, bool strict, bool transpose, const Rows& rows, int64_t length,
-                 int64_t width, int64_t block, Emit emit) {
+                 int64_t width, int64_t block, Emit emit, bool later = false) {
   std::vector<double> acc(width);
   for (int64_t start = 0; start < length; start += block) {
     const int64_t end = std::min(start + block, length);
     for (int64_t p = start; p < end; ++p) {
       std::fill(acc.begin(), acc.end(), 0.0);
-      const int64_t lo = transpose ? p : start, hi = transpose ? end : p + 1;
+      const bool after = transpose || later;
+      const int64_t lo = after ? p : start, hi = after ? end : p + 1;
       for (int64_t q = lo; q < hi; ++q) {
         if (transpose ? counts(key[p], x[q], strict) : counts(key[q], x[p], strict)) rows.add(q, acc.data());
       }
@@ -230,7 +232,8 @@ void pair_rows(const T* key, const int64_t* key_order, const T* x, const int64_t
 
 // Weighted combinations of the sums at several thresholds (ReLU-bump's hat windows):
 //   outs[c]_i = Σ_{terms k of combination c} coef_k,i · S(threshold_k)_i[block_k · width : (block_k + 1) · width]
-// with S over the whole table row (table_width columns). coefs[k] (N, length) in double, null: one. The
+// with S over the whole table row (table_width columns); `later`: S over the rows j >= i instead of
+// j <= i (the backward pass's keys, without reversing time in memory: the tree's blocks count down). coefs[k] (N, length) in double, null: one. The
 // terms cancel where a window is empty ((c − b) S(c − b) − 2c S(c) + (b + c) S(c + b) with equal
 // S), exactly in double only: float32 outputs are summed in a double copy of the row and rounded once.
 template <typename T>
@@ -238,7 +241,7 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
                    const int64_t* const* x_orders, const int64_t* strict, const T* table, int64_t table_width,
                    int64_t width, int64_t n_terms, const int64_t* term_out, const int64_t* term_threshold,
                    const int64_t* term_block, const double* const* coefs, int64_t n_outs, T* const* outs,
-                   int64_t length, int64_t block, int64_t row_begin, int64_t row_end) {
+                   int64_t length, int64_t block, int64_t later, int64_t row_begin, int64_t row_end) {
   constexpr bool in_place = sizeof(T) == sizeof(double);
   std::vector<double> copy(in_place ? 0 : n_outs * length * width);
   for (int64_t n = row_begin; n < row_end; ++n) {
@@ -261,11 +264,12 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
     const TableRows<T> rows{table + at * table_width, table_width};
     for (int64_t h = 0; h < n_thresholds; ++h) {
       block_pairs(key + at, xs[h] + at, strict[h] != 0, false, rows, length, table_width, block,
-                  [&](int64_t p, const double* sums, bool) { emit(h, p, sums); });
+                  [&](int64_t p, const double* sums, bool) { emit(h, p, sums); }, later != 0);
     }
     // Across blocks, one walk up the keys for every threshold row: before a key joins the tree, each
     // row's thresholds that do not count it read (in their ascending order), so each key is added once.
     const int64_t blocks = (length + block - 1) / block;
+    auto block_of = [&](int64_t p) { return later != 0 ? blocks - 1 - p / block : p / block; };
     BlockTree tree(blocks, table_width);
     std::vector<double> row(table_width), acc(table_width);
     std::vector<int64_t> next(n_thresholds, 0);
@@ -285,7 +289,7 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
             }
           }
           const int64_t i = x_order[next[h]++];
-          tree.before(i / block, acc.data());
+          tree.before(block_of(i), acc.data());
           emit(h, i, acc.data());
         }
       }
@@ -294,7 +298,7 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
       const int64_t j = key_sorted[k];
       std::fill(row.begin(), row.end(), 0.0);
       rows.add(j, row.data());
-      tree.add(j / block, row.data());
+      tree.add(block_of(j), row.data());
     }
     if (!in_place) {
       for (int64_t o = 0; o < n_outs; ++o) std::copy(sums_of[o], sums_of[o] + length * width, outs[o] + at * width);
@@ -366,9 +370,9 @@ void tied_rows(const T* key, const int64_t* key_order, const T* x, const int64_t
             const int64_t* const* x_orders, const int64_t* strict, const T* table, int64_t table_width, \
             int64_t width, int64_t n_terms, const int64_t* term_out, const int64_t* term_threshold, \
             const int64_t* term_block, const double* const* coefs, int64_t n_outs, T* const* outs, int64_t length, \
-            int64_t block, int64_t row_begin, int64_t row_end) { \
+            int64_t block, int64_t later, int64_t row_begin, int64_t row_end) { \
     combined_rows(key, key_order, n_thresholds, xs, x_orders, strict, table, table_width, width, n_terms, term_out, \
-                  term_threshold, term_block, coefs, n_outs, outs, length, block, row_begin, row_end); \
+                  term_threshold, term_block, coefs, n_outs, outs, length, block, later, row_begin, row_end); \
   }
 
 #define ATTNLAB_TIED(NAME, T) \

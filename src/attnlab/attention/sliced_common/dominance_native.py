@@ -31,7 +31,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = {
     "dominance_sums": [_P] * 4 + [_I] * 2 + [_P] * 2 + [_I] * 5,
     "pair_sums": [_P] * 4 + [_I] * 2 + [_P] * 9 + [_I] * 5,
-    "combined_sums": [_P, _P, _I, _P, _P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I, _I, _I, _I],
+    "combined_sums": [_P, _P, _I, _P, _P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I],
     "tied_pairs": [_P, _P, _P, _P, _I, _P, _P, _P, _P, _I, _I],
 }
 
@@ -138,24 +138,37 @@ def tied_pairs(found, x, key, budget: int):
 
 
 def combined(
-    found, key, table, thresholds, combos, width: int, chunk: int, raw=None, shifted: bool = False
+    found,
+    key,
+    table,
+    thresholds,
+    combos,
+    width: int,
+    chunk: int,
+    raw=None,
+    shifted: bool = False,
+    later: bool = False,
 ) -> list[torch.Tensor]:
     """``combined_sums``: for every combination of terms ``Σ coef_i · (the sums at one threshold, one
     column block of width ``width``)``, ``(N, T, width)`` each; with ``raw (N, T, E)`` also the plain
     sums of its columns at every threshold, ``(thresholds, N, T, E)``, last in the list. ``shifted``:
     the thresholds are the first one plus a constant per row (a window c − b, c, c + b), so its order
-    sorts them all (rounding is monotone): one sort instead of one per threshold."""
+    sorts them all (rounding is monotone): one sort instead of one per threshold. ``later``: the sums
+    over ``j >= i`` (the tree's blocks counted from the end)."""
     dtype = table.dtype
     key = _same_dtype(key, dtype)
     xs = [_same_dtype(x, dtype) for x, _ in thresholds]
     orders = [ascending(xs[0])] * len(xs) if shifted else [ascending(x) for x in xs]
     walks = _Walks(key, ascending(key), xs, orders, [side == "left" for _, side in thresholds])
     terms = [(o, term.query, term.block, term.coef) for o, combo in enumerate(combos) for term in combo]
-    outs = _combined_call(found, walks, table, width, terms, len(combos), chunk)
+    outs = _combined_call(found, walks, table, width, terms, len(combos), chunk, later)
     if raw is None:
         return outs
     plain = [(h, h, 0, None) for h in range(len(xs))]
-    return [*outs, torch.stack(_combined_call(found, walks, raw, raw.shape[-1], plain, len(xs), chunk))]
+    return [
+        *outs,
+        torch.stack(_combined_call(found, walks, raw, raw.shape[-1], plain, len(xs), chunk, later)),
+    ]
 
 
 class _Walks(NamedTuple):
@@ -169,7 +182,7 @@ class _Walks(NamedTuple):
 
 
 def _combined_call(
-    found, walks: _Walks, table, width: int, terms, n_outs: int, chunk: int
+    found, walks: _Walks, table, width: int, terms, n_outs: int, chunk: int, later: bool = False
 ) -> list[torch.Tensor]:
     """One ``combined_sums`` kernel call; ``terms`` are ``(output, threshold, column block, coef (N, T)
     or None for one)``."""
@@ -197,6 +210,7 @@ def _combined_call(
         _pointer_array(outs),
         length,
         _block(chunk),
+        int(later),
     )
     work = rows * length * table_width * len(walks.xs)
     native.over_rows(rows, work, lambda begin, end: found["combined_sums"](*args, begin, end))

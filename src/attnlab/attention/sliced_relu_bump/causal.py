@@ -198,29 +198,28 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
         if query_grads:
             grad_b = (grad_b / width).sum(dim=1, keepdim=True)
 
-        # Keys: windows around t_j over the later queries' s_i (time reversed), weights g_i (and
+        # Keys: windows around t_j over the later queries' s_i (``later``: i >= j), weights g_i (and
         # g_mass_i on the keys' column of ones).
         if g_mass is not None:
             g, v = torch.cat([g, g_mass[..., None]], dim=-1), torch.cat([v, real[..., None]], dim=-1)
-        q_table = torch.cat([g, s[..., None] * g], dim=-1).flip(1).contiguous()
-        t_rev, w_rev = t.flip(1), width.flip(1)
-        bounds_rev = [x.flip(1) for x in key_bounds]
-        thresholds = _window_thresholds(*bounds_rev) + ([(bounds_rev[1], "left")] if pairs is None else [])
+        q_table = torch.cat([g, s[..., None] * g], dim=-1)
+        thresholds = _window_thresholds(*key_bounds) + ([(key_bounds[1], "left")] if pairs is None else [])
         grad_v, k_slope = combined_sums(
-            query_key.flip(1),
+            query_key,
             q_table,
             thresholds,
-            [_hat_terms(t_rev, w_rev), _slope_terms(t_rev, pairs is None)],
+            [_hat_terms(t, width), _slope_terms(t, pairs is None)],
             g.shape[-1],
             chunk,
             shifted=runs is None,
+            later=True,
         )
-        grad_t = rowdot(v.flip(1), k_slope).flip(1)
+        grad_t = rowdot(v, k_slope)
         if pairs is not None:  # tied pairs: v_j · g_i added to dL/dt_j
             width_k = g.shape[-1]
             tied = rowdot(v.reshape(-1, width_k)[pairs[1]][None], g.reshape(-1, width_k)[pairs[0]][None])[0]
             grad_t.view(-1).index_add_(0, pairs[1], tied)
-        grad_v = grad_v.flip(1)[..., :dim].contiguous()  # the ones column has no gradient
+        grad_v = grad_v[..., :dim].contiguous()  # the ones column has no gradient
         if valid is not None:
             grad_v.masked_fill_(~valid[..., None], 0.0)
             grad_t = grad_t.masked_fill(~valid, 0.0)
