@@ -206,8 +206,10 @@ def over_rows(rows: int, work: int, call: Callable[[int, int], None]) -> None:
 
 def call_rows(kernel, arrays, shape) -> None:
     """``kernel(*arrays, length, dim, begin, end)`` over the rows of ``shape = (rows, length, dim)``, on
-    torch's threads (``over_rows``): the calling convention of the sorted ops' kernels."""
+    torch's threads (``over_rows``): the calling convention of the sorted ops' kernels. Tensors pass
+    as pointers (None as a null one), numbers as they are."""
     rows, length, dim = shape
-    assert all(x.is_contiguous() for x in arrays), "the kernels read every array as contiguous"
-    pointers = [pointer(x) for x in arrays]
-    over_rows(rows, rows * length * dim, lambda begin, end: kernel(*pointers, length, dim, begin, end))
+    tensors = [x for x in arrays if isinstance(x, torch.Tensor)]
+    assert all(x.is_contiguous() for x in tensors), "the kernels read every array as contiguous"
+    passed = [pointer(x) if isinstance(x, torch.Tensor) else x for x in arrays]
+    over_rows(rows, rows * length * dim, lambda begin, end: kernel(*passed, length, dim, begin, end))

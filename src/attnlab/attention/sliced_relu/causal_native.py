@@ -26,29 +26,21 @@ def kernels(v: torch.Tensor) -> dict | None:
     return native.cpu_kernels(v, SOURCE, _ARGTYPES)
 
 
-def _call(kernel, shape, *arguments) -> None:
-    """``kernel(*arguments, length, dim, begin, end)`` over the rows of ``shape = (rows, length, dim)``
-    on torch's threads (``native.over_rows``): tensors as pointers (None as a null one), numbers as
-    they are."""
-    rows, length, dim = shape
-    passed = [native.pointer(x) if isinstance(x, torch.Tensor) else x for x in arguments]
-    native.over_rows(rows, rows * length * dim, lambda begin, end: kernel(*passed, length, dim, begin, end))
-
-
 def forward(found, s, t, v, real, sums, eps: float):
     """``out (N, T, D)`` and the per-query ``den``, ReLU mass and ``n`` (real keys j <= i, at least 1)
     from the scores, the centred values and the sums ``(A, B, C, E)``."""
     out = torch.empty_like(v)
     den, mass, n_safe = (torch.empty_like(s) for _ in range(3))
-    _call(found["causal_relu_forward"], v.shape, s, t, v, real, *sums, float(eps), out, den, mass, n_safe)
+    arrays = (s, t, v, real, *sums, float(eps), out, den, mass, n_safe)
+    native.call_rows(found["causal_relu_forward"], arrays, v.shape)
     return out, den, mass, n_safe
 
 
 def backward_queries(found, g, out, v, real, sum_v, den, count, count_le, n_safe, eps: float):
     """``(a_scale, grad_den, a_vbar, grad_s)`` per query (``causal_kernels.cpp``)."""
     results = [torch.empty_like(den) for _ in range(4)]
-    kernel = found["causal_relu_backward_queries"]
-    _call(kernel, v.shape, g, out, v, real, sum_v, den, count, count_le, n_safe, float(eps), *results)
+    arrays = (g, out, v, real, sum_v, den, count, count_le, n_safe, float(eps), *results)
+    native.call_rows(found["causal_relu_backward_queries"], arrays, v.shape)
     return results
 
 
@@ -56,7 +48,7 @@ def backward_keys(found, g, v, t, real, sum_a, sum_sa, a_scale, mass, n_safe, gr
                   at_or_above, vbar_a_above):  # fmt: skip
     """``(grad_v, grad_t)``; grad_v is written over ``sum_sa``."""
     grad_t = torch.empty_like(t)
-    kernel = found["causal_relu_backward_keys"]
-    _call(kernel, v.shape, g, v, t, real, sum_a, sum_sa, a_scale, mass, n_safe, grad_den, den_above,
-          at_or_above, vbar_a_above, grad_t)  # fmt: skip
+    arrays = (g, v, t, real, sum_a, sum_sa, a_scale, mass, n_safe, grad_den, den_above, at_or_above,
+              vbar_a_above, grad_t)  # fmt: skip
+    native.call_rows(found["causal_relu_backward_keys"], arrays, v.shape)
     return sum_sa, grad_t
