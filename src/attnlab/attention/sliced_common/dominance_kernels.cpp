@@ -312,8 +312,8 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
 // budget). With them (each row's first slot): the pairs written as flat indices (n·length + i,
 // n·length + j), the slots of pairs filtered out left as they were.
 template <typename T>
-void tied_rows(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t length,
-               int64_t* counts, const int64_t* offsets, int64_t* query_out, int64_t* key_out, int64_t row_begin,
+void tied_rows(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t* counts,
+               const int64_t* offsets, int64_t* query_out, int64_t* key_out, int64_t length, int64_t row_begin,
                int64_t row_end) {
   for (int64_t n = row_begin; n < row_end; ++n) {
     const int64_t at = n * length;
@@ -376,10 +376,11 @@ void tied_rows(const T* key, const int64_t* key_order, const T* x, const int64_t
   }
 
 #define ATTNLAB_TIED(NAME, T) \
-  void NAME(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t length, \
-            int64_t* counts, const int64_t* offsets, int64_t* query_out, int64_t* key_out, int64_t row_begin, \
-            int64_t row_end) { \
-    tied_rows(key, key_order, x, x_order, length, counts, offsets, query_out, key_out, row_begin, row_end); \
+  void NAME(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t* counts, \
+            const int64_t* offsets, int64_t* query_out, int64_t* key_out, int64_t length, int64_t dim, \
+            int64_t row_begin, int64_t row_end) { \
+    (void)dim; \
+    tied_rows(key, key_order, x, x_order, counts, offsets, query_out, key_out, length, row_begin, row_end); \
   }
 
 extern "C" {

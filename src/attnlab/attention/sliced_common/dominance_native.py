@@ -32,7 +32,7 @@ _ARGTYPES = {
     "dominance_sums": [_P] * 4 + [_I] * 2 + [_P] * 2 + [_I] * 5,
     "pair_sums": [_P] * 4 + [_I] * 2 + [_P] * 9 + [_I] * 5,
     "combined_sums": [_P, _P, _I, _P, _P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I],
-    "tied_pairs": [_P, _P, _P, _P, _I, _P, _P, _P, _P, _I, _I],
+    "tied_pairs": [_P] * 8 + [_I] * 4,
 }
 
 
@@ -111,28 +111,16 @@ def tied_pairs(found, x, key, budget: int):
     """``causal.tied_pairs`` of thresholds ``x`` and keys ``key`` (N, T) in one merged walk per row
     over their radix-sorted orders: the flat indices ``(n·T + i, n·T + j)`` of the pairs ``j <= i``
     with ``x_i == key_j``, or None when the equal runs hold more than ``budget`` pairs."""
-    rows, length = x.shape
     x, key = x.detach().contiguous(), key.detach().to(x.dtype).contiguous()
-    arrays = [key, ascending(key), x, ascending(x)]
-    counts = torch.empty(rows, dtype=torch.int64)
-    none = ctypes.c_void_p()
-    walk = found["tied_pairs"]
-
-    def count(begin: int, end: int) -> None:
-        walk(*map(native.pointer, arrays), length, native.pointer(counts), none, none, none, begin, end)
-
-    native.over_rows(rows, rows * length, count)
+    sorted_rows = (key, ascending(key), x, ascending(x))
+    counts = torch.empty(x.shape[0], dtype=torch.int64)
+    native.call_rows(found["tied_pairs"], (*sorted_rows, counts, None, None, None), (*x.shape, 1))
     total = int(counts.sum())
     if total > budget:
         return None
     offsets = counts.cumsum(0) - counts
     query, key_index = torch.full((2, total), -1, dtype=torch.int64).unbind(0)
-    outs = [native.pointer(a) for a in (offsets, query, key_index)]
-
-    def fill(begin: int, end: int) -> None:
-        walk(*map(native.pointer, arrays), length, none, *outs, begin, end)
-
-    native.over_rows(rows, rows * length, fill)
+    native.call_rows(found["tied_pairs"], (*sorted_rows, None, offsets, query, key_index), (*x.shape, 1))
     kept = query >= 0  # the pairs j > i left their slots as they were
     return query[kept], key_index[kept]
 
