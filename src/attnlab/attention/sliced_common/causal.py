@@ -138,9 +138,11 @@ def segment_codes(values: list[torch.Tensor], runs: Runs, later_first: bool) -> 
 TIE_PAIR_BUDGET = 4  # tied (query, key) pairs listed per position at most; beyond, an exact extra pass
 
 
-def tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None):
+def tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None, orders=None):
     """The pairs ``j <= i`` of real positions with ``s_i == t_j`` exactly, as flat indices
     ``(n·T + i, n·T + j)``; None when there are more than ``TIE_PAIR_BUDGET · N · T`` of them.
+    ``orders``: the ascending orders of ``t`` and ``s`` a dominance sum took already
+    (``dominance_native.Orders``), used where there is no padding (its masking reorders them).
 
     The ops need sums over ``t_j <= s_i`` beside those over ``t_j < s_i`` (kinks: relu'(0) = 0,
     hat'(0) = 0). They differ by the tied pairs only, which scores from real data have by accident
@@ -153,9 +155,10 @@ def tied_pairs(s: torch.Tensor, t: torch.Tensor, valid: torch.Tensor | None):
     n_rows, length = s.shape
     if valid is not None:  # padded positions never tie: -inf queries against +inf keys
         s, t = s.masked_fill(~valid, -float("inf")), t.masked_fill(~valid, float("inf"))
+        orders = None
     found = dominance_native.kernels(s, t)
     if found is not None:  # the CPU: one merged walk of both radix-sorted rows (dominance_kernels.cpp)
-        return dominance_native.tied_pairs(found, s, t, TIE_PAIR_BUDGET * s.numel())
+        return dominance_native.tied_pairs(found, s, t, TIE_PAIR_BUDGET * s.numel(), orders)
     key_order, lo, _, _ = merge_rows(s, t)
     keys = torch.gather(t, 1, key_order)
     # the end of the run of equal keys at each sorted position (instead of a second binary search)

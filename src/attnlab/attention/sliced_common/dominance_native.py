@@ -107,12 +107,14 @@ def pair_sums(
     return sums, orders
 
 
-def tied_pairs(found, x, key, budget: int):
+def tied_pairs(found, x, key, budget: int, orders: Orders | None = None):
     """``causal.tied_pairs`` of thresholds ``x`` and keys ``key`` (N, T) in one merged walk per row
-    over their radix-sorted orders: the flat indices ``(n·T + i, n·T + j)`` of the pairs ``j <= i``
-    with ``x_i == key_j``, or None when the equal runs hold more than ``budget`` pairs."""
+    over their radix-sorted orders (``orders``, where a dominance sum took them already): the flat
+    indices ``(n·T + i, n·T + j)`` of the pairs ``j <= i`` with ``x_i == key_j``, or None when the
+    equal runs hold more than ``budget`` pairs."""
     x, key = x.detach().contiguous(), key.detach().to(x.dtype).contiguous()
-    sorted_rows = (key, ascending(key), x, ascending(x))
+    orders = orders or Orders(ascending(key), ascending(x))
+    sorted_rows = (key, orders.key, x, orders.x)
     counts = torch.empty(x.shape[0], dtype=torch.int64)
     native.call_rows(found["tied_pairs"], (*sorted_rows, counts, None, None, None), (*x.shape, 1))
     total = int(counts.sum())

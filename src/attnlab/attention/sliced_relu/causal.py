@@ -62,7 +62,8 @@ class _CausalSlicedReLU(torch.autograd.Function):
         sums, levels = merged_dominance_sums(key, query, Pairs(v, None, t, ones, t), chunk)
         sum_v, sum_tv, count, sum_t = sums
         # #{j <= i : t_j <= s_i} (for the gradient) is #{t_j < s_i} plus the tied pairs
-        pairs = tied_pairs(query, key, valid)
+        orders = levels if isinstance(levels, dominance_native.Orders) else None  # the kernels' sorts
+        pairs = tied_pairs(query, key, valid, orders)
         if pairs is None:  # too many ties to list: count them in a pass of their own
             weights = ones[..., None].contiguous()
             count_le = dominance_sums(key, weights, [Query(query, "right")], chunk)[0][..., 0]
