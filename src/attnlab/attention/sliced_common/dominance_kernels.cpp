@@ -9,8 +9,9 @@
 // keys and the thresholds in ascending score order (two sorted index lists, merged): a key adds its
 // row to a Fenwick tree indexed by its block, and a threshold reads the sum of the blocks before its
 // own: log2(T / chunk) rows of doubles each, in a tree of (T / chunk) rows that stays in the cache
-// (0.5 MiB at T = 16K, W = 130). The transpose walks down the scores with the roles exchanged.
-// Sums in double. Plain C++ without torch's headers (attnlab.attention.common.native builds it).
+// (1 MiB at T = 16K, W = 130, chunk 16). The transpose walks down the scores with the roles exchanged.
+// The walk keeps its sums in the order it finds them; the pass over the blocks, in time order, adds
+// them to the block's own and writes each output row once. Sums in double. Plain C++ without torch's headers (attnlab.attention.common.native builds it).
 
 #include <algorithm>
 #include <cstdint>
@@ -122,23 +123,45 @@ void block_pairs(const T* key, const T* x, bool strict, bool transpose, const Ro
   }
 }
 
-// One row's sums, handed to emit(position, sums (double[width]), first) twice per position: the
-// pairs inside its block (first = true), then those across blocks. transpose = false: the positions
-// are the thresholds', S_i over keys j ≤ i; true: the keys', over thresholds i ≥ j.
-template <typename T, typename Rows, typename Emit, typename Prefetch>
+// A row's sums across blocks, as the walk finds them: in score order, rounded to T, and where each
+// position's row lies (rank). Kept per thread and reused from row to row.
+template <typename T>
+struct WalkRows {
+  std::vector<T> rows;
+  std::vector<int64_t> rank;
+
+  void reserve(int64_t length, int64_t width) {
+    rows.resize(length * width);
+    rank.resize(length);
+  }
+};
+
+// One row's sums, handed to emit(position, inside (double[width]), across (T[width])) once per
+// position, in time order: the pairs inside its block and those across blocks. transpose = false: the
+// positions are the thresholds', S_i over keys j ≤ i; true: the keys', over thresholds i ≥ j. The walk
+// visits positions in score order, so it writes its rows one after the other into `walked` (not into
+// the outputs, a random read-modify-write of every output row); the pass over the blocks then reads
+// them back by rank, ahead of use, and each output row is written once, in order.
+template <typename T, typename Rows, typename Emit>
 void dominance_row(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, bool strict,
                    bool transpose, const Rows& rows, int64_t length, int64_t width, int64_t block, Emit emit,
-                   Prefetch prefetch_out) {
-  block_pairs(key, x, strict, transpose, rows, length, width, block, emit);
+                   WalkRows<T>& walked) {
+  walked.reserve(length, width);
   std::vector<double> acc(width);
   const int64_t blocks = (length + block - 1) / block;
   BlockTree tree(blocks, width);
   std::vector<double> row(width);
+  int64_t written = 0;
+  auto keep = [&](int64_t p) {
+    T* target = walked.rows.data() + written * width;
+#pragma omp simd
+    for (int64_t c = 0; c < width; ++c) target[c] = static_cast<T>(acc[c]);
+    walked.rank[p] = written++;
+  };
   if (!transpose) {  // up the scores: keys below a threshold are in the tree when it reads
     int64_t k = 0;
     for (int64_t q = 0; q < length; ++q) {
       const int64_t i = x_order[q];
-      if (q + AHEAD < length) prefetch_out(x_order[q + AHEAD]);
       while (k < length && counts(key[key_order[k]], x[i], strict)) {
         if (k + AHEAD < length) rows.prefetch(key_order[k + AHEAD]);
         const int64_t j = key_order[k++];
@@ -147,13 +170,12 @@ void dominance_row(const T* key, const int64_t* key_order, const T* x, const int
         tree.add(j / block, row.data());
       }
       tree.before(i / block, acc.data());
-      emit(i, acc.data(), false);
+      keep(i);
     }
   } else {  // down the scores: thresholds above a key are in the tree (by reversed block) when it reads
     int64_t q = length - 1;
     for (int64_t k = length - 1; k >= 0; --k) {
       const int64_t j = key_order[k];
-      if (k >= AHEAD) prefetch_out(key_order[k - AHEAD]);
       while (q >= 0 && counts(key[j], x[x_order[q]], strict)) {
         if (q >= AHEAD) rows.prefetch(x_order[q - AHEAD]);
         const int64_t i = x_order[q--];
@@ -162,9 +184,15 @@ void dominance_row(const T* key, const int64_t* key_order, const T* x, const int
         tree.add(blocks - 1 - i / block, row.data());
       }
       tree.before(blocks - 1 - j / block, acc.data());
-      emit(j, acc.data(), false);
+      keep(j);
     }
   }
+  const T* across = walked.rows.data();
+  const int64_t* rank = walked.rank.data();
+  block_pairs(key, x, strict, transpose, rows, length, width, block, [&](int64_t p, const double* inside, bool) {
+    if (p + AHEAD < length) prefetch_row(across + rank[p + AHEAD] * width, width, 0);
+    emit(p, inside, across + rank[p] * width);
+  });
 }
 
 // Plain sums: out (length, width) = S.
@@ -172,21 +200,18 @@ template <typename T>
 void sums_rows(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t strict,
                int64_t transpose, const T* table, T* out, int64_t length, int64_t width, int64_t block,
                int64_t row_begin, int64_t row_end) {
+  WalkRows<T> walked;
   for (int64_t n = row_begin; n < row_end; ++n) {
     const int64_t at = n * length;
     T* rout = out + at * width;
-    auto emit = [&](int64_t p, const double* sums, bool first) {
+    auto emit = [&](int64_t p, const double* inside, const T* across) {
       T* target = rout + p * width;
-      if (first) {
-        for (int64_t c = 0; c < width; ++c) target[c] = static_cast<T>(sums[c]);
-      } else {
-        for (int64_t c = 0; c < width; ++c) target[c] = static_cast<T>(sums[c] + target[c]);
-      }
+#pragma omp simd
+      for (int64_t c = 0; c < width; ++c) target[c] = static_cast<T>(inside[c] + across[c]);
     };
-    auto prefetch = [&](int64_t p) { prefetch_row(rout + p * width, width, 1); };
     const TableRows<T> rows{table + at * width, width};
     dominance_row(key + at, key_order + at, x + at, x_order + at, strict != 0, transpose != 0, rows, length, width,
-                  block, emit, prefetch);
+                  block, emit, walked);
   }
 }
 
@@ -196,37 +221,24 @@ void pair_rows(const T* key, const int64_t* key_order, const T* x, const int64_t
                int64_t transpose, const T* u, const T* scale, const T* score, const T* first, const T* second,
                T* sum_u, T* sum_score_u, T* sum_first, T* sum_second, int64_t length, int64_t dim, int64_t block,
                int64_t row_begin, int64_t row_end) {
+  WalkRows<T> walked;
   for (int64_t n = row_begin; n < row_end; ++n) {
     const int64_t at = n * length;
     T *out_u = sum_u + at * dim, *out_score_u = sum_score_u + at * dim;
-    auto emit = [&](int64_t p, const double* sums, bool first_part) {  // the first part written, the second added
+    auto emit = [&](int64_t p, const double* inside, const T* across) {
       T *target = out_u + p * dim, *target_score = out_score_u + p * dim;
-      const double* sums_score = sums + dim;
-      if (first_part) {
-        for (int64_t c = 0; c < dim; ++c) {
-          target[c] = static_cast<T>(sums[c]);
-          target_score[c] = static_cast<T>(sums_score[c]);
-        }
-        sum_first[at + p] = static_cast<T>(sums[2 * dim]);
-        sum_second[at + p] = static_cast<T>(sums[2 * dim + 1]);
-        return;
-      }
 #pragma omp simd
       for (int64_t c = 0; c < dim; ++c) {
-        target[c] = static_cast<T>(sums[c] + target[c]);
-        target_score[c] = static_cast<T>(sums_score[c] + target_score[c]);
+        target[c] = static_cast<T>(inside[c] + across[c]);
+        target_score[c] = static_cast<T>(inside[dim + c] + across[dim + c]);
       }
-      sum_first[at + p] = static_cast<T>(sums[2 * dim] + sum_first[at + p]);
-      sum_second[at + p] = static_cast<T>(sums[2 * dim + 1] + sum_second[at + p]);
-    };
-    auto prefetch = [&](int64_t p) {
-      prefetch_row(out_u + p * dim, dim, 1);
-      prefetch_row(out_score_u + p * dim, dim, 1);
+      sum_first[at + p] = static_cast<T>(inside[2 * dim] + across[2 * dim]);
+      sum_second[at + p] = static_cast<T>(inside[2 * dim + 1] + across[2 * dim + 1]);
     };
     const PairRows<T> rows{u + at * dim, scale == nullptr ? nullptr : scale + at, score + at, first + at, second + at,
                            dim, 2 * dim + 2};
     dominance_row(key + at, key_order + at, x + at, x_order + at, strict != 0, transpose != 0, rows, length,
-                  2 * dim + 2, block, emit, prefetch);
+                  2 * dim + 2, block, emit, walked);
   }
 }
 
