@@ -95,6 +95,15 @@ struct Windows {
   }
 };
 
+// The walkers' running sums as local pointers, for the loops over the dimension: read through the
+// vectors (or a struct's pointers) inside an `omp simd` reduction, GCC 12 gathers every element by
+// its own address.
+#define WINDOW_ROWS(w)                                                                                  \
+  const double *lo = (w).lo.rows.data(), *below = (w).below.rows.data(), *mid = (w).mid.rows.data(),  \
+               *hi = (w).hi.rows.data(), *lo_x = (w).lo.scored_rows.data(),                           \
+               *mid_x = (w).mid.scored_rows.data(), *hi_x = (w).hi.scored_rows.data();               \
+  (void)below
+
 // Visits every centre of `centre_order` (ascending, `n_centres` of them) with its windows.
 template <typename T, typename Visit>
 void walk_windows(const Sources<T>& src, const T* centre, const int64_t* centre_order, int64_t n_centres, T width,
@@ -111,7 +120,8 @@ void walk_windows(const Sources<T>& src, const T* centre, const int64_t* centre_
 // them (torch's reductions block by the row's length).
 template <typename T>
 void real_mean(const T* v, const int64_t* order, int64_t count, int64_t dim, T* mean) {
-  std::vector<double> sum(dim, 0.0);
+  std::vector<double> sums(dim, 0.0);
+  double* sum = sums.data();
   for (int64_t p = 0; p < count; ++p) {
     const T* row = v + order[p] * dim;
 #pragma omp simd
@@ -140,11 +150,11 @@ void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const int
       const double mass = a * ((b - c) * left_n + left_t + (b + c) * right_n - right_t);
       const double left_coef = a * (b - c), right_coef = a * (b + c);
       T* target = out + (at + i) * dim;
+      WINDOW_ROWS(w);
 #pragma omp simd
       for (int64_t k = 0; k < dim; ++k) {
-        const double left = w.mid.rows[k] - w.lo.rows[k], right = w.hi.rows[k] - w.mid.rows[k];
-        const double left_x = w.mid.scored_rows[k] - w.lo.scored_rows[k];
-        const double right_x = w.hi.scored_rows[k] - w.mid.scored_rows[k];
+        const double left = mid[k] - lo[k], right = hi[k] - mid[k];
+        const double left_x = mid_x[k] - lo_x[k], right_x = hi_x[k] - mid_x[k];
         target[k] = static_cast<T>(left_coef * left + a * left_x + right_coef * right - a * right_x + mass * mean[k]);
       }
     });
@@ -166,15 +176,16 @@ void query_grads_rows(const T* v, const int64_t* order, const T* t_sorted, const
     const double b = width[n];
     walk_windows(keys, s + at, s_order + at, length, width[n], [&](int64_t i, const Windows<T>& w) {
       const T* gi = g + (at + i) * dim;
+      WINDOW_ROWS(w);
       double g_left = 0.0, g_right = 0.0, g_tied_left = 0.0, g_left_x = 0.0, g_right_x = 0.0, g_mean = 0.0;
 #pragma omp simd reduction(+ : g_left, g_right, g_tied_left, g_left_x, g_right_x, g_mean)
       for (int64_t k = 0; k < dim; ++k) {
         const double gk = gi[k];
-        g_left += gk * (w.mid.rows[k] - w.lo.rows[k]);
-        g_right += gk * (w.hi.rows[k] - w.mid.rows[k]);
-        g_tied_left += gk * (w.below.rows[k] - w.lo.rows[k]);  // the left window without the tied keys
-        g_left_x += gk * (w.mid.scored_rows[k] - w.lo.scored_rows[k]);
-        g_right_x += gk * (w.hi.scored_rows[k] - w.mid.scored_rows[k]);
+        g_left += gk * (mid[k] - lo[k]);
+        g_right += gk * (hi[k] - mid[k]);
+        g_tied_left += gk * (below[k] - lo[k]);  // the left window without the tied keys
+        g_left_x += gk * (mid_x[k] - lo_x[k]);
+        g_right_x += gk * (hi_x[k] - mid_x[k]);
         g_mean += gk * static_cast<double>(mean[k]);
       }
       const double c = s[at + i], a = coef[at + i];
@@ -204,14 +215,14 @@ void key_grads_rows(const T* g, const int64_t* s_order, const T* s_sorted, const
       const double c = t[at + j];
       const T* vj = v + (at + j) * dim;
       T* target = grad_v + (at + j) * dim;
+      WINDOW_ROWS(w);
       double dot = 0.0;
 #pragma omp simd reduction(+ : dot)
       for (int64_t k = 0; k < dim; ++k) {
-        const double left = w.mid.rows[k] - w.lo.rows[k], right = w.hi.rows[k] - w.mid.rows[k];
-        const double left_x = w.mid.scored_rows[k] - w.lo.scored_rows[k];
-        const double right_x = w.hi.scored_rows[k] - w.mid.scored_rows[k];
+        const double left = mid[k] - lo[k], right = hi[k] - mid[k];
+        const double left_x = mid_x[k] - lo_x[k], right_x = hi_x[k] - mid_x[k];
         target[k] = static_cast<T>((b - c) * left + left_x + (b + c) * right - right_x);
-        dot += vj[k] * (right - (w.below.rows[k] - w.lo.rows[k]));
+        dot += vj[k] * (right - (below[k] - lo[k]));
       }
       grad_t[at + j] = static_cast<T>(dot);
     });
