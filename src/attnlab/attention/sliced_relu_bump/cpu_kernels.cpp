@@ -26,6 +26,11 @@ inline void prefetch_row(const T* row, int64_t dim) {
   for (int64_t c = 0; c < dim; c += 64 / sizeof(T)) __builtin_prefetch(row + c, 0);
 }
 
+template <typename T>
+inline void prefetch_row_for_write(T* row, int64_t dim) {
+  for (int64_t c = 0; c < dim; c += 64 / sizeof(T)) __builtin_prefetch(row + c, 1);
+}
+
 // The sources of one row: row k is weight_k (u_k − shift) at score x_k; `order` lists them by ascending
 // score (x_sorted), the first `count` of them real (the walks stop there).
 template <typename T>
@@ -104,12 +109,14 @@ struct Windows {
                *mid_x = (w).mid.scored_rows.data(), *hi_x = (w).hi.scored_rows.data();               \
   (void)below
 
-// Visits every centre of `centre_order` (ascending, `n_centres` of them) with its windows.
-template <typename T, typename Visit>
+// Visits every centre of `centre_order` (ascending, `n_centres` of them) with its windows, after
+// prefetch(i) of the centre AHEAD of it (the rows its visit reads or writes: in sorted order, random).
+template <typename T, typename Visit, typename Prefetch>
 void walk_windows(const Sources<T>& src, const T* centre, const int64_t* centre_order, int64_t n_centres, T width,
-                  Visit visit) {
+                  Visit visit, Prefetch prefetch) {
   Windows<T> windows(src.dim);
   for (int64_t q = 0; q < n_centres; ++q) {
+    if (q + AHEAD < n_centres) prefetch(centre_order[q + AHEAD]);
     const int64_t i = centre_order[q];
     windows.move_to(src, centre[i], width);
     visit(i, windows);
@@ -123,6 +130,7 @@ void real_mean(const T* v, const int64_t* order, int64_t count, int64_t dim, T* 
   std::vector<double> sums(dim, 0.0);
   double* sum = sums.data();
   for (int64_t p = 0; p < count; ++p) {
+    if (p + AHEAD < count) prefetch_row(v + order[p + AHEAD] * dim, dim);
     const T* row = v + order[p] * dim;
 #pragma omp simd
     for (int64_t c = 0; c < dim; ++c) sum[c] += row[c];
@@ -157,7 +165,7 @@ void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const int
         const double left_x = mid_x[k] - lo_x[k], right_x = hi_x[k] - mid_x[k];
         target[k] = static_cast<T>(left_coef * left + a * left_x + right_coef * right - a * right_x + mass * mean[k]);
       }
-    });
+    }, [&](int64_t i) { prefetch_row_for_write(out + (at + i) * dim, dim); });
   }
 }
 
@@ -195,7 +203,7 @@ void query_grads_rows(const T* v, const int64_t* order, const T* t_sorted, const
       const double left = g_left + g_mean * left_n, right = g_right + g_mean * right_n;
       const double left_x = g_left_x + g_mean * left_t, right_x = g_right_x + g_mean * right_t;
       grad_b[at + i] = static_cast<T>(a / b * (c * (left - right) + right_x - left_x));
-    });
+    }, [&](int64_t i) { prefetch_row(g + (at + i) * dim, dim); });
   }
 }
 
@@ -225,6 +233,9 @@ void key_grads_rows(const T* g, const int64_t* s_order, const T* s_sorted, const
         dot += vj[k] * (right - (below[k] - lo[k]));
       }
       grad_t[at + j] = static_cast<T>(dot);
+    }, [&](int64_t j) {
+      prefetch_row(v + (at + j) * dim, dim);
+      prefetch_row_for_write(grad_v + (at + j) * dim, dim);
     });
     for (int64_t p = count[n]; p < length; ++p) {  // padded keys: no gradient
       const int64_t j = order[at + p];
