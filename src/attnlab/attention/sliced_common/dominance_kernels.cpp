@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -127,11 +128,15 @@ void block_pairs(const T* key, const T* x, bool strict, bool transpose, const Ro
 // position's row lies (rank). Kept per thread and reused from row to row.
 template <typename T>
 struct WalkRows {
-  std::vector<T> rows;
+  std::unique_ptr<T[]> rows;  // uninitialised: the walk writes every row before it is read
+  int64_t capacity = 0;
   std::vector<int64_t> rank;
 
   void reserve(int64_t length, int64_t width) {
-    rows.resize(length * width);
+    if (length * width > capacity) {
+      capacity = length * width;
+      rows.reset(new T[capacity]);
+    }
     rank.resize(length);
   }
 };
@@ -153,7 +158,7 @@ void dominance_row(const T* key, const int64_t* key_order, const T* x, const int
   std::vector<double> row(width);
   int64_t written = 0;
   auto keep = [&](int64_t p) {
-    T* target = walked.rows.data() + written * width;
+    T* target = walked.rows.get() + written * width;
 #pragma omp simd
     for (int64_t c = 0; c < width; ++c) target[c] = static_cast<T>(acc[c]);
     walked.rank[p] = written++;
@@ -187,7 +192,7 @@ void dominance_row(const T* key, const int64_t* key_order, const T* x, const int
       keep(j);
     }
   }
-  const T* across = walked.rows.data();
+  const T* across = walked.rows.get();
   const int64_t* rank = walked.rank.data();
   block_pairs(key, x, strict, transpose, rows, length, width, block, [&](int64_t p, const double* inside, bool) {
     if (p + AHEAD < length) prefetch_row(across + rank[p + AHEAD] * width, width, 0);
