@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from attnlab.attention.common import native
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
+from attnlab.attention.sliced_common import step_scores
 from attnlab.attention.sliced_common.scores import STANDARDISE_EPS
 
 __all__ = [
@@ -405,6 +406,9 @@ class SlicedAttentionState(NamedTuple):
 
 
 def slice_one_token(layer, q, k):
-    """Π of the new token's query and key (B, H, D) in one call: scores s, t (B, H)."""
+    """Π of the new token's query and key (B, H, D) in one call: scores s, t (B, H). On the CPU an MLP
+    Π runs as one C++ call (`step_scores`)."""
     b = q.shape[0]
-    return layer.slicer(torch.cat([q.reshape(b, -1), k.reshape(b, -1)])).split(b)
+    rows = torch.cat([q.reshape(b, -1), k.reshape(b, -1)])
+    found = step_scores.scores(layer.slicer, rows)
+    return (layer.slicer(rows) if found is None else found).split(b)
