@@ -10,13 +10,20 @@ import pytest
 
 from attnlab.attention.common import native
 from attnlab.attention.common.triton import selfcheck
+from attnlab.attention.linear import decoding as linear_decoding
 from attnlab.attention.sliced_common import decoding
 from attnlab.attention.sliced_common.path import KERNEL_SOURCES
 from attnlab.attention.sliced_common.rows import SORT_KERNELS
 from attnlab.attention.sliced_relu import causal_native
 
 #: every C++ source of the CPU kernels
-CPU_KERNELS = [decoding.KERNELS, SORT_KERNELS, causal_native.SOURCE, *dict.fromkeys(KERNEL_SOURCES.values())]
+CPU_KERNELS = [
+    decoding.KERNELS,
+    linear_decoding.KERNELS,
+    SORT_KERNELS,
+    causal_native.SOURCE,
+    *dict.fromkeys(KERNEL_SOURCES.values()),
+]
 
 
 @pytest.fixture(autouse=True)

@@ -78,6 +78,23 @@ def test_recurrent_steps_equal_causal_parallel_form(dtype, atol):
     torch.testing.assert_close(torch.stack(outs, dim=2), parallel, rtol=0, atol=atol)
 
 
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_in_place_steps_equal_causal_parallel_form(dtype, atol, cpu_code):
+    # a decoder's loop (inplace=True, no gradients): on the CPU one C++ call per step, else the torch code
+    q, k, v = (x.detach() for x in random_qkv((2, 3, 23, 4), dtype=dtype, dv=6))
+    parallel = linear_attention(q, k, v, causal=True, chunk_size=5)
+    state, outs = None, []
+    with torch.no_grad():
+        for i in range(q.shape[2]):
+            o, new_state = linear_attention_step(q[:, :, i], k[:, :, i], v[:, :, i], state, inplace=True)
+            if state is not None:  # the state's own tensors, updated
+                assert new_state[0] is state[0] and new_state[1] is state[1]
+            state = new_state
+            outs.append(o)
+    torch.testing.assert_close(torch.stack(outs, dim=2), parallel, rtol=0, atol=atol)
+    assert state[0].dtype == dtype
+
+
 @pytest.mark.parametrize(
     "dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.float64, torch.float64)]
 )

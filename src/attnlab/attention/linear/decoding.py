@@ -3,12 +3,14 @@ and the layer's state and step (``attnlab.attention.decoding`` calls them)."""
 
 from __future__ import annotations
 
+import ctypes
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention.common import compiler
+from attnlab.attention.common import compiler, native
 from attnlab.attention.common.precision import accumulation_dtype, no_autocast
 from attnlab.attention.linear.chunked import elu_feature_map
 
@@ -55,6 +57,10 @@ def linear_attention_step(
         )
     with no_autocast(q_t.device):
         acc = accumulation_dtype(q_t.dtype)
+        if inplace and state is not None:
+            out = _step_natively(q_t, k_t, v_t, state, eps)
+            if out is not None:  # the CPU: the step in one C++ call, the state updated in place
+                return out.to(v_t.dtype), state
         phi = F.elu(torch.stack([q_t, k_t]).to(acc)).add_(1.0)  # φ(q), φ(k) = elu + 1 in one pass
         phi_q, phi_k = phi[0], phi[1]
         v = v_t.to(acc)
@@ -81,6 +87,36 @@ def linear_attention_step(
         den = (phi_q * z_new).sum(-1, keepdim=True).add_(eps)
         out = num.div_(den)
     return out.to(v_t.dtype), (s_new, z_new)
+
+
+KERNELS = Path(__file__).with_name("decode_kernels.cpp")
+_ARGTYPES = {"linear_step": [ctypes.c_void_p] * 5 + [ctypes.c_double, ctypes.c_void_p] + [ctypes.c_int64] * 3}
+
+
+def _step_natively(q_t, k_t, v_t, state, eps: float) -> torch.Tensor | None:
+    """The in-place step by the C++ kernel (``decode_kernels.cpp``), or None where the torch code runs:
+    not the CPU, a state not in the inputs' accumulation dtype or not contiguous, gradients wanted,
+    a compiler tracing, no compiler. A dozen small torch ops per step become one call."""
+    s_prev, z_prev = state
+    acc = s_prev.dtype
+    inputs = (q_t, k_t, v_t)
+    if compiler.compiling() or any(x.device.type != "cpu" or x.dtype != acc for x in (*inputs, z_prev)):
+        return None
+    b, h, d = k_t.shape
+    if s_prev.shape != (b, h, d, v_t.shape[-1]) or z_prev.shape != (b, h, d):
+        return None  # the torch code names the mismatch
+    if not (s_prev.is_contiguous() and z_prev.is_contiguous()):
+        return None
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (*inputs, *state)):
+        return None
+    found = native.kernels(KERNELS, acc, _ARGTYPES)
+    if found is None:
+        return None
+    q, k, v = (x.contiguous() for x in inputs)
+    out = torch.empty_like(v)
+    pointers = [native.pointer(x) for x in (q, k, v, s_prev, z_prev)]
+    found["linear_step"](*pointers, float(eps), native.pointer(out), b * h, d, v.shape[-1])
+    return out
 
 
 class LinearAttentionState(NamedTuple):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import itertools
 import weakref
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -271,7 +270,7 @@ class SlicedDecodeState:
         self.sum_t += t
 
 
-KERNELS = Path(__file__).with_name("decode_kernels.cpp")
+KERNELS = step_scores.KERNELS  # decode_kernels.cpp: the steps below and Π's MLP (step_scores)
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
 # the runs, the buffer and its fill, the token and the state's running sums, the token count
 _STEP = [_POINTER] * 4 + [_INT] + [_POINTER] * 2 + [_INT] + [_POINTER] * 7 + [_INT]
