@@ -188,6 +188,28 @@ def test_other_errors_are_recorded_and_fail_the_exit_code(tmp_path, monkeypatch)
     assert row["status"] == "error" and "broken backend" in row["note"]
 
 
+def test_backends_take_turns_at_each_length(tmp_path, monkeypatch):
+    """After each cell's warm-up, the timed calls of one length go round the backends (one call of
+    each per round), so a slow spell of the machine falls on all of them, not on one backend's run."""
+    real_op, calls = bench.op, []
+
+    def recording_op(name):
+        inner = real_op(name)
+
+        def recorded(*args, **kwargs):
+            calls.append(name)
+            return inner(*args, **kwargs)
+
+        return recorded
+
+    monkeypatch.setattr(bench, "op", recording_op)
+    args = ["--backends", "softmax", "linear", "--seq-lens", "8", "16", "--mode", "fwd", "--repeats", "3"]
+    assert run(tmp_path, *args) == 0
+    warm_ups, rounds = ["softmax_attention", "linear_attention"], ["softmax_attention", "linear_attention"] * 3
+    assert calls == (warm_ups + rounds) * 2  # each length: both warm-ups, then three rounds
+    assert all(row["status"] == "ok" and row["repeats"] == "3" for row in read_rows(tmp_path))
+
+
 def test_unknown_backend_lists_known_ones(capsys):
     with pytest.raises(SystemExit) as excinfo:
         main(["bench", "attention", "--backends", "nope"])

@@ -16,7 +16,10 @@ end. Under the table come the ratios of `attnlab.bench.ratios` (official/sliced 
 causal/bidirectional time, packed rows/sorted time at the same T) and, on the CPU, each sliced cell's
 time over its memory floor (`attnlab.bench.floor`: its bytes at the copy bandwidth measured in the
 same run). Time is the
-median of `--repeats` calls after one warm-up call (CUDA is synchronised around each call).
+median of `--repeats` calls after one warm-up call (CUDA is synchronised around each call). The
+timed calls of one length take turns, one call of each cell per round, so that a slow spell of a
+shared machine falls on every backend of the round instead of on one (the ratios printed under the
+table compare cells measured side by side).
 Peak memory is the largest amount of tensor memory allocated *on top of* what was live before
 the call (so the inputs themselves are excluded), measured during the warm-up call: on CUDA with
 `torch.cuda.max_memory_allocated`, on CPU by replaying the allocation and free events that the
@@ -191,10 +194,11 @@ def _measure_peak(call: Callable[[], None], device: torch.device) -> tuple[float
     return time.perf_counter() - start, peak / 2**20
 
 
-def measure_cell(
-    cell: Cell, call: Callable[[], None], repeats: int, timeout_s: float, compile_first: bool = False
-) -> Cell:
-    """Warm-up call (also the memory measurement), then up to ``repeats`` timed calls.
+def warm_up(
+    cell: Cell, call: Callable[[], None], timeout_s: float, compile_first: bool = False
+) -> float | None:
+    """The warm-up call (also the memory measurement): its seconds, or None when it took longer
+    than ``timeout_s`` (the cell is marked ``timeout``).
 
     ``compile_first`` (every CUDA cell): one more call before, outside the time limit, that compiles
     the Triton kernels this length needs (seconds each), so a slow compile never marks a cell, and
@@ -210,23 +214,65 @@ def measure_cell(
     warm_s, cell.peak_mem_mb = _measure_peak(call, device)
     if warm_s > timeout_s:
         cell.status, cell.time_ms, cell.note = "timeout", warm_s * 1e3, f"warm-up took {warm_s:.1f}s"
-        return cell
-    times: list[float] = []
-    spent = warm_s
+        return None
+    return warm_s
+
+
+def time_in_turns(
+    turns: list[tuple[Cell, Callable[[], None], float]], repeats: int, timeout_s: float
+) -> None:
+    """Up to ``repeats`` timed calls of each warmed-up ``(cell, call, warm-up seconds)``, the cells
+    taking turns (one call of each, then the next round): on a shared machine a slow spell falls on
+    every cell of the round alike, so the ratios between them hold where back-to-back repeats would
+    give one cell the spell and the next a quiet minute. A cell leaves the rounds when its time
+    limit is spent or a call fails (marked as ``run_bench`` marks a failure)."""
+    times: dict[int, list[float]] = {id(cell): [] for cell, _, _ in turns}
+    spent = {id(cell): warm_s for cell, _, warm_s in turns}
+    active = list(turns)
     for _ in range(repeats):
-        _synchronize(device)
-        start = time.perf_counter()
-        call()
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
-        spent += times[-1]
-        if spent > timeout_s and len(times) < repeats:
-            cell.note = f"stopped after {len(times)} of {repeats} repeats (time limit)"
-            break
-    cell.time_ms = statistics.median(times) * 1e3 if times else warm_s * 1e3
-    cell.time_ms_min = min(times) * 1e3 if times else warm_s * 1e3
-    cell.repeats = len(times)
+        for entry in list(active):
+            cell, call, _ = entry
+            device = torch.device(cell.device)
+            try:
+                _synchronize(device)
+                start = time.perf_counter()
+                call()
+                _synchronize(device)
+            except Exception as err:  # noqa: BLE001 - any failure becomes a marked cell
+                _mark_failure(cell, err)
+                active.remove(entry)
+                continue
+            times[id(cell)].append(time.perf_counter() - start)
+            spent[id(cell)] += times[id(cell)][-1]
+            if spent[id(cell)] > timeout_s and len(times[id(cell)]) < repeats:
+                cell.note = f"stopped after {len(times[id(cell)])} of {repeats} repeats (time limit)"
+                active.remove(entry)
+    for cell, _, warm_s in turns:
+        if cell.status != "ok":
+            continue
+        taken = times[id(cell)]
+        cell.time_ms = statistics.median(taken) * 1e3 if taken else warm_s * 1e3
+        cell.time_ms_min = min(taken) * 1e3 if taken else warm_s * 1e3
+        cell.repeats = len(taken)
+
+
+def measure_cell(
+    cell: Cell, call: Callable[[], None], repeats: int, timeout_s: float, compile_first: bool = False
+) -> Cell:
+    """One cell alone: `warm_up`, then up to ``repeats`` timed calls (`time_in_turns`)."""
+    warm_s = warm_up(cell, call, timeout_s, compile_first)
+    if warm_s is not None:
+        time_in_turns([(cell, call, warm_s)], repeats, timeout_s)
     return cell
+
+
+def _mark_failure(cell: Cell, err: BaseException) -> None:
+    if not _is_oom(err):
+        cell.status, cell.note = "error", f"{type(err).__name__}: {err}"[:200]
+    else:
+        cell.status, cell.note = "oom", str(err).splitlines()[0][:120]
+    if torch.device(cell.device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _extrapolate(history: list[tuple[int, float]], length: int) -> float:
@@ -274,6 +320,9 @@ def run_bench(
     rows = [(backend, compiled) for backend in args.backends for compiled in COMPILE_CHOICES[args.compile]]
     compiled_ops: dict[str, Callable] = {}
     for length in args.seq_lens:
+        # this length's cells in table order, and those warmed up, to be timed in turns
+        row_cells: list[Cell] = []
+        turns: list[tuple[Cell, Callable[[], None], float]] = []
         for backend, compiled in rows:
             op_name, build = BACKENDS[backend]
             label = backend + (COMPILED if compiled else "")
@@ -284,23 +333,21 @@ def run_bench(
                 key = (label, mode)
                 cell = Cell(label, mode, length, args.batch, args.heads, args.dim, args.dtype, args.device)
                 cells.append(cell)
+                row_cells.append(cell)
                 if stepping and (mode == "fwdbwd" or compiled):
                     cell.status, cell.note = (
                         "n/a",
                         "inference only" if mode == "fwdbwd" else "decoding: eager only",
                     )
-                    log(_format_row(cell))
                     continue
                 if key in stopped:
                     cell.status, cell.note = stopped[key], "skipped after a shorter T"
-                    log(_format_row(cell))  # skipped cells are in the table too, marked
-                    continue
+                    continue  # skipped cells are in the table too, marked
                 predicted = _extrapolate(last_time.get(key, []), length)
                 if predicted > args.timeout_s:
                     cell.status = "timeout"
                     cell.note = f"skipped: extrapolated to {predicted:.0f}s from shorter T"
                     stopped[key] = "timeout"
-                    log(_format_row(cell))
                     continue
                 try:
                     if inputs is None:
@@ -315,21 +362,21 @@ def run_bench(
                     # CUDA (new kernel specialisations, seconds each), and every compiled cell
                     call = _make_call(backend_op, inputs, mode)
                     first = compiled or (device.type == "cuda" and not backend.endswith("_torch"))
-                    measure_cell(cell, call, args.repeats, args.timeout_s, compile_first=first)
+                    warm_s = warm_up(cell, call, args.timeout_s, compile_first=first)
+                    if warm_s is not None:
+                        turns.append((cell, call, warm_s))
                 except Exception as err:  # noqa: BLE001 - any failure becomes a marked cell
-                    if not _is_oom(err):
-                        cell.status, cell.note = "error", f"{type(err).__name__}: {err}"[:200]
-                    else:
-                        cell.status, cell.note = "oom", str(err).splitlines()[0][:120]
+                    _mark_failure(cell, err)
                     inputs = None  # free whatever the failed call left behind
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                if cell.status == "ok":
-                    last_time.setdefault(key, []).append((length, cell.time_ms_min / 1e3))
-                elif cell.status in ("oom", "timeout"):
-                    stopped[key] = cell.status
-                log(_format_row(cell))
-            del inputs
+        time_in_turns(turns, args.repeats, args.timeout_s)
+        turns.clear()  # the calls hold their inputs: freed before the next length's
+        for cell in row_cells:
+            key = (cell.backend, cell.mode)
+            if cell.status == "ok":
+                last_time.setdefault(key, []).append((length, cell.time_ms_min / 1e3))
+            elif cell.status in ("oom", "timeout"):
+                stopped[key] = cell.status
+            log(_format_row(cell))
     return cells
 
 
