@@ -205,7 +205,10 @@ def test_backends_take_turns_at_each_length(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "op", recording_op)
     args = ["--backends", "softmax", "linear", "--seq-lens", "8", "16", "--mode", "fwd", "--repeats", "3"]
     assert run(tmp_path, *args) == 0
-    warm_ups, rounds = ["softmax_attention", "linear_attention"], ["softmax_attention", "linear_attention"] * 3
+    warm_ups, rounds = (
+        ["softmax_attention", "linear_attention"],
+        ["softmax_attention", "linear_attention"] * 3,
+    )
     assert calls == (warm_ups + rounds) * 2  # each length: both warm-ups, then three rounds
     assert all(row["status"] == "ok" and row["repeats"] == "3" for row in read_rows(tmp_path))
 

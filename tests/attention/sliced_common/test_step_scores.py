@@ -78,3 +78,10 @@ def test_weights_changed_in_place_are_read_again():
         after = step_scores.scores(slicer, x)
         torch.testing.assert_close(after, slicer(x), rtol=1e-5, atol=1e-6)
     assert not torch.allclose(before, after)
+
+
+def test_parameters_made_under_inference_mode_run_the_module():
+    with torch.inference_mode():  # such tensors keep no version counter to notice an update by
+        slicer = mlp()
+        x = torch.randn(2, 48)
+        assert step_scores.scores(slicer, x) is None

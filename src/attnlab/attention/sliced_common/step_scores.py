@@ -58,6 +58,8 @@ def _mlp_parts(slicer: nn.Module) -> tuple[nn.Linear, nn.Linear] | None:
 
 def _maps(first: nn.Linear, last: nn.Linear) -> _Maps | None:
     params = (first.weight, first.bias, last.weight, last.bias)
+    if any(p.is_inference() for p in params):  # made under inference_mode: no version to tell changes by
+        return None
     key = tuple((p._version, p.data_ptr()) for p in params)
     kept = _KEPT.get(first)
     if kept is not None and kept.key == key:
