@@ -123,15 +123,20 @@ void walk_windows(const Sources<T>& src, const T* centre, const int64_t* centre_
   }
 }
 
-// The mean of a row's real values, summed in double in sorted order: the same whatever padding follows
-// them (torch's reductions block by the row's length).
+// The mean of a row's real values (the first `count` of `order`), summed in double in time order: one
+// sequential pass (in sorted order every row is a random read), and the same sum whatever padding
+// sits among the real keys.
 template <typename T>
-void real_mean(const T* v, const int64_t* order, int64_t count, int64_t dim, T* mean) {
+void real_mean(const T* v, const int64_t* order, int64_t count, int64_t length, int64_t dim, T* mean) {
+  std::vector<char> real(length, count == length ? 1 : 0);
+  if (count < length) {
+    for (int64_t p = 0; p < count; ++p) real[order[p]] = 1;
+  }
   std::vector<double> sums(dim, 0.0);
   double* sum = sums.data();
-  for (int64_t p = 0; p < count; ++p) {
-    if (p + AHEAD < count) prefetch_row(v + order[p + AHEAD] * dim, dim);
-    const T* row = v + order[p] * dim;
+  for (int64_t j = 0; j < length; ++j) {
+    if (!real[j]) continue;
+    const T* row = v + j * dim;
 #pragma omp simd
     for (int64_t c = 0; c < dim; ++c) sum[c] += row[c];
   }
@@ -148,7 +153,7 @@ void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const int
   for (int64_t n = row_begin; n < row_end; ++n) {
     const int64_t at = n * length;
     T* mean = vbar + n * dim;
-    real_mean(v + at * dim, order + at, count[n], dim, mean);
+    real_mean(v + at * dim, order + at, count[n], length, dim, mean);
     const Sources<T> keys{v + at * dim, order + at, t_sorted + at, nullptr, mean, count[n], dim};
     const double b = width[n];
     walk_windows(keys, s + at, s_order + at, length, width[n], [&](int64_t i, const Windows<T>& w) {
