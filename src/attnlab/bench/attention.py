@@ -19,7 +19,8 @@ same run). Time is the
 median of `--repeats` calls after one warm-up call (CUDA is synchronised around each call). The
 timed calls of one length take turns, one call of each cell per round, so that a slow spell of a
 shared machine falls on every backend of the round instead of on one (the ratios printed under the
-table compare cells measured side by side).
+table compare cells measured side by side). So one length's inputs of every backend are held at once,
+and each call finds the caches as the other backends' calls left them (a cold start for short T).
 Peak memory is the largest amount of tensor memory allocated *on top of* what was live before
 the call (so the inputs themselves are excluded), measured during the warm-up call: on CUDA with
 `torch.cuda.max_memory_allocated`, on CPU by replaying the allocation and free events that the
@@ -153,6 +154,8 @@ def _make_call(op: Callable, inputs: list[torch.Tensor], mode: str) -> Callable[
         for x in inputs:
             x.grad = None
         op(*inputs).backward(grad_out)
+        for x in inputs:  # freed now: the cells of a length take turns, each holding its inputs
+            x.grad = None
 
     return call
 
@@ -225,13 +228,18 @@ def time_in_turns(
     taking turns (one call of each, then the next round): on a shared machine a slow spell falls on
     every cell of the round alike, so the ratios between them hold where back-to-back repeats would
     give one cell the spell and the next a quiet minute. A cell leaves the rounds when its time
-    limit is spent or a call fails (marked as ``run_bench`` marks a failure)."""
+    limit is spent or a call fails (marked as ``run_bench`` marks a failure, its call dropped). Each
+    cell's median, minimum and count are up to date after every round: a run stopped part way
+    keeps the rounds done."""
     times: dict[int, list[float]] = {id(cell): [] for cell, _, _ in turns}
     spent = {id(cell): warm_s for cell, _, warm_s in turns}
-    active = list(turns)
+    for cell, _, warm_s in turns:
+        cell.time_ms = cell.time_ms_min = warm_s * 1e3  # until a timed call replaces it
+    active = [[cell, call] for cell, call, _ in turns]
+    turns.clear()  # only the rounds hold the calls now: a failed cell's inputs are freed at once
     for _ in range(repeats):
         for entry in list(active):
-            cell, call, _ = entry
+            cell, call = entry
             device = torch.device(cell.device)
             try:
                 _synchronize(device)
@@ -239,21 +247,20 @@ def time_in_turns(
                 call()
                 _synchronize(device)
             except Exception as err:  # noqa: BLE001 - any failure becomes a marked cell
+                active.remove(entry)
+                entry[1] = call = None  # its inputs and whatever the call left: freed
                 _mark_failure(cell, err)
-                active.remove(entry)
+                cell.time_ms = cell.time_ms_min = math.nan
+                cell.repeats = 0
                 continue
-            times[id(cell)].append(time.perf_counter() - start)
-            spent[id(cell)] += times[id(cell)][-1]
-            if spent[id(cell)] > timeout_s and len(times[id(cell)]) < repeats:
-                cell.note = f"stopped after {len(times[id(cell)])} of {repeats} repeats (time limit)"
+            taken = times[id(cell)]
+            taken.append(time.perf_counter() - start)
+            spent[id(cell)] += taken[-1]
+            cell.time_ms, cell.time_ms_min = statistics.median(taken) * 1e3, min(taken) * 1e3
+            cell.repeats = len(taken)
+            if spent[id(cell)] > timeout_s and len(taken) < repeats:
+                cell.note = f"stopped after {len(taken)} of {repeats} repeats (time limit)"
                 active.remove(entry)
-    for cell, _, warm_s in turns:
-        if cell.status != "ok":
-            continue
-        taken = times[id(cell)]
-        cell.time_ms = statistics.median(taken) * 1e3 if taken else warm_s * 1e3
-        cell.time_ms_min = min(taken) * 1e3 if taken else warm_s * 1e3
-        cell.repeats = len(taken)
 
 
 def measure_cell(
@@ -368,8 +375,7 @@ def run_bench(
                 except Exception as err:  # noqa: BLE001 - any failure becomes a marked cell
                     _mark_failure(cell, err)
                     inputs = None  # free whatever the failed call left behind
-        time_in_turns(turns, args.repeats, args.timeout_s)
-        turns.clear()  # the calls hold their inputs: freed before the next length's
+        time_in_turns(turns, args.repeats, args.timeout_s)  # empties turns: the inputs freed
         for cell in row_cells:
             key = (cell.backend, cell.mode)
             if cell.status == "ok":
@@ -457,7 +463,8 @@ def _sigterm_as_exit():
 
 
 def main(args: argparse.Namespace) -> int:
-    """The whole benchmark: title, one row per cell as measured, ratios, CSV and plot; the exit code
+    """The whole benchmark: title, one row per cell (a length's rows once its cells have taken their
+    turns), ratios, CSV and plot; the exit code
     (1 when a cell failed with an error, 143 or 130 when stopped, with the cells so far written)."""
     if args.device == "cuda" and not torch.cuda.is_available():
         print("attnlab bench attention: --device cuda asked for, but CUDA is not available")
@@ -488,6 +495,8 @@ def main(args: argparse.Namespace) -> int:
         for cell in cells:
             if cell.status == "ok" and cell.repeats == 0:
                 cell.status, cell.note = "stopped", "interrupted while measuring"
+            elif cell.status == "ok" and cell.repeats < args.repeats and not cell.note:
+                cell.note = f"stopped after {cell.repeats} of {args.repeats} repeats (interrupted)"
         write_csv(cells, csv_path)
         print(f"attnlab bench attention: stopped; the {len(cells)} cells so far are in {csv_path}")
         return 143 if isinstance(stop, SystemExit) else 130

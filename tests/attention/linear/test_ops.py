@@ -95,6 +95,17 @@ def test_in_place_steps_equal_causal_parallel_form(dtype, atol, cpu_code):
     assert state[0].dtype == dtype
 
 
+def test_in_place_step_under_no_grad_invalidates_a_graph_that_saved_the_state(cpu_code):
+    q, k, v = (x.detach() for x in random_qkv((1, 2, 3, 4), dtype=torch.float32))
+    state = linear_attention_state(k, v)
+    q_t = q[:, :, 0].clone().requires_grad_()
+    out, state = linear_attention_step(q_t, k[:, :, 1], v[:, :, 1], state)  # a graph saving S and z
+    with torch.no_grad():
+        linear_attention_step(q[:, :, 2], k[:, :, 2], v[:, :, 2], state, inplace=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 @pytest.mark.parametrize(
     "dtype,state_dtype", [(torch.bfloat16, torch.float32), (torch.float64, torch.float64)]
 )

@@ -95,8 +95,11 @@ _ARGTYPES = {"linear_step": [ctypes.c_void_p] * 5 + [ctypes.c_double, ctypes.c_v
 
 def _step_natively(q_t, k_t, v_t, state, eps: float) -> torch.Tensor | None:
     """The in-place step by the C++ kernel (``decode_kernels.cpp``), or None where the torch code runs:
-    not the CPU, a state not in the inputs' accumulation dtype or not contiguous, gradients wanted,
-    a compiler tracing, no compiler. A dozen small torch ops per step become one call."""
+    not the CPU, inputs not of the state's dtype (half inputs: float32 state) or a state not
+    contiguous, gradients wanted, a compiler tracing, an inference-mode state outside inference mode
+    (torch refuses to change it), no compiler. A dozen small torch ops per step become one call; the
+    state's version counters are bumped as an in-place torch op bumps them, so a graph that saved the
+    state before the step refuses its backward instead of reading the changed values."""
     s_prev, z_prev = state
     acc = s_prev.dtype
     inputs = (q_t, k_t, v_t)
@@ -109,6 +112,8 @@ def _step_natively(q_t, k_t, v_t, state, eps: float) -> torch.Tensor | None:
         return None
     if torch.is_grad_enabled() and any(x.requires_grad for x in (*inputs, *state)):
         return None
+    if not torch.is_inference_mode_enabled() and (s_prev.is_inference() or z_prev.is_inference()):
+        return None
     found = native.kernels(KERNELS, acc, _ARGTYPES)
     if found is None:
         return None
@@ -116,6 +121,8 @@ def _step_natively(q_t, k_t, v_t, state, eps: float) -> torch.Tensor | None:
     out = torch.empty_like(v)
     pointers = [native.pointer(x) for x in (q, k, v, s_prev, z_prev)]
     found["linear_step"](*pointers, float(eps), native.pointer(out), b * h, d, v.shape[-1])
+    if not (s_prev.is_inference() or z_prev.is_inference()):  # inference tensors keep no version
+        torch.autograd.graph.increment_version((s_prev, z_prev))
     return out
 
 

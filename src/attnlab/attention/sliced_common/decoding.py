@@ -88,6 +88,7 @@ class SlicedDecodeState:
         self.recent = 0
         self._bounds: tuple[torch.Tensor, ...] | None = None
         self._sizes: torch.Tensor | None = None
+        self.mlp_maps = None  # an MLP Π's maps as its step kernel reads them (step_scores), for this state
         key = next(_STATE_KEYS)
         self.handle = torch.tensor(key)
         _STATES[key] = weakref.ref(self)
@@ -404,10 +405,10 @@ class SlicedAttentionState(NamedTuple):
     position: int
 
 
-def slice_one_token(layer, q, k):
+def slice_one_token(layer, q, k, state: SlicedAttentionState | None = None):
     """Π of the new token's query and key (B, H, D) in one call: scores s, t (B, H). On the CPU an MLP
-    Π runs as one C++ call (`step_scores`)."""
+    Π runs as one C++ call (`step_scores`), its maps kept with the layer's decoding ``state``."""
     b = q.shape[0]
     rows = torch.cat([q.reshape(b, -1), k.reshape(b, -1)])
-    found = step_scores.scores(layer.slicer, rows)
+    found = step_scores.scores(layer.slicer, rows, None if state is None else state.op)
     return (layer.slicer(rows) if found is None else found).split(b)

@@ -10,8 +10,11 @@
 // row to a Fenwick tree indexed by its block, and a threshold reads the sum of the blocks before its
 // own: log2(T / chunk) rows of doubles each, in a tree of (T / chunk) rows that stays in the cache
 // (1 MiB at T = 16K, W = 130, chunk 16). The transpose walks down the scores with the roles exchanged.
-// The walk keeps its sums in the order it finds them; the pass over the blocks, in time order, adds
-// them to the block's own and writes each output row once. Sums in double. Plain C++ without torch's headers (attnlab.attention.common.native builds it).
+// The walk keeps its sums in the order it finds them (rounded to the table's dtype, in a buffer of
+// T x W per thread: 34 MB at T = 64K, W = 130 in float32); the pass over the blocks, in time order,
+// adds them to the block's own and writes each output row once. Sums in double, each output rounded
+// twice (the walk's part, then the whole). Plain C++ without torch's headers
+// (attnlab.attention.common.native builds it).
 
 #include <algorithm>
 #include <cstdint>

@@ -5,7 +5,8 @@ queries (time and score) level by level in torch: a sort, a search and a gather 
 level, about two full passes over the (T, W) table each. The kernels cut time into blocks of
 ``chunk`` tokens once, sum the pairs inside a block directly, and take the pairs across blocks from
 one walk per row up the sorted scores, with a Fenwick tree over the blocks that stays in the cache:
-one read of each table row and one write of each output row besides. The orders come from
+one read of each table row and one write of each output row besides (the walk's sums go through a
+buffer of one row's outputs per thread, so that the outputs are written in time order). The orders come from
 ``rows.sort_rows`` (a radix sort in C++); the backward pass reuses the forward's. The functions below
 take the torch functions' arguments and return what they return; they run where ``kernels`` finds
 the library (CPU, float32/float64, a compiler: ``attnlab.attention.common.native``).

@@ -80,7 +80,7 @@ def layer_state(layer, q, k, v) -> SlicedAttentionState:
 
 
 def layer_step(layer, q, k, v, state: SlicedAttentionState | None):
-    s, t = slice_one_token(layer, q, k)
+    s, t = slice_one_token(layer, q, k, state)
     if state is None:
         stats = None
         if layer.standardise == "prefix":

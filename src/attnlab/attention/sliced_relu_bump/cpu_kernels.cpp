@@ -250,6 +250,8 @@ void key_grads_rows(const T* g, const int64_t* s_order, const T* s_sorted, const
   }
 }
 
+#undef WINDOW_ROWS
+
 }  // namespace
 
 // Every array contiguous, rows n in [row_begin, row_end) of N: v, g, out, grad_v (N, length, dim); order

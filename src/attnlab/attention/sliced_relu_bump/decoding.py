@@ -68,7 +68,7 @@ def layer_state(layer, q, k, v) -> SlicedAttentionState:
 
 
 def layer_step(layer, q, k, v, state: SlicedAttentionState | None):
-    s, t = slice_one_token(layer, q, k)
+    s, t = slice_one_token(layer, q, k, state)
     if state is not None and compiler.compiling():  # the op's step as one custom op
         o = _compiled_step(state.op.handle, s, t, v, layer.bandwidth, layer.normaliser, layer.mass_eps)
         return o, SlicedAttentionState(state.op, None, state.position + 1)
