@@ -3,24 +3,25 @@
 For every backend and sequence length T the op runs on random inputs of shape (B, H, T, D)
 (scores (B, H, T) for the sliced backends) in two modes: `fwd`, an inference forward under
 `torch.no_grad()`, and `fwdbwd`, a forward plus a backward pass to every input. The
-`linear_decode` row is one recurrent decoding step (`linear_attention_step`) at position T, after
-a prefix of T tokens prefilled untimed: its time and memory stay flat in T. `sliced_relu_decode`
-is one step of causal sliced ReLU (`sliced_relu_attention_step`: sorted runs, O(D log² T)) and
-`softmax_decode` one step of softmax attention over a preallocated KV cache of T tokens; the
-`state_mb` column is the decoding state each keeps of the past ((D + 4) numbers per token and head in
-float32, and 2·D; constant for linear). The sliced step at T = 2^k merges no run (the amortised cost
-includes merges, up to O(T·D) for the step that completes a run). `sliced_relu_causal` and
-`sliced_relu_bump_causal` run the causal parallel ops; the `*_rows` names (`sliced_relu_rows`,
-`sliced_relu_causal_rows`, and the bump's) the ops on packed rows of T slots holding 8 sequences end to
-end. Under the table come the ratios of `attnlab.bench.ratios` (official/sliced ReLU peak memory,
-causal/bidirectional time, packed rows/sorted time at the same T) and, on the CPU, each sliced cell's
-time over its memory floor (`attnlab.bench.floor`: its bytes at the copy bandwidth measured in the
-same run). Time is the
+`linear_decode` row is one recurrent decoding step (`linear_attention_step`, in place as the layers
+step) at position T, after a prefix of T tokens prefilled untimed: its time and memory stay flat in
+T. `sliced_relu_decode` is one step of causal sliced ReLU (`sliced_relu_attention_step`: sorted
+runs, O(D log² T)) and `softmax_decode` one step of softmax attention over a preallocated KV cache
+of T tokens; the `state_mb` column is the decoding state each keeps of the past ((D + 4) numbers per
+token and head in float32, and 2·D; constant for linear). The sliced step at T = 2^k merges no run
+(the amortised cost includes merges, up to O(T·D) for the step that completes a run).
+`sliced_relu_causal` and `sliced_relu_bump_causal` run the causal parallel ops; the `*_rows` names
+(`sliced_relu_rows`, `sliced_relu_causal_rows`, and the bump's) the ops on packed rows of T slots
+holding 8 sequences end to end. Under the table come the ratios of `attnlab.bench.ratios`
+(official/sliced ReLU peak memory, causal/bidirectional time, packed rows/sorted time at the same T)
+and, on the CPU, each sliced cell's time over its memory floor (`attnlab.bench.floor`: its bytes at
+the copy bandwidth measured in the same run). Time is the
 median of `--repeats` calls after one warm-up call (CUDA is synchronised around each call). The
 timed calls of one length take turns, one call of each cell per round, so that a slow spell of a
 shared machine falls on every backend of the round instead of on one (the ratios printed under the
 table compare cells measured side by side). So one length's inputs of every backend are held at once,
 and each call finds the caches as the other backends' calls left them (a cold start for short T).
+Decoding rows take their repeats back to back, as a decoder's loop steps.
 Peak memory is the largest amount of tensor memory allocated *on top of* what was live before
 the call (so the inputs themselves are excluded), measured during the warm-up call: on CUDA with
 `torch.cuda.max_memory_allocated`, on CPU by replaying the allocation and free events that the
@@ -370,7 +371,9 @@ def run_bench(
                     call = _make_call(backend_op, inputs, mode)
                     first = compiled or (device.type == "cuda" and not backend.endswith("_torch"))
                     warm_s = warm_up(cell, call, args.timeout_s, compile_first=first)
-                    if warm_s is not None:
+                    if warm_s is not None and stepping:  # a decoder's loop: steps back to back
+                        time_in_turns([(cell, call, warm_s)], args.repeats, args.timeout_s)
+                    elif warm_s is not None:
                         turns.append((cell, call, warm_s))
                 except Exception as err:  # noqa: BLE001 - any failure becomes a marked cell
                     _mark_failure(cell, err)

@@ -125,6 +125,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     ),
     "linear_attention_causal": ("linear_attention", {"causal": True}),
     "linear_attention_causal_torch": ("linear_attention", {"causal": True, "impl": "torch"}),
+    # a decoder's loop: the token added to the state's own tensors (as the layers step)
+    "linear_attention_step_inplace": ("linear_attention_step", {"inplace": True}),
 }
 
 
@@ -162,7 +164,7 @@ BACKENDS: dict[str, tuple[str, Callable]] = {
     "linear_causal": ("linear_attention_causal", _qkv_inputs),
     "linear_causal_torch": ("linear_attention_causal_torch", _qkv_inputs),
     # one recurrent decoding step at position T: its time and memory must not grow with T
-    "linear_decode": ("linear_attention_step", _decode_inputs),
+    "linear_decode": ("linear_attention_step_inplace", _decode_inputs),
     "sliced_relu_decode": ("sliced_relu_attention_step", _sliced_decode_inputs),
     "softmax_decode": ("softmax_kv_cache_step", _kv_cache_inputs),
     "sliced_relu_causal": ("causal:sliced_relu_attention", _score_inputs),
