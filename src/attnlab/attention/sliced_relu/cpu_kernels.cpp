@@ -65,7 +65,7 @@ void key_mean(const T* v, const int64_t* order, int64_t count, int64_t length, i
 // out_i = scale_i (s_i Σ_{t_j<s_i} w_j − Σ_{t_j<s_i} t_j w_j) for every query; vbar written too.
 template <typename T>
 void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank,
-                  const int64_t* count, const T* scale, T* vbar, T* out, int64_t length, int64_t dim,
+                  const int64_t* count, const T* scale, double* vbar, T* out, int64_t length, int64_t dim,
                   int64_t row_begin, int64_t row_end) {
   std::vector<double> mean(dim), sum_w(dim), sum_tw(dim);
   for (int64_t n = row_begin; n < row_end; ++n) {
@@ -77,7 +77,7 @@ void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* 
     const T* rscale = scale + n * length;
     T* rout = out + n * length * dim;
     key_mean(rv, ro, count[n], length, dim, mean);
-    for (int64_t c = 0; c < dim; ++c) vbar[n * dim + c] = static_cast<T>(mean[c]);
+    std::copy(mean.begin(), mean.end(), vbar + n * dim);  // in double: the backward's w is the forward's
     const Buckets buckets(rr, length, count[n]);
     std::fill(sum_w.begin(), sum_w.end(), 0.0);
     std::fill(sum_tw.begin(), sum_tw.end(), 0.0);
@@ -114,7 +114,7 @@ void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* 
 // key's sums over the queries above it are the totals less those added so far (in double).
 template <typename T>
 void backward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank,
-                   const int64_t* rank_le, const int64_t* count, const T* vbar, const T* g, const T* a,
+                   const int64_t* rank_le, const int64_t* count, const double* vbar, const T* g, const T* a,
                    const T* out, const T* e_scale, T* e, T* below, T* grad_v, T* grad_t, int64_t length,
                    int64_t dim, int64_t row_begin, int64_t row_end) {
   std::vector<double> sum_w(dim), mean_grad(dim), total_a(dim), total_sa(dim), seen_a(dim), seen_sa(dim);
@@ -130,7 +130,7 @@ void backward_rows(const T* v, const int64_t* order, const T* t_sorted, const T*
     const T* rout = out + n * length * dim;
     const T* res = e_scale + n * length;
     T* re = e + n * length;
-    const T* mean = vbar + n * dim;
+    const double* mean = vbar + n * dim;
     T* rgv = grad_v + n * length * dim;
     T* rgt = grad_t + n * length;
     const int64_t real = count[n];
@@ -242,16 +242,18 @@ void ranks_rows(const T* t_search, const T* s, int64_t* rank, int64_t* rank_le, 
 
 // Every array contiguous, rows n in [row_begin, row_end) of N: v, out, g, grad_v (N, length, dim);
 // order (keys by ascending score, the `count` real ones first), t_sorted, s, rank, rank_le, scale, a,
-// e_scale, e, below, grad_t (N, length); count (N) real keys; vbar (N, dim).
+// e_scale, e, below, grad_t (N, length); count (N) real keys; vbar (N, dim) in double (the mean the
+// forward centred by, rounded to T it would give the backward other w's: a large common value offset
+// made dL/ds 2 % off in float32).
 #define ATTNLAB_FORWARD(NAME, T) \
   void NAME(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank, \
-            const int64_t* count, const T* scale, T* vbar, T* out, int64_t length, int64_t dim, int64_t row_begin, \
+            const int64_t* count, const T* scale, double* vbar, T* out, int64_t length, int64_t dim, int64_t row_begin, \
             int64_t row_end) { \
     forward_rows(v, order, t_sorted, s, rank, count, scale, vbar, out, length, dim, row_begin, row_end); \
   }
 #define ATTNLAB_BACKWARD(NAME, T) \
   void NAME(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank, \
-            const int64_t* rank_le, const int64_t* count, const T* vbar, const T* g, const T* a, const T* out, \
+            const int64_t* rank_le, const int64_t* count, const double* vbar, const T* g, const T* a, const T* out, \
             const T* e_scale, T* e, T* below, T* grad_v, T* grad_t, int64_t length, int64_t dim, int64_t row_begin, \
             int64_t row_end) { \
     backward_rows(v, order, t_sorted, s, rank, rank_le, count, vbar, g, a, out, e_scale, e, below, grad_v, grad_t, \

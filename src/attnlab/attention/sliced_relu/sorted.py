@@ -79,7 +79,7 @@ class SlicedReLU(torch.autograd.Function):
         if ctx.kernels is not None:  # the CPU: the D-wide sums in one walk per row (cpu_kernels.cpp)
             v = v.contiguous()
             ctx.real = real_keys(valid, n_rows, length)
-            out, vbar = torch.empty_like(v), v.new_empty(n_rows, v.shape[-1])
+            out, vbar = torch.empty_like(v), v.new_empty(n_rows, v.shape[-1], dtype=torch.float64)
             arrays = (v, order, t_sorted, s, rank, ctx.real, scale, vbar, out)
             native.call_rows(ctx.kernels.forward, arrays, v.shape)
             below_w = None
