@@ -152,11 +152,9 @@ def _make_call(op: Callable, inputs: list[torch.Tensor], mode: str) -> Callable[
     grad_out = torch.ones_like(inputs[2])  # every op returns the shape of v, inputs[2]; built untimed
 
     def call() -> None:
-        for x in inputs:
-            x.grad = None
         op(*inputs).backward(grad_out)
-        for x in inputs:  # freed now: the cells of a length take turns, each holding its inputs
-            x.grad = None
+        for x in inputs:  # freed now (the next call starts from none): the cells of a length take
+            x.grad = None  # turns, each holding its inputs
 
     return call
 
@@ -232,15 +230,12 @@ def time_in_turns(
     limit is spent or a call fails (marked as ``run_bench`` marks a failure, its call dropped). Each
     cell's median, minimum and count are up to date after every round: a run stopped part way
     keeps the rounds done."""
-    times: dict[int, list[float]] = {id(cell): [] for cell, _, _ in turns}
-    spent = {id(cell): warm_s for cell, _, warm_s in turns}
-    for cell, _, warm_s in turns:
-        cell.time_ms = cell.time_ms_min = warm_s * 1e3  # until a timed call replaces it
-    active = [[cell, call] for cell, call, _ in turns]
+    # per cell: [cell, call, seconds spent (the warm-up's, then every timed call's), timed seconds]
+    active = [[cell, call, warm_s, []] for cell, call, warm_s in turns]
     turns.clear()  # only the rounds hold the calls now: a failed cell's inputs are freed at once
     for _ in range(repeats):
         for entry in list(active):
-            cell, call = entry
+            cell, call, _, taken = entry
             device = torch.device(cell.device)
             try:
                 _synchronize(device)
@@ -249,17 +244,15 @@ def time_in_turns(
                 _synchronize(device)
             except Exception as err:  # noqa: BLE001 - any failure becomes a marked cell
                 active.remove(entry)
-                entry[1] = call = None  # its inputs and whatever the call left: freed
                 _mark_failure(cell, err)
-                cell.time_ms = cell.time_ms_min = math.nan
+                cell.time_ms = cell.time_ms_min = math.nan  # a failed cell shows no time
                 cell.repeats = 0
                 continue
-            taken = times[id(cell)]
             taken.append(time.perf_counter() - start)
-            spent[id(cell)] += taken[-1]
+            entry[2] += taken[-1]
             cell.time_ms, cell.time_ms_min = statistics.median(taken) * 1e3, min(taken) * 1e3
             cell.repeats = len(taken)
-            if spent[id(cell)] > timeout_s and len(taken) < repeats:
+            if entry[2] > timeout_s and len(taken) < repeats:
                 cell.note = f"stopped after {len(taken)} of {repeats} repeats (time limit)"
                 active.remove(entry)
 
