@@ -16,6 +16,7 @@ from attnlab.attention.common.triton import runtime
 from attnlab.attention.linear.triton import NUM_WARPS, launch_config, precision
 from attnlab.attention.sliced_relu.triton import TUNING
 from attnlab.attention.sliced_relu_bump.triton import BUMP as BUMP_TUNING
+from attnlab.attention.sliced_relu_bump.triton import dot_format
 
 TARGETS = {"sm_70": (7, 0), "sm_80": (8, 0), "sm_90": (9, 0)}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -129,6 +130,8 @@ def launch_options(kernel: str, target: str, dtype: str) -> tuple[list[str], dic
     options = {"num_warps": BUMP_TUNING.num_warps if kernel.startswith("bump_") else TUNING.num_warps}
     if kernel == "relu_backward_kernel":
         options["maxnreg"] = TUNING.backward_max_registers
+    if kernel.startswith("bump_walk_kernel"):
+        constants.update(dot_format(DTYPES[dtype], torch.float32, TARGETS[target]))
     if kernel.startswith("linear_"):
         config = launch_config(DTYPES[dtype], TARGETS[target])
         constants.update(C=config.pop("C"), PRECISION=precision(DTYPES[dtype]))

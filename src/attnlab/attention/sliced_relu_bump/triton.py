@@ -8,7 +8,8 @@ so a block of consecutive sorted queries has its window edges in three short run
 (about as many keys as the block holds queries, each). Forward (``bump_walk_kernel``, mode 0):
 one program per block of sorted queries keeps their outputs in registers and walks the key tiles
 of those runs (and of the tied keys), with the exact weights ``b - |s - t|`` summed by
-``tl.dot``: nothing cancels. Between two runs every key lies on the same side of every query of
+``tl.dot``: nothing cancels (on tensor cores for half values from sm_80 on, the weights cut into
+exact parts: ``dot_format``). Between two runs every key lies on the same side of every query of
 the block (below them, tied, or above), so there the weights are linear,
 ``b ∓ ((s - τ) - (t - τ))``, and the sum over the keys in between is ``(b ∓ (s - τ)) Σ v ± Σ (t - τ) v``:
 two rows of a float64 prefix table over the sorted keys (one pass over v, ``bump_table_kernel``;
@@ -175,6 +176,29 @@ def _key_table(k_order, t_search, v, n_key):
     return local, _carry(totals)
 
 
+def dot_format(values: torch.dtype, acc: torch.dtype, capability: tuple[int, int] | None) -> dict:
+    """The walk's dot constants (``DOT``, ``OPERAND``, ``PRECISION``: see ``_dot_parts``) for values
+    of dtype ``values`` summed in ``acc`` on a GPU of ``capability`` (None: the interpreter).
+
+    Tensor cores from sm_80 on, for half values summed in float32: bf16 values are exact in bf16,
+    fp16 values in tf32 (bf16 would round them), so only the weights are cut into parts, and each
+    product is exact as on CUDA cores. float32 values would need parts of their own as well (six
+    tf32 dots for exact products, no faster than the one float32 dot): they stay on CUDA cores,
+    as does everything on sm_70 (no bf16 or tf32 tensor cores)."""
+    import triton.language as tl
+
+    half = values in (torch.bfloat16, torch.float16) and acc == torch.float32
+    if not half or (capability is not None and capability < (8, 0)):
+        return {"DOT": 0, "OPERAND": tl.float64 if acc == torch.float64 else tl.float32, "PRECISION": "ieee"}
+    if values == torch.bfloat16:
+        return {"DOT": 1, "OPERAND": tl.float32 if capability is None else tl.bfloat16, "PRECISION": "ieee"}
+    return {"DOT": 2, "OPERAND": tl.float32, "PRECISION": "tf32"}
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
 def _walk(
     mode, sinks, sources, x, table, plan, width, coef, *, y=None, out=None, scal=None, part=None, write=None
 ):
@@ -196,6 +220,7 @@ def _walk(
         MODE=mode, KEY_SINKS=mode == 2, RPB=(BUMP.query_sinks if mode == 2 else BUMP.sinks) // BUMP.table,
         BS=BUMP.query_sinks if mode == 1 else BUMP.sinks, BK=BUMP.sources,
         TB=BUMP.table, BD=block_d, num_warps=BUMP.num_warps,
+        **dot_format(x.dtype, width.dtype, _capability(x.device)),
     )  # fmt: skip
 
 
@@ -288,4 +313,4 @@ def sliced_relu_bump(s, t, v, width, valid, queries, acc):
     return out.view(batch, heads, length, dim)
 
 
-__all__ = ["BUMP", "BumpTuning", "SlicedReLUBumpTriton", "sliced_relu_bump"]
+__all__ = ["BUMP", "BumpTuning", "SlicedReLUBumpTriton", "dot_format", "sliced_relu_bump"]

@@ -50,8 +50,9 @@ def _bump_weights(sink, src, width, KEY_SINKS: tl.constexpr):
 @triton.jit
 def _outer_sum64(acc, w, x, BK: tl.constexpr):
     """``acc + w @ x`` in float64 as BK rank-1 updates: dL/db's sums cancel, so a float32 ``tl.dot``
-    loses digits inside the tile. A float64 ``tl.dot`` would do the same sums (it builds: FMA on sm_70,
-    f64 ``mma.sync`` on sm_80/90); which is faster has not been measured on a GPU."""
+    loses digits inside the tile (float32 products are exact in float64). A float64 ``tl.dot``
+    (f64 ``mma.sync``) does not build in Triton 3.6 beside the kernel's bf16 or tf32 dot, and alone
+    spills 1,200 B a thread on sm_80 (``tests/triton_builds.py`` builds these)."""
     w = w.to(tl.float64)
     x = x.to(tl.float64)
     k = tl.arange(0, BK)
@@ -59,6 +60,37 @@ def _outer_sum64(acc, w, x, BK: tl.constexpr):
         column = tl.reduce(tl.where(k[None, :] == c, w, 0.0), 1, _add)  # exact: one term, zeros
         row = tl.reduce(tl.where(k[:, None] == c, x, 0.0), 0, _add)
         acc += column[:, None] * row[None, :]
+    return acc
+
+
+@triton.jit
+def _head(a, DOT: tl.constexpr):
+    """``a`` (float32) cut to the dot's part format: bf16 (rounded, ``DOT`` 1) or tf32 (its low 13
+    bits cleared, ``DOT`` 2), as float32; ``a - head`` is then exact."""
+    if DOT == 1:
+        head = a.to(tl.bfloat16).to(tl.float32)
+    else:
+        head = (a.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return head
+
+
+@triton.jit
+def _dot_parts(acc, w, x, PARTS: tl.constexpr, DOT: tl.constexpr, OPERAND: tl.constexpr,
+               PRECISION: tl.constexpr):  # fmt: skip
+    """``acc + w @ x`` (float32 sums) with every product exact. ``DOT`` 0: one float32 dot (CUDA
+    cores). 1 and 2 (tensor cores): ``x`` is exact in the part format (bf16 values in bf16, fp16
+    values in tf32) and ``w`` goes in ``PARTS`` parts that are (three cover float32's 24 bits: 8 + 8
+    + 8 for bf16, 11 + 11 + 2 for tf32; one for w in {-1, 0, 1}), a dot each. ``OPERAND``: the
+    dots' input dtype (bf16 on a GPU; float32 holding bf16 values in the interpreter, whose bf16
+    dot is not a product of values)."""
+    if DOT == 0:
+        acc += tl.dot(w, x, input_precision="ieee")
+    else:
+        rest = w
+        for _ in tl.static_range(PARTS):  # what is left after the last part is zero
+            head = _head(rest, DOT)
+            acc = tl.dot(head.to(OPERAND), x, acc, input_precision=PRECISION)
+            rest = rest - head
     return acc
 
 
@@ -121,6 +153,7 @@ def bump_walk_kernel(
     N, T, D, NB, NT, NC, TNT,
     MODE: tl.constexpr, KEY_SINKS: tl.constexpr, RPB: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, TB: tl.constexpr, BD: tl.constexpr,
+    DOT: tl.constexpr, OPERAND: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One block of ``BS`` sorted sinks, one block of D columns (grid: rows, blocks, D blocks).
 
@@ -159,15 +192,16 @@ def bump_walk_kernel(
                 x_ptr + (row * T + idx)[:, None] * D + d[None, :],
                 mask=kmask[:, None] & dmask[None, :],
                 other=0.0,
-            ).to(acc_dtype)
+            )
+            x_dot = x.to(OPERAND)  # exact: the dot's format holds x's dtype
             weight, dist, sign = _bump_weights(sink_nan, tl.where(kmask, src, float("nan")), width, KEY_SINKS)
             if MODE == 1:
-                acc1 += tl.dot(sign.to(acc_dtype), x, input_precision="ieee")
-                acc2 = _outer_sum64(acc2, dist, x, BK)
+                acc1 = _dot_parts(acc1, sign.to(OPERAND), x_dot, 1, DOT, OPERAND, PRECISION)
+                acc2 = _outer_sum64(acc2, dist, x.to(acc_dtype), BK)
             else:
-                acc1 += tl.dot(weight, x, input_precision="ieee")
+                acc1 = _dot_parts(acc1, weight, x_dot, 3, DOT, OPERAND, PRECISION)
                 if MODE == 2:
-                    acc2 += tl.dot(sign.to(acc_dtype), x, input_precision="ieee")
+                    acc2 = _dot_parts(acc2, sign.to(OPERAND), x_dot, 1, DOT, OPERAND, PRECISION)
         # the jump: the run's Σ x and Σ (score - τ) x from the table, τ its first source's score
         j0 = tl.load(plan + 8 + e)
         j1 = tl.load(plan + 12 + e)

@@ -208,5 +208,30 @@ def kernels() -> ModuleType:
                 os.environ.pop("TRITON_INTERPRET", None)
             else:
                 os.environ["TRITON_INTERPRET"] = previous
+        if mode:
+            _round_bf16_as_gpus_do()
         _LOADED[mode] = module
     return module
+
+
+def _round_bf16_as_gpus_do() -> None:
+    """Make the interpreter round float32 -> bf16 to nearest even, as the compiled ``cvt.rn``
+    does: Triton 3.6's interpreter truncates (half the bf16 outputs one unit low, measured), so
+    bf16 results interpreted would not be a GPU's. Patched once, in the interpreter's builder."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.cast_impl, "rounds_bf16", False):
+        return
+    truncating = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
+            return interpreter.TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+        return truncating(self, src, dst_type)
+
+    cast_impl.rounds_bf16 = True
+    builder.cast_impl = cast_impl  # the builder's create_fp_trunc & co. call self.cast_impl
