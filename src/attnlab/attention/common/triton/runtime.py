@@ -228,9 +228,12 @@ def _round_bf16_as_gpus_do() -> None:
     truncating = builder.cast_impl
 
     def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
-            return interpreter.TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:  # numpy: no torch op
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+            rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            nan = np.isnan(src.data)
+            rounded[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)  # NaN stays NaN
+            return interpreter.TensorHandle(rounded, tl.bfloat16)
         return truncating(self, src, dst_type)
 
     cast_impl.rounds_bf16 = True
