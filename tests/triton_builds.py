@@ -32,7 +32,7 @@ BUMP = {
 
 def _bump_blocks(mode: int) -> dict:
     """The walk's sinks per program and its sources' table blocks, as ``bump._walk`` launches it."""
-    sinks = BUMP_TUNING.query_sinks if mode == 1 else BUMP_TUNING.sinks
+    sinks = (BUMP_TUNING.sinks, BUMP_TUNING.query_sinks, BUMP_TUNING.key_sinks)[mode]
     table_blocks = BUMP_TUNING.query_sinks if mode == 2 else BUMP_TUNING.sinks
     return {"BS": sinks, "RPB": table_blocks // BUMP_TUNING.table}
 
@@ -56,7 +56,7 @@ KERNELS = {
         },
     ),
     "relu_backward_kernel": (
-        ["*i32", VAL, F32, F32, F32, VAL, F32, F32, F32, VAL, F32, F32, F32, *["i32"] * 6],
+        ["*i32", VAL, F32, F32, F32, VAL, F32, F32, F32, VAL, F32, F32, F32, "*i1", *["i32"] * 6],
         {"HAS_W": True, "HAS_KCARRY": True, **STREAM},
     ),
     # ReLU-bump: the keys' prefix table, then the walk in its three modes (forward, query and key
@@ -68,15 +68,19 @@ KERNELS = {
     **{
         f"bump_walk_kernel[{name}]": (
             [F32, "*i32", F32, "*i32", VAL, VAL, F64, F64, "*i32", F32, F64, "*i32", "*i32"]
-            + [VAL, F32, F64, F64, F64, *["i32"] * 7],
+            + [VAL, F32, F64, F64, F64, "*i1", *["i32"] * 7],
             {"MODE": mode, "KEY_SINKS": mode == 2, **BUMP, **_bump_blocks(mode)},
         )
         for mode, name in enumerate(("fwd", "query", "key"))
     },
     # scalar (N, T) passes, in the accumulation dtype whatever the op's
+    "score_prologue_kernel[scalar]": (
+        [F32, F32, "*i1", "*i1", F32, F32, F32, F32, F32, "*i8", "i32"],
+        {"HAS_VALID": True, "HAS_QUERIES": True, "BLOCK": 1024},
+    ),
     "merge_kernel[scalar]": (["*i32", "*i64", "*i32", "*i64", "*i32", "*i64", "i32"], {"BLOCK": 1024}),
     "relu_scalars_kernel[scalar]": (
-        [F32, "*i64", "*i32", F32, F32, F32, "*i1", *[F32] * 5, "i32"],
+        [F32, "*i64", "*i32", F32, F32, F32, "*i1", "*i1", *[F32] * 5, "i32"],
         {"HAS_QUERIES": True, "BLOCK": 1024},
     ),
     "linear_causal_state_kernel": (

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnlab.attention.common import native
+from attnlab.attention.common import compiler, native
 
 aten = torch.ops.aten
 
@@ -167,10 +167,23 @@ def _interpreter_hooks(counter: _Counter):
         builder.create_masked_load, builder.create_masked_store, executor.__call__ = load, store, call
 
 
+@contextlib.contextmanager
+def _no_host_reads():
+    """The ops' code for CUDA tensors, which reads no value back to the host: on the CPU an op may
+    look first and skip work (softmax's finiteness check; the sliced ops' NaN rows), a GPU runs
+    the branch-free code (``compiler.host_reads_allowed``)."""
+    allowed = compiler.host_reads_allowed
+    compiler.host_reads_allowed = lambda x: False
+    try:
+        yield
+    finally:
+        compiler.host_reads_allowed = allowed
+
+
 def count_bytes(fn: Callable[[], object]) -> list[Traffic]:
     """Run ``fn`` once and return the bytes each torch op and Triton kernel moved, largest first."""
     counter = _Counter()
     # the torch code a GPU runs beside its Triton kernels, not the CPU's C++ kernels
-    with native.torch_code(), _interpreter_hooks(counter), counter:
+    with native.torch_code(), _no_host_reads(), _interpreter_hooks(counter), counter:
         fn()
     return sorted(counter.rows.values(), key=lambda r: -r.total)

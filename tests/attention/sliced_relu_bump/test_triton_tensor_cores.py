@@ -66,6 +66,7 @@ def run_parts(kernel, w, x, dot):
     return parts, out
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in matmul")  # 3e38 · x: not checked here
 @pytest.mark.parametrize(("dot", "values"), [(1, torch.bfloat16), (2, torch.float16)], ids=["bf16", "tf32"])
 def test_the_parts_are_exact_in_their_format_and_sum_to_the_weight(parts_kernel, dot, values):
     w = weights(1)

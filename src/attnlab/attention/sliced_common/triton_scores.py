@@ -1,9 +1,12 @@
-"""What both Triton sliced ops start with (``sliced.py``, ``bump.py``): the centred scores and the
-two sorts of the op, which the backward passes reuse."""
+"""What both Triton sliced ops start with (``sliced_relu/triton.py``, ``sliced_relu_bump/triton.py``):
+the centred scores and the two sorts of the op, which the backward passes reuse."""
 
 from __future__ import annotations
 
-from attnlab.attention.sliced_common.rows import centre_scores, finite_rows, real_counts, sort_real_first
+import torch
+
+from attnlab.attention.common.triton.runtime import kernels
+from attnlab.attention.sliced_common.rows import sort_rows
 
 
 def sort_scores(s, t, v, valid, queries):
@@ -11,10 +14,24 @@ def sort_scores(s, t, v, valid, queries):
     (rows with a NaN/inf score zeroed, ``bad``: NaN is written to their outputs at the end), the keys
     sorted real-first ``(search, sorted, order)`` and the kept queries sorted first ``(search,
     order)``: the two sorts of the op, which the backward passes reuse. The dropped queries (their
-    s is 0, their scale or coefficient too) sort last as +inf: sinks at the end of every stream."""
+    s is 0, their scale or coefficient too) sort last as +inf: sinks at the end of every stream.
+
+    ``s, t (N, T)`` in the accumulation dtype; ``valid``, ``queries`` (N, T) bool or None. The
+    counts, centring and finiteness are one kernel (``score_prologue_kernel``), the sorts torch's
+    (``rows.sort_rows``)."""
     rows, length, _ = v.shape
-    count = real_counts(valid, rows, length, s.dtype, v.device)
-    s, t = centre_scores(s, t, valid, count, queries)
-    s, t, bad = finite_rows(s, t)
-    s_search, _, q_order = sort_real_first(s, queries)
-    return count, s, t, bad, sort_real_first(t, valid), (s_search, q_order)
+    s, t = s.contiguous(), t.contiguous()
+    s_out, t_out, s_key, t_key = (torch.empty_like(s) for _ in range(4))
+    count = torch.empty(rows, dtype=s.dtype, device=s.device)
+    bad = torch.empty(rows, dtype=torch.int8, device=s.device)
+    block = min(1024, max(16, 1 << (length - 1).bit_length()))
+    kernels().score_prologue_kernel[(rows,)](
+        s, t, valid if valid is not None else s, queries if queries is not None else s,
+        s_out, t_out, s_key, t_key, count, bad, length,
+        HAS_VALID=valid is not None, HAS_QUERIES=queries is not None, BLOCK=block,
+    )  # fmt: skip
+    s_search, q_order = sort_rows(s_key)
+    t_search, k_order = sort_rows(t_key)
+    # padded keys sort last as +inf (no real score is infinite: bad rows are 0); for arithmetic, 0
+    t_sorted = t_search if valid is None else t_search.nan_to_num(posinf=0.0)
+    return count, s_out, t_out, bad.bool(), (t_search, t_sorted, k_order), (s_search, q_order)

@@ -25,8 +25,9 @@ compensated carries (TwoSum: the running sum's rounding errors are kept and adde
 ReLU-bump's kernels are of another shape (tile walks over the sorted keys,
 ``attnlab.attention.sliced_relu_bump.triton``); both start with ``sliced_common.triton_scores``.
 
-Rows with a NaN or inf score are handled as by the torch op (``common.finite_rows``): their scores
-are zeroed before any sort, so every merged order is a permutation, and NaN is written afterwards.
+Rows with a NaN or inf score are handled as by the torch op (``rows.finite_rows``): their scores
+are zeroed before any sort (``score_prologue_kernel``), so every merged order is a permutation, and
+the kernels that write the outputs and dv write NaN there themselves.
 """
 
 from __future__ import annotations
@@ -155,13 +156,13 @@ def stream(
     )  # fmt: skip
 
 
-def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
+def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry, bad):
     """Sliced ReLU's backward walk (``kernels.relu_backward_kernel``) over the forward's ``order``:
     returns dv ``(N, T, D)`` and the dots ``(3, N, T)``: g·P and g·P_t at the queries, (v - vbar)·Q
     at the keys. One pass over g first (``stream_totals_kernel``) sums the queries ``a g`` and
     ``s a g`` per chunk (the walk starts each chunk at minus the sum above it) and ``Σ c4 a g``,
     the mean of dL/dw times ``count`` (``c4``: R, ``a``: the scale). ``kcarry``: the forward's
-    ``centred_carry`` (the key sums)."""
+    ``centred_carry`` (the key sums); ``bad (N,)``: the rows whose dv is NaN at the real keys."""
     order, v, vbar, weight, t, g, a_scale, s, c4 = (
         None if x is None else x.contiguous() for x in (order, v, vbar, weight, t, g, a_scale, s, c4)
     )
@@ -176,7 +177,7 @@ def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry):
     grad_v = torch.empty_like(v)
     kernels().relu_backward_kernel[(rows, n_chunks, d_blocks)](
         order, v, vbar, weight if weight is not None else s, t, g, a_scale, s, mean,
-        grad_v, dots, kcarry if kcarry is not None else s, qcarry,
+        grad_v, dots, kcarry if kcarry is not None else s, qcarry, bad,
         rows, length, dim, order.shape[1], chunk, n_chunks,
         HAS_W=weight is not None, HAS_KCARRY=kcarry is not None, BLOCK=TUNING.block, BD=block_d,
         num_warps=TUNING.num_warps, maxnreg=TUNING.backward_max_registers,
@@ -251,15 +252,16 @@ def _merge_sides(sink_sorted, src_sorted, sinks_first):
     )
 
 
-def _relu_scalars(s, rank, rank_le, t_sorted, count, eps, queries):
-    """``kernels.relu_scalars_kernel``: ``(c1, scale, dden, balance, R)``, each ``(N, T)``."""
+def _relu_scalars(s, rank, rank_le, t_sorted, count, eps, queries, bad):
+    """``kernels.relu_scalars_kernel``: ``(c1, scale, dden, balance, R)``, each ``(N, T)``; c1 NaN
+    at the kept queries of the ``bad`` rows."""
     rows, length = s.shape
     outs = [torch.empty_like(s) for _ in range(5)]
     block = min(1024, max(16, 1 << (length - 1).bit_length()))
     eps = torch.full((1,), eps, dtype=s.dtype, device=s.device)
     kernels().relu_scalars_kernel[(rows, -(-length // block))](
         s, rank, rank_le, exclusive_cumsum(t_sorted), count, eps, queries if queries is not None else s,
-        *outs, length, HAS_QUERIES=queries is not None, BLOCK=block,
+        bad, *outs, length, HAS_QUERIES=queries is not None, BLOCK=block,
     )  # fmt: skip
     return outs
 
@@ -294,13 +296,13 @@ class SlicedReLUTriton(torch.autograd.Function):
             order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True, finite=True)
             rank_le = torch.searchsorted(t_search, s, side="right", out_int32=True)  # #{t <= s}
             c1, scale, dden, balance, relu_mass = _relu_scalars(
-                s, rank, rank_le, t_sorted, count, eps, queries
+                s, rank, rank_le, t_sorted, count, eps, queries, bad
             )
             weight = None if valid is None else valid.to(acc)
             vbar, carry = centred_carry(order, v, t, weight, count)  # carry: reused by the backward walk
             out = torch.empty_like(v)
+            # NaN at the kept queries of the bad rows through c1 (``relu_scalars_kernel``)
             stream(order, v, t, xshift=vbar, weight=weight, c1=c1, c2=-scale, out=out, carry=carry)
-            nan_rows(out, bad, queries)
             # for the backward pass: each key's #{s < t_j}, #{s <= t_j} among the sorted queries
             q_lt = torch.searchsorted(s_sorted, t, side="left")
             q_le = torch.searchsorted(s_sorted, t, side="right")
@@ -327,7 +329,7 @@ class SlicedReLUTriton(torch.autograd.Function):
         # the keys dL/dv_j = Σ_{s_i>t_j} (s_i - t_j) a_i g_i minus its mean over the real keys
         # (Σ_i a_i R_i g_i / n) and w_j · Σ_{s_i>t_j} a_i g_i (w_j = v_j - vbar), for dL/dt.
         grad_v, (g_below, g_scored, w_dot_a) = relu_backward(
-            order, v, vbar, weight, t, g, scale, s, relu_mass, count, carry
+            order, v, vbar, weight, t, g, scale, s, relu_mass, count, carry, ctx.bad
         )
         # o_i = a_i (s_i P - P_t): dL/da_i = s_i g·P - g·P_t; the scale a is 0 off the kept queries
         grad_den = dden * (s * g_below - g_scored)
@@ -339,7 +341,7 @@ class SlicedReLUTriton(torch.autograd.Function):
         den_above = q_den[:, -1:] - torch.gather(q_den, 1, q_le)
         grad_t = _mask(den_below - den_above - w_dot_a, valid)
         grad_s, grad_t = nan_rows(grad_s, ctx.bad, queries), nan_rows(grad_t, ctx.bad, valid)
-        return grad_s, grad_t, nan_rows(grad_v, ctx.bad, valid), None, None, None
+        return grad_s, grad_t, grad_v, None, None, None  # grad_v: NaN rows from the walk
 
 
 # --------------------------------------------------------------------------------------------

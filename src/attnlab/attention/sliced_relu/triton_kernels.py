@@ -208,7 +208,7 @@ def stream_kernel(
 @triton.jit
 def relu_backward_kernel(
     order_ptr, v_ptr, vbar_ptr, w_ptr, t_ptr, g_ptr, a_ptr, s_ptr, mean_ptr,
-    dv_ptr, dots_ptr, kcarry_ptr, qcarry_ptr,
+    dv_ptr, dots_ptr, kcarry_ptr, qcarry_ptr, bad_ptr,
     N, T, D, L, CHUNK, NCHUNK,
     HAS_W: tl.constexpr, HAS_KCARRY: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -223,7 +223,8 @@ def relu_backward_kernel(
     ``dots[dblk, 0/1, row, i] = g_i · P, g_i · P_t`` at each query (P, P_t: the key sums below);
     ``dots[dblk, 2, row, j] = (v_j - vbar) · Q`` at each key (Q, Q_s: the query sums above);
     ``dv_j = w_j (Q_s - t_j Q - mean)`` (``mean``: the mean over the real keys of dL/dw, the
-    backward's ``Σ_i a_i R_i g_i / n`` from ``stream_totals_kernel``'s ``c4`` plane).
+    backward's ``Σ_i a_i R_i g_i / n`` from ``stream_totals_kernel``'s ``c4`` plane); NaN at the
+    real keys of a ``bad`` row (a non-finite score), written here rather than filled in afterwards.
     """
     row, chunk, dblk, d, dmask = _program_block(D, BD)
     acc_dtype = t_ptr.dtype.element_ty
@@ -233,6 +234,7 @@ def relu_backward_kernel(
     run_q, run_qs, err_q, err_qs = _carried(qcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, True)
     vbar = tl.load(vbar_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
     mean = tl.load(mean_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    bad = tl.load(bad_ptr + row) != 0
     plane = N.to(tl.int64) * T  # one (N, T) plane of ``dots``: its third starts past 2³¹ at B·H·T ≥ 2³⁰
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
@@ -269,6 +271,7 @@ def relu_backward_kernel(
         # at a key, -pre_q and -pre_qs are the sums over the queries above it
         tl.store(at + 2 * plane + j, -tl.reduce(centred * pre_q, 1, _add), mask=is_key)
         grad = w[:, None] * ((t[:, None] * pre_q - pre_qs) - mean[None, :])
+        grad = tl.where((bad & (w != 0))[:, None], float("nan"), grad)
         tl.store(
             dv_ptr + (row * T + j)[:, None] * D + d[None, :], grad.to(dv_ptr.dtype.element_ty), mask=key2
         )
@@ -297,7 +300,7 @@ def merge_kernel(
 
 @triton.jit
 def relu_scalars_kernel(
-    s_ptr, rank_ptr, rank_le_ptr, p_t_ptr, count_ptr, eps_ptr, queries_ptr,
+    s_ptr, rank_ptr, rank_le_ptr, p_t_ptr, count_ptr, eps_ptr, queries_ptr, bad_ptr,
     c1_ptr, scale_ptr, dden_ptr, balance_ptr, mass_ptr,
     T, HAS_QUERIES: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -306,7 +309,9 @@ def relu_scalars_kernel(
     ``den_i = Σ_j |s_i - t_j| = s_i (2 r_i - n) + Σ t - 2 Σ_{t_j<s_i} t_j``, the scale
     ``a_i = 2 / max(den_i, eps)`` (0 off ``queries``), ``c1 = a s`` (the forward stream's ``c2`` is
     ``-a``); for the backward ``dden_i = da_i/dden_i = -a_i² / 2`` (0 where the clamp holds),
-    ``#{t < s} - #{t > s}`` and ``R_i = Σ_{t_j<s_i} (s_i - t_j)``."""
+    ``#{t < s} - #{t > s}`` and ``R_i = Σ_{t_j<s_i} (s_i - t_j)``. ``c1`` is NaN at the kept
+    queries of a ``bad`` row (a non-finite score): the stream then writes their NaN outputs itself,
+    where a masked fill afterwards would read and write the whole output again."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = i < T
@@ -321,9 +326,12 @@ def relu_scalars_kernel(
     r = rank.to(s.dtype)
     den = s * (2 * r - n) + total - 2 * below
     scale = 2.0 / tl.maximum(den, eps)
+    kept = m
     if HAS_QUERIES:
-        scale = tl.where(tl.load(queries_ptr + at, mask=m, other=0) != 0, scale, 0.0)
-    tl.store(c1_ptr + at, scale * s, mask=m)
+        kept = tl.load(queries_ptr + at, mask=m, other=0) != 0
+        scale = tl.where(kept, scale, 0.0)
+    poisoned = kept & (tl.load(bad_ptr + row) != 0)
+    tl.store(c1_ptr + at, tl.where(poisoned, float("nan"), scale * s), mask=m)
     tl.store(scale_ptr + at, scale, mask=m)
     tl.store(dden_ptr + at, tl.where(den >= eps, -0.5 * scale * scale, 0.0), mask=m)
     tl.store(balance_ptr + at, (rank + rank_le).to(s.dtype) - n, mask=m)

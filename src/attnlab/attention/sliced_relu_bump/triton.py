@@ -1,6 +1,6 @@
 """Sliced ReLU-bump attention on Triton: ``o_i = (1/(n b)) Σ_j max(0, b - |s_i - t_j|) v_j`` with
-the torch op's exactness rules (``attnlab.attention.sliced_common``), forward + backward moving 3.54 /
-3.89 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
+the torch op's exactness rules (``attnlab.attention.sliced_common``), forward + backward moving 3.60 /
+3.92 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
 
 The window of query i is the run of sorted keys between its ranks ``#{t <= s - b}`` and
 ``#{t < s + b}``; since b is one number per row, these ranks are monotone in the sorted order of s,
@@ -45,10 +45,12 @@ from attnlab.attention.sliced_common.triton_scores import sort_scores
 
 @dataclass
 class BumpTuning:
-    """Launch shape of the bump's kernels: ``sinks`` sorted positions per program (``query_sinks``
-    on the backward's query side, whose float64 accumulator would spill at 256; both multiples of
-    ``table``), ``sources`` per tile (16: ``tl.dot``'s least), a prefix-table row every ``table``
-    sources (a multiple of ``sources``), D in blocks of ``block_d``."""
+    """Launch shape of the bump's kernels: ``sinks`` sorted positions per program in the forward
+    (``query_sinks`` on the backward's query side, whose float64 accumulator would spill at 256;
+    ``key_sinks`` on its key side, whose two accumulators spilled 570-1,020 B a thread at 256 on
+    sm_80/90 and 0-220 B at 128; all multiples of ``table``), ``sources`` per tile (16: ``tl.dot``'s
+    least), a prefix-table row every ``table`` sources (a multiple of ``sources``), D in blocks of
+    ``block_d``."""
 
     sinks: int = 256
     sources: int = 16
@@ -56,6 +58,7 @@ class BumpTuning:
     block_d: int = 64
     num_warps: int = 8
     query_sinks: int = 128
+    key_sinks: int = 128
 
 
 BUMP = BumpTuning()
@@ -63,8 +66,8 @@ BUMP = BumpTuning()
 
 def _check_tuning() -> None:
     tiles, table = BUMP.sources, BUMP.table
-    if tiles < 16 or table % tiles or BUMP.sinks % table or BUMP.query_sinks % table:
-        raise ValueError(f"BumpTuning: sources >= 16, dividing table, dividing both sinks; got {BUMP}")
+    if tiles < 16 or table % tiles or any(n % table for n in (BUMP.sinks, BUMP.query_sinks, BUMP.key_sinks)):
+        raise ValueError(f"BumpTuning: sources >= 16, dividing table, dividing every sinks; got {BUMP}")
 
 
 def _real(mask: torch.Tensor | None, rows: int, length: int, device) -> torch.Tensor:
@@ -126,7 +129,7 @@ def _query_plan(s_search, t_search, width, n_query, sinks):
 def _key_plan(t_search, s_search, width, n_key):
     """The walk of each block of sorted keys over the sorted queries: the queries with
     ``s + b <= t``, ``s < t``, ``s <= t``, ``s - b < t`` (the same pairs as ``_query_plan``)."""
-    keys, live = _bounds(t_search, n_key, BUMP.sinks)
+    keys, live = _bounds(t_search, n_key, BUMP.key_sinks)
     both = torch.stack([keys, _above(keys)], dim=2).view(keys.shape[0], -1)
     below, tied = torch.searchsorted(s_search, both, side="left").view(*keys.shape, 2).unbind(2)
     edges = [
@@ -200,10 +203,12 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
 
 
 def _walk(
-    mode, sinks, sources, x, table, plan, width, coef, *, y=None, out=None, scal=None, part=None, write=None
-):
+    mode, sinks, sources, x, table, plan, width, coef, bad, *, y=None, out=None, scal=None, part=None,
+    write=None,
+):  # fmt: skip
     """``bump_walk_kernel`` in ``mode``: ``sinks``/``sources`` are ``(sorted scores, order, real
-    count)``; ``table`` the sources' ``(local, carry)``; ``write`` the sinks' table buffers."""
+    count)``; ``table`` the sources' ``(local, carry)``; ``write`` the sinks' table buffers; ``bad``
+    the rows whose ``out`` is NaN at the real sinks."""
     rows, length, dim = x.shape
     block_d, d_blocks = _block_d(dim)
     blocks = plan.shape[1]
@@ -215,10 +220,10 @@ def _walk(
         sink_score, sink_order, src_score, src_order, x, y if y is not None else x,
         local, carry, plan, width, coef, n_sink, n_src,
         out if out is not None else dummy, scal if scal is not None else dummy,
-        part if part is not None else dummy, tloc, ttot,
+        part if part is not None else dummy, tloc, ttot, bad,
         rows, length, dim, blocks, local.shape[1], carry.shape[1], tloc.shape[1] if write is not None else 0,
         MODE=mode, KEY_SINKS=mode == 2, RPB=(BUMP.query_sinks if mode == 2 else BUMP.sinks) // BUMP.table,
-        BS=BUMP.query_sinks if mode == 1 else BUMP.sinks, BK=BUMP.sources,
+        BS=(BUMP.sinks, BUMP.query_sinks, BUMP.key_sinks)[mode], BK=BUMP.sources,
         TB=BUMP.table, BD=block_d, num_warps=BUMP.num_warps,
         **dot_format(x.dtype, width.dtype, _capability(x.device)),
     )  # fmt: skip
@@ -246,8 +251,7 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
             plan = _query_plan(s_search, t_search, width, n_query, BUMP.sinks)
             out = torch.empty_like(v)
             queries_, keys = (s_search, q_order, n_query), (t_search, k_order, n_key)
-            _walk(0, queries_, keys, v, table, plan, width, coef, out=out)
-            nan_rows(out, bad, queries)
+            _walk(0, queries_, keys, v, table, plan, width, coef, bad, out=out)  # NaN rows included
         ctx.save_for_backward(v, s_search, q_order, t_search, k_order, width, coef, n_query, n_key, *table)
         ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
         return out
@@ -272,8 +276,8 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
         grad_s = torch.empty(d_blocks, rows, length, dtype=acc, device=v.device)
         grad_b = torch.empty(rows, plan.shape[1], d_blocks, dtype=torch.float64, device=v.device)
         g_local, g_totals = _table_buffers(g, plan.shape[1], BUMP.query_sinks)
-        _walk(1, queries, keys, v, (local, carry), plan, width, coef, y=g, scal=grad_s, part=grad_b,
-              write=(g_local, g_totals))  # fmt: skip
+        _walk(1, queries, keys, v, (local, carry), plan, width, coef, ctx.bad, y=g, scal=grad_s,
+              part=grad_b, write=(g_local, g_totals))  # fmt: skip
 
         # Keys: dL/dv and dL/dt from one walk over g, keys as sinks.
         grad_v = torch.empty_like(v)
@@ -288,6 +292,7 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
             key_plan,
             width,
             coef,
+            ctx.bad,
             y=v,
             out=grad_v,
             scal=grad_t,
@@ -298,7 +303,6 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
         bad, valid, queries_mask = ctx.bad, ctx.valid, ctx.queries
         grad_s = nan_rows(grad_s, bad, queries_mask)
         grad_t = nan_rows(grad_t, bad, valid)
-        grad_v = nan_rows(grad_v, bad, valid)
         return grad_s, grad_t, grad_v, nan_rows(grad_b, bad), None, None
 
 

@@ -149,7 +149,7 @@ def bump_table_kernel(
 def bump_walk_kernel(
     sink_score_ptr, sink_order_ptr, src_score_ptr, src_order_ptr, x_ptr, y_ptr,
     loc_ptr, carry_ptr, plan_ptr, width_ptr, coef_ptr, n_sink_ptr, n_src_ptr,
-    out_ptr, scal_ptr, part_ptr, tloc_ptr, ttot_ptr,
+    out_ptr, scal_ptr, part_ptr, tloc_ptr, ttot_ptr, bad_ptr,
     N, T, D, NB, NT, NC, TNT,
     MODE: tl.constexpr, KEY_SINKS: tl.constexpr, RPB: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, TB: tl.constexpr, BD: tl.constexpr,
@@ -166,6 +166,8 @@ def bump_walk_kernel(
     (dL/db), and the prefix table of the sinks' g (``tloc``, ``ttot``) for the key side.
     2, key side (sinks: keys, x = g, y = v at the sinks): F1 = W, F2 = π; ``out[sink] = coef ·
     acc1`` (dL/dv), ``scal[dblk, row, sink] = -coef v · acc2`` (dL/dt).
+    ``out`` is NaN at the real sinks of a ``bad`` row (a non-finite score): written here, where a
+    masked fill afterwards would read and write the whole output again.
     """
     row, blk, dblk, d, dmask = _program_block(D, BD)
     acc_dtype = width_ptr.dtype.element_ty
@@ -230,6 +232,7 @@ def bump_walk_kernel(
     at = (row * T + idx)[:, None] * D + d[None, :]
     both = pmask[:, None] & dmask[None, :]
     value = coef * acc1
+    value = tl.where((valid & (tl.load(bad_ptr + row) != 0))[:, None], float("nan"), value)
     if out_ptr.dtype.element_ty != acc_dtype:  # via float32, as torch converts float64
         value = value.to(tl.float32)
     if MODE == 0:

@@ -40,6 +40,7 @@ def no_kernels(monkeypatch):
 
     monkeypatch.setattr(runtime, "kernels", refuse)
     for module in (
+        "attnlab.attention.sliced_common.triton_scores",
         "attnlab.attention.sliced_relu.triton",
         "attnlab.attention.sliced_relu_bump.triton",
         "attnlab.attention.linear.triton",

@@ -18,6 +18,7 @@ from triton.runtime.errors import PTXASError  # noqa: E402
 from attnlab.attention import ops  # noqa: E402
 from attnlab.attention.common.triton import runtime  # noqa: E402
 from attnlab.attention.linear import triton as triton_linear  # noqa: E402
+from attnlab.attention.sliced_common import triton_scores  # noqa: E402
 from attnlab.attention.sliced_relu import triton as triton_sliced  # noqa: E402
 from attnlab.attention.sliced_relu_bump import triton as triton_bump  # noqa: E402
 
@@ -62,7 +63,7 @@ def kernels_fail(monkeypatch, on_cuda):
             f"PTXAS error: Internal Triton PTX codegen error\n`ptxas` stderr:\n{PTXAS}\n\n// PTX ..."
         )
 
-    for module in (triton_sliced, triton_bump, triton_linear):
+    for module in (triton_scores, triton_sliced, triton_bump, triton_linear):
         monkeypatch.setattr(module, "kernels", fail)
     return tries
 
@@ -102,7 +103,7 @@ def test_probe_failure_keeps_auto_on_torch(op, on_cuda, monkeypatch):
     def refuse():
         raise AssertionError("the Triton kernels were reached")
 
-    for module in (triton_sliced, triton_bump, triton_linear):
+    for module in (triton_scores, triton_sliced, triton_bump, triton_linear):
         monkeypatch.setattr(module, "kernels", refuse)
     args = small()
     with pytest.warns(RuntimeWarning, match="driver too old"):

@@ -31,7 +31,8 @@ _KERNEL_FILE = Path(__file__).with_name("kernels.py")  # the shared helpers and 
 # each family's kernels, executed into the same module after it (they use its helpers)
 _FAMILIES = Path(__file__).parents[2]
 FAMILY_KERNELS = tuple(
-    _FAMILIES / f / "triton_kernels.py" for f in ("sliced_relu", "sliced_relu_bump", "linear")
+    _FAMILIES / f / "triton_kernels.py"
+    for f in ("sliced_common", "sliced_relu", "sliced_relu_bump", "linear")
 )
 _LOADED: dict[bool, ModuleType] = {}
 _PROBED: dict[str, str | None] = {}  # device -> why Triton cannot run there (None: it can)
