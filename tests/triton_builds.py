@@ -78,6 +78,20 @@ KERNELS = {
         [F32, F32, "*i1", "*i1", F32, F32, F32, F32, F32, "*i8", "i32"],
         {"HAS_VALID": True, "HAS_QUERIES": True, "BLOCK": 1024},
     ),
+    # the chunks' carries, float64 inside: centred (the forward's mean first) and above (the
+    # backward's queries, backwards over the chunks); mode 0 reads the same as 1, less the scalars
+    **{
+        f"chunk_carry_kernel[{name}-scalar]": ([F32] * 5 + ["i32"] * 3, {"MODE": mode, "BD": 64})
+        for mode, name in ((1, "centred"), (2, "above"))
+    },
+    "relu_query_grads_kernel[scalar]": (
+        ["*i64", F32, F32, F32, F32, F32, "*i1", "*i1", F32, F32, "i32", "i32"],
+        {"HAS_QUERIES": True, "BLOCK": 1024},
+    ),
+    "relu_key_grads_kernel[scalar]": (
+        [F32, "*i64", "*i64", F32, "*i1", "*i1", F32, "i32", "i32"],
+        {"HAS_VALID": True, "BLOCK": 1024},
+    ),
     "merge_kernel[scalar]": (["*i32", "*i64", "*i32", "*i64", "*i32", "*i64", "i32"], {"BLOCK": 1024}),
     "relu_scalars_kernel[scalar]": (
         [F32, "*i64", "*i32", F32, F32, F32, "*i1", "*i1", *[F32] * 5, "i32"],
@@ -122,7 +136,7 @@ CASES = [
     (kernel, target, dtype)
     for kernel in KERNELS
     for target in TARGETS
-    for dtype in (["fp32"] if kernel.endswith("[scalar]") else DTYPES)
+    for dtype in (["fp32"] if kernel.endswith("scalar]") else DTYPES)
 ]
 
 

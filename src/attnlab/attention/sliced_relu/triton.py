@@ -38,7 +38,7 @@ import torch
 
 from attnlab.attention.common.precision import no_autocast
 from attnlab.attention.common.triton.runtime import interpret_mode, kernels
-from attnlab.attention.sliced_common.rows import exclusive_cumsum, first_order_only, nan_rows
+from attnlab.attention.sliced_common.rows import exclusive_cumsum, first_order_only
 from attnlab.attention.sliced_common.triton_scores import sort_scores
 
 
@@ -60,6 +60,7 @@ class StreamTuning:
 
 
 TUNING = StreamTuning()
+SCALAR_BLOCK = 1024  # positions per program of the (N, T) kernels
 
 
 def _chunk_len(rows: int, length: int, d_blocks: int, device: torch.device) -> int:
@@ -111,13 +112,8 @@ def centred_carry(order, v, score, weight, count):
         return _mean_rows(v, None if weight is None else weight > 0, count, acc), None
     scalars = torch.empty(v.shape[0], layout[3], 4, dtype=acc, device=v.device)
     totals = _totals(order, v, score, None, weight, layout, scalars=scalars)
-    raw = totals[:, :, :2].double() + totals[:, :, 2:].double()  # (N, chunks, 2, D)
-    vbar = (raw[:, :, 0].sum(dim=1) / count[:, None]).to(acc)
-    mass = scalars[:, :, :2].double() + scalars[:, :, 2:].double()  # Σ w, Σ w u per chunk
-    centred = raw - mass[..., None] * vbar.double()[:, None, None, :]
-    start = torch.zeros_like(centred)
-    torch.cumsum(centred[:, :-1], dim=1, out=start[:, 1:])
-    return vbar, _split(start, acc)
+    carry, vbar = _chunk_carry(totals, 1, count, scalars)
+    return vbar, carry
 
 
 def stream(
@@ -146,7 +142,7 @@ def stream(
     layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1])
     dummy = score
     if n_chunks > 1 and carry is None:
-        carry = _carry(_totals(order, x, score, xshift, weight, layout))
+        carry, _ = _chunk_carry(_totals(order, x, score, xshift, weight, layout), 0)
     kernels().stream_kernel[(rows, n_chunks, d_blocks)](
         order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy, score,
         c1, c2, out, carry if carry is not None else dummy,
@@ -169,10 +165,7 @@ def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry, b
     rows, length, dim = v.shape
     layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1])
     totals = _totals(order, g, s, None, a_scale, layout, sinks_as_sources=True, c4=c4)
-    mean = totals[:, :, 4].sum(dim=1) / count[:, None]
-    wide = totals[:, :, :2].double() + totals[:, :, 2:4].double()
-    above = wide.flip(1).cumsum(1).flip(1)  # Σ over this chunk and the ones after it
-    qcarry = _split(-above, s.dtype)
+    qcarry, mean = _chunk_carry(totals, 2, count)  # minus the sums above each chunk; dL/dw's mean
     dots = torch.empty(d_blocks, 3, rows, length, dtype=s.dtype, device=v.device)
     grad_v = torch.empty_like(v)
     kernels().relu_backward_kernel[(rows, n_chunks, d_blocks)](
@@ -185,20 +178,20 @@ def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry, b
     return grad_v, dots.sum(dim=0) if d_blocks > 1 else dots[0]
 
 
-def _carry(totals: torch.Tensor) -> torch.Tensor:
-    """Each chunk's starting sums from the chunks' totals ``(rows, chunks, 4, D)`` (sums, then their
-    compensations), in the same layout: summed in float64 (a chunk-sized tensor, cheap), then split
-    into the accumulation dtype's nearest value and its remainder, so the kernels start exact."""
-    wide = totals[:, :, :2].double() + totals[:, :, 2:].double()
-    start = torch.zeros_like(wide)
-    torch.cumsum(wide[:, :-1], dim=1, out=start[:, 1:])
-    return _split(start, totals.dtype)
-
-
-def _split(start: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Float64 sums ``(rows, chunks, 2, D)`` as ``dtype``'s nearest values then their remainders."""
-    high = start.to(dtype)
-    return torch.cat([high, (start - high.double()).to(dtype)], dim=2).contiguous()
+def _chunk_carry(totals, mode, count=None, scalars=None):
+    """``kernels.chunk_carry_kernel`` in ``mode`` over the chunks' totals ``(rows, chunks, planes,
+    D)``: each chunk's starting sums ``(rows, chunks, 4, D)`` (the accumulation dtype's nearest
+    values of float64 sums, then their remainders, so the kernels start exact) and, in modes 1
+    and 2, the mean ``(rows, D)`` (None in mode 0)."""
+    rows, chunks, planes, dim = totals.shape
+    carry = torch.empty(rows, chunks, 4, dim, dtype=totals.dtype, device=totals.device)
+    mean = torch.empty(rows, dim, dtype=totals.dtype, device=totals.device) if mode else None
+    block_d = min(TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
+    kernels().chunk_carry_kernel[(rows, -(-dim // block_d))](
+        totals, scalars if scalars is not None else totals, count if count is not None else totals,
+        carry, mean if mean is not None else totals, chunks, dim, planes, MODE=mode, BD=block_d,
+    )  # fmt: skip
+    return carry, mean
 
 
 def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, finite: bool = False):
@@ -273,10 +266,6 @@ def _mean_rows(values, valid, count, acc):
     return values.sum(dim=1, dtype=acc) / count[:, None]
 
 
-def _mask(x, valid):
-    return x if valid is None else x.masked_fill(~valid, 0.0)
-
-
 # --------------------------------------------------------------------------------------------
 # Sliced ReLU
 # --------------------------------------------------------------------------------------------
@@ -328,20 +317,21 @@ class SlicedReLUTriton(torch.autograd.Function):
         # One walk (``relu_backward``): at the queries g·P_w and g·P_tw, hence g·o and dL/ds; at
         # the keys dL/dv_j = Σ_{s_i>t_j} (s_i - t_j) a_i g_i minus its mean over the real keys
         # (Σ_i a_i R_i g_i / n) and w_j · Σ_{s_i>t_j} a_i g_i (w_j = v_j - vbar), for dL/dt.
-        grad_v, (g_below, g_scored, w_dot_a) = relu_backward(
-            order, v, vbar, weight, t, g, scale, s, relu_mass, count, carry, ctx.bad
-        )
-        # o_i = a_i (s_i P - P_t): dL/da_i = s_i g·P - g·P_t; the scale a is 0 off the kept queries
-        grad_den = dden * (s * g_below - g_scored)
-        grad_s = scale * g_below + grad_den * balance
-
-        # dL/dt_j = Σ_{s_i<t_j} dden_i - Σ_{s_i>t_j} dden_i - w_j · Σ_{s_i>t_j} a_i g_i
-        q_den = exclusive_cumsum(torch.gather(grad_den, 1, q_order))
-        den_below = torch.gather(q_den, 1, q_lt)
-        den_above = q_den[:, -1:] - torch.gather(q_den, 1, q_le)
-        grad_t = _mask(den_below - den_above - w_dot_a, valid)
-        grad_s, grad_t = nan_rows(grad_s, ctx.bad, queries), nan_rows(grad_t, ctx.bad, valid)
-        return grad_s, grad_t, grad_v, None, None, None  # grad_v: NaN rows from the walk
+        grad_v, dots = relu_backward(order, v, vbar, weight, t, g, scale, s, relu_mass, count, carry, ctx.bad)
+        # dL/ds at the queries and dL/dden_i in the queries' sorted order, then
+        # dL/dt_j = Σ_{s_i<t_j} dL/dden_i - Σ_{s_i>t_j} dL/dden_i - w_j · Σ_{s_i>t_j} a_i g_i
+        rows, length = s.shape
+        grid = (rows, -(-length // SCALAR_BLOCK))
+        grad_s, den_sorted, grad_t = (torch.empty_like(s) for _ in range(3))
+        kernels().relu_query_grads_kernel[grid](
+            q_order, dots, dden, s, scale, balance, queries if queries is not None else s, ctx.bad,
+            grad_s, den_sorted, rows, length, HAS_QUERIES=queries is not None, BLOCK=SCALAR_BLOCK,
+        )  # fmt: skip
+        kernels().relu_key_grads_kernel[grid](
+            exclusive_cumsum(den_sorted), q_lt, q_le, dots, valid if valid is not None else s, ctx.bad,
+            grad_t, rows, length, HAS_VALID=valid is not None, BLOCK=SCALAR_BLOCK,
+        )  # fmt: skip
+        return grad_s, grad_t, grad_v, None, None, None  # NaN rows from the kernels
 
 
 # --------------------------------------------------------------------------------------------

@@ -336,3 +336,135 @@ def relu_scalars_kernel(
     tl.store(dden_ptr + at, tl.where(den >= eps, -0.5 * scale * scale, 0.0), mask=m)
     tl.store(balance_ptr + at, (rank + rank_le).to(s.dtype) - n, mask=m)
     tl.store(mass_ptr + at, s * r - below, mask=m)
+
+
+@triton.jit
+def _chunk_sums64(totals_ptr, row, c, C, PLANES, d, dm, D):
+    """A chunk's two sums in float64: each plane (0, 1) plus its compensation (2, 3)."""
+    base = totals_ptr + ((row * C + c) * PLANES) * D + d
+    a = tl.load(base, mask=dm, other=0.0).to(tl.float64) + tl.load(base + 2 * D, mask=dm, other=0.0).to(
+        tl.float64
+    )
+    b = tl.load(base + D, mask=dm, other=0.0).to(tl.float64) + tl.load(base + 3 * D, mask=dm, other=0.0).to(
+        tl.float64
+    )
+    return a, b
+
+
+@triton.jit
+def chunk_carry_kernel(
+    totals_ptr, scalars_ptr, count_ptr, carry_ptr, mean_ptr, C, D, PLANES,
+    MODE: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    """Each chunk's starting sums for a stream walked in ``C`` chunks (grid: rows, D blocks), from
+    the chunks' totals ``(rows, C, PLANES, D)`` (``stream_totals_kernel``: planes 0, 1 the sums,
+    2, 3 their compensations), summed in float64 and written as ``(rows, C, 4, D)``: each start's
+    nearest value in the accumulation dtype, then the remainder, so that each chunk starts exact.
+
+    ``MODE`` 0: the sums over the chunks before (``stream``'s carry). 1: the same over the centred
+    sources, ``Σ w (x - vbar) = Σ w x - vbar Σ w`` with ``scalars (rows, C, 4)``: ``Σ w``, ``Σ w u``
+    and their compensations, and ``vbar = Σ x / count`` written to ``mean (rows, D)`` first (the
+    very value the walks subtract). 2: minus the sums over the chunk and the ones after it (the
+    backward's query sums above), and ``mean`` = plane 4's total / count (dL/dw's mean).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BD + tl.arange(0, BD)
+    dm = d < D
+    acc = carry_ptr.dtype.element_ty
+    count = tl.load(count_ptr + row).to(tl.float64)
+    vbar = tl.full([BD], 0.0, tl.float64)
+    if MODE != 0:
+        total = tl.full([BD], 0.0, tl.float64)
+        for c in range(0, C):
+            if MODE == 1:
+                part, _ = _chunk_sums64(totals_ptr, row, c, C, PLANES, d, dm, D)
+            else:
+                part = tl.load(totals_ptr + ((row * C + c) * PLANES + 4) * D + d, mask=dm, other=0.0).to(
+                    tl.float64
+                )
+            total += part
+        mean = (total / count).to(acc)
+        tl.store(mean_ptr + row * D + d, mean, mask=dm)
+        vbar = mean.to(tl.float64)
+    run_a = tl.full([BD], 0.0, tl.float64)
+    run_b = tl.full([BD], 0.0, tl.float64)
+    for i in range(0, C):
+        c = i
+        if MODE == 2:
+            c = C - 1 - i
+        a, b = _chunk_sums64(totals_ptr, row, c, C, PLANES, d, dm, D)
+        if MODE == 1:
+            mass = scalars_ptr + (row * C + c) * 4
+            a -= (tl.load(mass).to(tl.float64) + tl.load(mass + 2).to(tl.float64)) * vbar
+            b -= (tl.load(mass + 1).to(tl.float64) + tl.load(mass + 3).to(tl.float64)) * vbar
+        if MODE == 2:
+            run_a += a
+            run_b += b
+            start_a = -run_a
+            start_b = -run_b
+        else:
+            start_a = run_a
+            start_b = run_b
+            run_a += a
+            run_b += b
+        high_a = start_a.to(acc)
+        high_b = start_b.to(acc)
+        out = carry_ptr + ((row * C + c) * 4) * D + d
+        tl.store(out, high_a, mask=dm)
+        tl.store(out + D, high_b, mask=dm)
+        tl.store(out + 2 * D, (start_a - high_a.to(tl.float64)).to(acc), mask=dm)
+        tl.store(out + 3 * D, (start_b - high_b.to(tl.float64)).to(acc), mask=dm)
+
+
+@triton.jit
+def relu_query_grads_kernel(
+    q_order_ptr, dots_ptr, dden_ptr, s_ptr, scale_ptr, balance_ptr, queries_ptr, bad_ptr,
+    grad_s_ptr, den_sorted_ptr, N, T, HAS_QUERIES: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """dL/ds at the queries and dL/dden in their sorted order (grid: rows, blocks of sorted
+    positions k, query ``i = q_order[k]``), from the backward walk's ``dots (3, N, T)``: with
+    ``o_i = a_i (s_i P - P_t)``, ``dL/dden_i = dden_i (s_i g·P - g·P_t)`` and ``dL/ds_i = a_i g·P
+    + dL/dden_i · balance_i``; NaN at the kept queries of a ``bad`` row."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = k < T
+    i = tl.load(q_order_ptr + row * T + k, mask=m, other=0)
+    at = row * T + i
+    plane = N.to(tl.int64) * T
+    g_below = tl.load(dots_ptr + at, mask=m, other=0.0)
+    g_scored = tl.load(dots_ptr + plane + at, mask=m, other=0.0)
+    s = tl.load(s_ptr + at, mask=m, other=0.0)
+    grad_den = tl.load(dden_ptr + at, mask=m, other=0.0) * (s * g_below - g_scored)
+    grad_s = tl.load(scale_ptr + at, mask=m, other=0.0) * g_below
+    grad_s += grad_den * tl.load(balance_ptr + at, mask=m, other=0.0)
+    kept = m
+    if HAS_QUERIES:
+        kept = tl.load(queries_ptr + at, mask=m, other=0) != 0
+    grad_s = tl.where(kept & (tl.load(bad_ptr + row) != 0), float("nan"), grad_s)
+    tl.store(grad_s_ptr + at, grad_s, mask=m)
+    tl.store(den_sorted_ptr + row * T + k, grad_den, mask=m)
+
+
+@triton.jit
+def relu_key_grads_kernel(
+    q_den_ptr, q_lt_ptr, q_le_ptr, dots_ptr, valid_ptr, bad_ptr, grad_t_ptr, N, T,
+    HAS_VALID: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """dL/dt at the keys (grid: rows, blocks of keys): ``Σ_{s_i<t_j} dL/dden_i - Σ_{s_i>t_j}
+    dL/dden_i - (v_j - vbar) · Q_j``, the sums read from ``q_den (N, T + 1)``, the exclusive prefix
+    sums of dL/dden over the sorted queries, at the key's ranks ``#{s < t_j}``, ``#{s <= t_j}``;
+    0 at padded keys, NaN at the real keys of a ``bad`` row."""
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = j < T
+    at = row * T + j
+    sums = q_den_ptr + row * (T + 1)
+    below = tl.load(sums + tl.load(q_lt_ptr + at, mask=m, other=0), mask=m, other=0.0)
+    above = tl.load(sums + T) - tl.load(sums + tl.load(q_le_ptr + at, mask=m, other=0), mask=m, other=0.0)
+    grad_t = below - above - tl.load(dots_ptr + 2 * N.to(tl.int64) * T + at, mask=m, other=0.0)
+    real = m
+    if HAS_VALID:
+        real = tl.load(valid_ptr + at, mask=m, other=0) != 0
+    grad_t = tl.where(real, grad_t, 0.0)
+    grad_t = tl.where(real & (tl.load(bad_ptr + row) != 0), float("nan"), grad_t)
+    tl.store(grad_t_ptr + at, grad_t, mask=m)
