@@ -74,6 +74,13 @@ KERNELS = {
         for mode, name in enumerate(("fwd", "query", "key"))
     },
     # scalar (N, T) passes, in the accumulation dtype whatever the op's
+    **{
+        f"bump_plan_kernel[{name}-scalar]": (
+            [F32, F32, "*i32", F32, "*i32", "i32", "i32", "i32"],
+            {"KEY_SINKS": keys, "SINKS": BUMP_TUNING.sinks, "SOURCES": 16, "PER_ROW": 2, "BLOCK": 64},
+        )
+        for keys, name in ((False, "queries"), (True, "keys"))
+    },
     "score_prologue_kernel[scalar]": (
         [F32, F32, "*i1", "*i1", F32, F32, F32, F32, F32, "*i8", "i32"],
         {"HAS_VALID": True, "HAS_QUERIES": True, "BLOCK": 1024},

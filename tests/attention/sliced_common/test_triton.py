@@ -97,7 +97,14 @@ def test_chunked_scan_and_d_blocks(interpret, monkeypatch, kind):
     monkeypatch.setattr(triton_sliced.TUNING, "block", 16)
     monkeypatch.setattr(triton_sliced.TUNING, "chunk", 16)
     monkeypatch.setattr(triton_sliced.TUNING, "block_d", 16)
-    for name, value in {"sinks": 32, "query_sinks": 16, "sources": 16, "table": 16, "block_d": 16}.items():
+    for name, value in {
+        "sinks": 32,
+        "query_sinks": 16,
+        "key_sinks": 32,
+        "sources": 16,
+        "table": 16,
+        "block_d": 16,
+    }.items():
         monkeypatch.setattr(triton_bump.BUMP, name, value)
     args = inputs(1, 2, 45, 20, seed=8)
     mask = torch.arange(45)[None, :] < 41
@@ -112,11 +119,18 @@ def test_bump_walks_jump_over_runs_of_keys_and_queries(interpret, monkeypatch, p
     whose sums come from the float64 prefix tables; a wrong table row, carry or side breaks the
     outputs and every gradient. Scores from {0, 1, 2} with b = 1.5 make runs tied with whole blocks
     of sinks too (the jump whose hat slope is 0), besides the runs below and above."""
-    for name, value in {"sinks": 64, "query_sinks": 32, "sources": 16, "table": 32, "block_d": 16}.items():
+    for name, value in {
+        "sinks": 64,
+        "query_sinks": 32,
+        "key_sinks": 64,
+        "sources": 16,
+        "table": 32,
+        "block_d": 16,
+    }.items():
         monkeypatch.setattr(triton_bump.BUMP, name, value)
     plans = []
     plan = triton_bump._plan
-    monkeypatch.setattr(triton_bump, "_plan", lambda *a: plans.append(plan(*a)) or plans[-1])
+    monkeypatch.setattr(triton_bump, "_plan", lambda *a, **k: plans.append(plan(*a, **k)) or plans[-1])
     args = inputs(2, 1, 300, 20, seed=12)
     args[3] = torch.tensor([1.5], dtype=F64)
     if scores == "tied":

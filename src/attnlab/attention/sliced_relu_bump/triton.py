@@ -1,6 +1,6 @@
 """Sliced ReLU-bump attention on Triton: ``o_i = (1/(n b)) Σ_j max(0, b - |s_i - t_j|) v_j`` with
-the torch op's exactness rules (``attnlab.attention.sliced_common``), forward + backward moving 3.60 /
-3.92 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
+the torch op's exactness rules (``attnlab.attention.sliced_common``), forward + backward moving 3.57 /
+3.82 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
 
 The window of query i is the run of sorted keys between its ranks ``#{t <= s - b}`` and
 ``#{t < s + b}``; since b is one number per row, these ranks are monotone in the sorted order of s,
@@ -62,6 +62,7 @@ class BumpTuning:
 
 
 BUMP = BumpTuning()
+PLAN_BLOCK = 64  # sink blocks per program of the plan kernel
 
 
 def _check_tuning() -> None:
@@ -82,68 +83,28 @@ def _block_d(dim: int) -> tuple[int, int]:
     return block, -(-dim // block)
 
 
-def _bounds(sorted_scores, real, sinks):
-    """The scores of each block's first and last real sink ``(N, blocks · 2)`` and whether it has
-    any ``(N, blocks)``, for blocks of ``sinks`` sorted positions."""
-    rows, length = sorted_scores.shape
+def _plan(sinks_sorted, sources_sorted, width, n_sink, sinks, key_sinks):
+    """The walk of each block of ``sinks`` sorted sinks over the sorted sources ``(N, blocks, 16)``
+    int32 (``bump_plan_kernel``): queries over keys, or keys over queries (``key_sinks``)."""
+    rows, length = sinks_sorted.shape
     blocks = -(-length // sinks)
-    first = (torch.arange(blocks, device=real.device) * sinks).expand(rows, blocks)
-    last = torch.minimum(first + sinks, real[:, None].long()) - 1
-    live = last >= first
-    positions = torch.stack([first, last.clamp_min(0)], dim=2).reshape(rows, 2 * blocks)
-    return torch.gather(sorted_scores, 1, positions), live
-
-
-def _plan(ranks: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-    """``ranks (N, blocks, 2, 4)``: each block's four window edges among the sorted sources at its
-    first and last sink, ascending. Returns the walk ``(N, blocks, 16)`` int32: tile ranges
-    ``[start_e, end_e)`` and after each the table rows ``[j0_e, j1_e)`` jumped over (see
-    ``bump_walk_kernel``). The tiles holding the edges are walked; a gap between two edges' tiles
-    is jumped from the first table row after it starts to the last before it ends."""
-    per_row = BUMP.table // BUMP.sources
-    first, last = ranks[:, :, 0] // BUMP.sources, ranks[:, :, 1] // BUMP.sources
-    ends = torch.cummax(last + 1, dim=2).values  # tiles walked up to edge e (exclusive)
-    after = torch.cat([first[..., :1], ends[..., :-1]], dim=2)  # where edge e's tiles may start
-    j0, j1 = -(-after // per_row), first // per_row
-    jump = j1 > j0
-    jump[..., 0] = False
-    start = torch.where(jump, j1 * per_row, after)
-    end = torch.cat(
-        [torch.where(jump[..., 1:], j0[..., 1:] * per_row, ends[..., :-1]), ends[..., -1:]], dim=2
-    )
-    none = torch.zeros_like(first[..., :1])
-    runs = [torch.cat([torch.where(jump, j, 0)[..., 1:], none], dim=2) for j in (j0, j1)]
-    plan = torch.cat([start, end, *runs], dim=2).masked_fill(~live[..., None], 0)
-    return plan.to(torch.int32).contiguous()
+    plan = torch.empty(rows, blocks, 16, dtype=torch.int32, device=sinks_sorted.device)
+    kernels().bump_plan_kernel[(rows, -(-blocks // PLAN_BLOCK))](
+        sinks_sorted, sources_sorted, n_sink, width, plan, length, blocks, length.bit_length(),
+        KEY_SINKS=key_sinks, SINKS=sinks, SOURCES=BUMP.sources, PER_ROW=BUMP.table // BUMP.sources,
+        BLOCK=PLAN_BLOCK,
+    )  # fmt: skip
+    return plan
 
 
 def _query_plan(s_search, t_search, width, n_query, sinks):
-    """The walk of each block of ``sinks`` sorted queries over the sorted keys: edges
-    ``#{t <= s - b}``, ``#{t < s}``, ``#{t <= s}``, ``#{t < s + b}`` (as ``hat_windows``)."""
-    centres, live = _bounds(s_search, n_query, sinks)
-    edges = torch.stack([_above(centres - width), centres, _above(centres), centres + width], dim=2)
-    ranks = torch.searchsorted(t_search, edges.view(edges.shape[0], -1), side="left")  # one call: #{t < x}
-    return _plan(ranks.view(*live.shape, 2, 4), live)
+    """The walk of each block of ``sinks`` sorted queries over the sorted keys."""
+    return _plan(s_search, t_search, width, n_query, sinks, key_sinks=False)
 
 
 def _key_plan(t_search, s_search, width, n_key):
-    """The walk of each block of sorted keys over the sorted queries: the queries with
-    ``s + b <= t``, ``s < t``, ``s <= t``, ``s - b < t`` (the same pairs as ``_query_plan``)."""
-    keys, live = _bounds(t_search, n_key, BUMP.key_sinks)
-    both = torch.stack([keys, _above(keys)], dim=2).view(keys.shape[0], -1)
-    below, tied = torch.searchsorted(s_search, both, side="left").view(*keys.shape, 2).unbind(2)
-    edges = [
-        torch.searchsorted(s_search + width, _above(keys), side="left"),
-        below,
-        tied,
-        torch.searchsorted(s_search - width, keys, side="left"),
-    ]
-    return _plan(torch.stack(edges, dim=2).view(*live.shape, 2, 4), live)
-
-
-def _above(x: torch.Tensor) -> torch.Tensor:
-    """The next float up: ``#{y <= x}`` is ``#{y < _above(x)}`` (one ``searchsorted`` side for all)."""
-    return torch.nextafter(x, torch.full_like(x, float("inf")))
+    """The walk of each block of sorted keys over the sorted queries (the same pairs)."""
+    return _plan(t_search, s_search, width, n_key, BUMP.key_sinks, key_sinks=True)
 
 
 def _table_buffers(x: torch.Tensor, blocks: int, sinks: int):

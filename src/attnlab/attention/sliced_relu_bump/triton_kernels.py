@@ -257,3 +257,104 @@ def bump_walk_kernel(
             tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=both)
             scal_at = scal_ptr + (dblk * N.to(tl.int64) + row) * T + idx
             tl.store(scal_at, -coef * tl.reduce(y * acc2, 1, _add), mask=pmask)
+
+
+@triton.jit
+def _rank(sorted_ptr, base, T, x, shift, zero, STEPS, SHIFTED: tl.constexpr, STRICT: tl.constexpr):
+    """How many of a row's ascending scores ``y`` have ``y (+ shift) < x`` (``STRICT``) or ``<= x``
+    (``searchsorted`` by bisection, ``STEPS`` = bits of T; ``y + shift`` rounded as torch's
+    ``sorted + width`` would be, so the two agree on every tie). ``zero``: int32 zeros of x's shape."""
+    lo = zero
+    hi = zero + T
+    for _ in range(0, STEPS):
+        open_ = lo < hi
+        mid = (lo + hi) // 2
+        y = tl.load(sorted_ptr + base + mid, mask=open_, other=0.0)
+        if SHIFTED:
+            y = y + shift
+        if STRICT:  # noqa: SIM108 - a constexpr branch, not a runtime select
+            below = y < x
+        else:
+            below = y <= x
+        lo = tl.where(open_ & below, mid + 1, lo)
+        hi = tl.where(open_ & ~below, mid, hi)
+    return lo
+
+
+@triton.jit
+def _edge_tiles(sink_ptr, src_ptr, base, T, at, live, width, STEPS, KEY_SINKS: tl.constexpr,
+                SOURCES: tl.constexpr):  # fmt: skip
+    """The tiles (of ``SOURCES``) holding the four window edges of the sink at sorted position ``at``:
+    among sorted keys ``#{t <= s - b}``, ``#{t < s}``, ``#{t <= s}``, ``#{t < s + b}`` for a query
+    ``s``; among sorted queries ``#{s + b <= t}``, ``#{s < t}``, ``#{s <= t}``, ``#{s - b < t}``
+    for a key ``t`` (the same pairs)."""
+    c = tl.load(sink_ptr + base + at, mask=live, other=0.0)
+    zero = at * 0
+    if KEY_SINKS:
+        e0 = _rank(src_ptr, base, T, c, width, zero, STEPS, True, False)
+        e3 = _rank(src_ptr, base, T, c, -width, zero, STEPS, True, True)
+    else:
+        e0 = _rank(src_ptr, base, T, c - width, width, zero, STEPS, False, False)
+        e3 = _rank(src_ptr, base, T, c + width, width, zero, STEPS, False, True)
+    e1 = _rank(src_ptr, base, T, c, width, zero, STEPS, False, True)
+    e2 = _rank(src_ptr, base, T, c, width, zero, STEPS, False, False)
+    return e0 // SOURCES, e1 // SOURCES, e2 // SOURCES, e3 // SOURCES
+
+
+@triton.jit
+def _jump(after, first, PER_ROW: tl.constexpr):
+    """The table rows ``[j0, j1)`` between where an edge's tiles may start (``after``) and its first
+    tile, and whether there is any."""
+    j0 = (after + PER_ROW - 1) // PER_ROW
+    j1 = first // PER_ROW
+    return j0, j1, j1 > j0
+
+
+@triton.jit
+def bump_plan_kernel(
+    sink_ptr, src_ptr, n_sink_ptr, width_ptr, plan_ptr, T, NB, STEPS,
+    KEY_SINKS: tl.constexpr, SINKS: tl.constexpr, SOURCES: tl.constexpr, PER_ROW: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The walk of each block of ``SINKS`` sorted sinks (grid: rows, groups of ``BLOCK`` blocks):
+    ``plan[row, blk, 0:16]`` = tile ranges ``[start_e, end_e)`` and after each the table rows
+    ``[j0_e, j1_e)`` jumped over (``bump_walk_kernel``), from the edges' tiles at the block's first
+    and last real sink. The tiles holding an edge are walked; a gap between two edges' tiles is
+    jumped from the first table row after it starts to the last before it ends. Zeros for a block
+    with no real sink."""
+    row = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    base = row * T
+    first = blk * SINKS
+    last = tl.minimum(first + SINKS, tl.load(n_sink_ptr + row)) - 1
+    live = (blk < NB) & (last >= first)
+    width = tl.load(width_ptr + row)
+    f0, f1, f2, f3 = _edge_tiles(sink_ptr, src_ptr, base, T, first, live, width, STEPS, KEY_SINKS, SOURCES)
+    l0, l1, l2, l3 = _edge_tiles(
+        sink_ptr, src_ptr, base, T, tl.maximum(last, 0), live, width, STEPS, KEY_SINKS, SOURCES
+    )
+    ends0 = l0 + 1  # tiles walked up to edge e (exclusive)
+    ends1 = tl.maximum(ends0, l1 + 1)
+    ends2 = tl.maximum(ends1, l2 + 1)
+    ends3 = tl.maximum(ends2, l3 + 1)
+    a1, b1, jump1 = _jump(ends0, f1, PER_ROW)
+    a2, b2, jump2 = _jump(ends1, f2, PER_ROW)
+    a3, b3, jump3 = _jump(ends2, f3, PER_ROW)
+    out = plan_ptr + (row * NB + blk) * 16
+    inside = blk < NB
+    tl.store(out + 0, tl.where(live, f0, 0), mask=inside)  # walked tiles [start_e, end_e)
+    tl.store(out + 1, tl.where(live, tl.where(jump1, b1 * PER_ROW, ends0), 0), mask=inside)
+    tl.store(out + 2, tl.where(live, tl.where(jump2, b2 * PER_ROW, ends1), 0), mask=inside)
+    tl.store(out + 3, tl.where(live, tl.where(jump3, b3 * PER_ROW, ends2), 0), mask=inside)
+    tl.store(out + 4, tl.where(live, tl.where(jump1, a1 * PER_ROW, ends0), 0), mask=inside)
+    tl.store(out + 5, tl.where(live, tl.where(jump2, a2 * PER_ROW, ends1), 0), mask=inside)
+    tl.store(out + 6, tl.where(live, tl.where(jump3, a3 * PER_ROW, ends2), 0), mask=inside)
+    tl.store(out + 7, tl.where(live, ends3, 0), mask=inside)
+    tl.store(out + 8, tl.where(live & jump1, a1, 0), mask=inside)  # jumped table rows [j0_e, j1_e)
+    tl.store(out + 9, tl.where(live & jump2, a2, 0), mask=inside)
+    tl.store(out + 10, tl.where(live & jump3, a3, 0), mask=inside)
+    tl.store(out + 11, 0 * f0, mask=inside)
+    tl.store(out + 12, tl.where(live & jump1, b1, 0), mask=inside)
+    tl.store(out + 13, tl.where(live & jump2, b2, 0), mask=inside)
+    tl.store(out + 14, tl.where(live & jump3, b3, 0), mask=inside)
+    tl.store(out + 15, 0 * f0, mask=inside)
