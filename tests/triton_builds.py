@@ -67,7 +67,7 @@ KERNELS = {
     ),
     **{
         f"bump_walk_kernel[{name}]": (
-            [F32, "*i32", F32, "*i32", VAL, VAL, F64, F64, "*i32", F32, F64, "*i32", "*i32"]
+            [F32, "*i32", F32, "*i32", VAL, VAL, F64, F64, "*i32", F32, F32, "*i32", "*i32"]
             + [VAL, F32, F64, F64, F64, "*i1", *["i32"] * 7],
             {"MODE": mode, "KEY_SINKS": mode == 2, **BUMP, **_bump_blocks(mode)},
         )

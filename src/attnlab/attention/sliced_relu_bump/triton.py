@@ -1,6 +1,6 @@
 """Sliced ReLU-bump attention on Triton: ``o_i = (1/(n b)) Σ_j max(0, b - |s_i - t_j|) v_j`` with
-the torch op's exactness rules (``attnlab.attention.sliced_common``), forward + backward moving 3.57 /
-3.82 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
+the torch op's exactness rules (``attnlab.attention.sliced_common``), forward + backward moving 3.54 /
+3.80 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
 
 The window of query i is the run of sorted keys between its ranks ``#{t <= s - b}`` and
 ``#{t < s + b}``; since b is one number per row, these ranks are monotone in the sorted order of s,
@@ -164,11 +164,12 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
 
 
 def _walk(
-    mode, sinks, sources, x, table, plan, width, coef, bad, *, y=None, out=None, scal=None, part=None,
+    mode, sinks, sources, x, table, plan, width, count, bad, *, y=None, out=None, scal=None, part=None,
     write=None,
 ):  # fmt: skip
     """``bump_walk_kernel`` in ``mode``: ``sinks``/``sources`` are ``(sorted scores, order, real
-    count)``; ``table`` the sources' ``(local, carry)``; ``write`` the sinks' table buffers; ``bad``
+    count)``; ``table`` the sources' ``(local, carry)``; ``write`` the sinks' table buffers; ``count``
+    the rows' real keys (n in the factor 1 / (n b)); ``bad``
     the rows whose ``out`` is NaN at the real sinks."""
     rows, length, dim = x.shape
     block_d, d_blocks = _block_d(dim)
@@ -179,7 +180,7 @@ def _walk(
     tloc, ttot = write if write is not None else (dummy, dummy)
     kernels().bump_walk_kernel[(rows, blocks, d_blocks)](
         sink_score, sink_order, src_score, src_order, x, y if y is not None else x,
-        local, carry, plan, width, coef, n_sink, n_src,
+        local, carry, plan, width, count, n_sink, n_src,
         out if out is not None else dummy, scal if scal is not None else dummy,
         part if part is not None else dummy, tloc, ttot, bad,
         rows, length, dim, blocks, local.shape[1], carry.shape[1], tloc.shape[1] if write is not None else 0,
@@ -205,15 +206,14 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
             # int32 orders: every walked tile reads them (the conversion costs less than it saves)
             q_order, k_order = q_order.to(torch.int32), k_order.to(torch.int32)
             width = b.to(s.dtype).contiguous()
-            coef = 1.0 / (count[:, None].double() * width)  # 1 / (n b), float64 (see the kernel)
             n_key = _real(valid, rows, length, v.device)
             n_query = _real(queries, rows, length, v.device)
             table = _key_table(k_order, t_search, v, n_key)
             plan = _query_plan(s_search, t_search, width, n_query, BUMP.sinks)
             out = torch.empty_like(v)
             queries_, keys = (s_search, q_order, n_query), (t_search, k_order, n_key)
-            _walk(0, queries_, keys, v, table, plan, width, coef, bad, out=out)  # NaN rows included
-        ctx.save_for_backward(v, s_search, q_order, t_search, k_order, width, coef, n_query, n_key, *table)
+            _walk(0, queries_, keys, v, table, plan, width, count, bad, out=out)  # NaN rows included
+        ctx.save_for_backward(v, s_search, q_order, t_search, k_order, width, count, n_query, n_key, *table)
         ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
         return out
 
@@ -225,7 +225,9 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g):
-        v, s_search, q_order, t_search, k_order, width, coef, n_query, n_key, local, carry = ctx.saved_tensors
+        v, s_search, q_order, t_search, k_order, width, count, n_query, n_key, local, carry = (
+            ctx.saved_tensors
+        )
         rows, length, dim = v.shape
         acc = width.dtype
         _, d_blocks = _block_d(dim)
@@ -237,7 +239,7 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
         grad_s = torch.empty(d_blocks, rows, length, dtype=acc, device=v.device)
         grad_b = torch.empty(rows, plan.shape[1], d_blocks, dtype=torch.float64, device=v.device)
         g_local, g_totals = _table_buffers(g, plan.shape[1], BUMP.query_sinks)
-        _walk(1, queries, keys, v, (local, carry), plan, width, coef, ctx.bad, y=g, scal=grad_s,
+        _walk(1, queries, keys, v, (local, carry), plan, width, count, ctx.bad, y=g, scal=grad_s,
               part=grad_b, write=(g_local, g_totals))  # fmt: skip
 
         # Keys: dL/dv and dL/dt from one walk over g, keys as sinks.
@@ -252,7 +254,7 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
             (g_local, _carry(g_totals)),
             key_plan,
             width,
-            coef,
+            count,
             ctx.bad,
             y=v,
             out=grad_v,
@@ -261,10 +263,14 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
 
         grad_s, grad_t = (x.sum(dim=0) if d_blocks > 1 else x[0] for x in (grad_s, grad_t))
         grad_b = grad_b.sum(dim=(1, 2))[:, None].to(acc)
-        bad, valid, queries_mask = ctx.bad, ctx.valid, ctx.queries
-        grad_s = nan_rows(grad_s, bad, queries_mask)
-        grad_t = nan_rows(grad_t, bad, valid)
-        return grad_s, grad_t, grad_v, nan_rows(grad_b, bad), None, None
+        return (
+            grad_s,
+            grad_t,
+            grad_v,
+            nan_rows(grad_b, ctx.bad),
+            None,
+            None,
+        )  # the rest: NaN rows from the walks
 
 
 def _rows(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

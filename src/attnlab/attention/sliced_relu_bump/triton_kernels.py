@@ -148,7 +148,7 @@ def bump_table_kernel(
 @triton.jit
 def bump_walk_kernel(
     sink_score_ptr, sink_order_ptr, src_score_ptr, src_order_ptr, x_ptr, y_ptr,
-    loc_ptr, carry_ptr, plan_ptr, width_ptr, coef_ptr, n_sink_ptr, n_src_ptr,
+    loc_ptr, carry_ptr, plan_ptr, width_ptr, count_ptr, n_sink_ptr, n_src_ptr,
     out_ptr, scal_ptr, part_ptr, tloc_ptr, ttot_ptr, bad_ptr,
     N, T, D, NB, NT, NC, TNT,
     MODE: tl.constexpr, KEY_SINKS: tl.constexpr, RPB: tl.constexpr,
@@ -166,13 +166,14 @@ def bump_walk_kernel(
     (dL/db), and the prefix table of the sinks' g (``tloc``, ``ttot``) for the key side.
     2, key side (sinks: keys, x = g, y = v at the sinks): F1 = W, F2 = π; ``out[sink] = coef ·
     acc1`` (dL/dv), ``scal[dblk, row, sink] = -coef v · acc2`` (dL/dt).
-    ``out`` is NaN at the real sinks of a ``bad`` row (a non-finite score): written here, where a
-    masked fill afterwards would read and write the whole output again.
+    ``out`` and ``scal`` are NaN at the real sinks of a ``bad`` row (a non-finite score): written
+    here, where masked fills afterwards would read and write them again.
     """
     row, blk, dblk, d, dmask = _program_block(D, BD)
     acc_dtype = width_ptr.dtype.element_ty
     width = tl.load(width_ptr + row)
-    coef64 = tl.load(coef_ptr + row)  # float64: dL/db's factor 1 / (n b²) must not round twice
+    # coef = 1 / (n b) in float64 (n: the row's real keys): dL/db's factor 1 / (n b²) must not round twice
+    coef64 = 1.0 / (tl.load(count_ptr + row).to(tl.float64) * width.to(tl.float64))
     coef = coef64.to(acc_dtype)
     n_src = tl.load(n_src_ptr + row)
     p = blk * BS + tl.arange(0, BS)
@@ -231,8 +232,9 @@ def bump_walk_kernel(
     idx = tl.load(sink_order_ptr + row * T + p, mask=pmask, other=0)
     at = (row * T + idx)[:, None] * D + d[None, :]
     both = pmask[:, None] & dmask[None, :]
+    poisoned = valid & (tl.load(bad_ptr + row) != 0)
     value = coef * acc1
-    value = tl.where((valid & (tl.load(bad_ptr + row) != 0))[:, None], float("nan"), value)
+    value = tl.where(poisoned[:, None], float("nan"), value)
     if out_ptr.dtype.element_ty != acc_dtype:  # via float32, as torch converts float64
         value = value.to(tl.float32)
     if MODE == 0:
@@ -241,7 +243,8 @@ def bump_walk_kernel(
         y = tl.load(y_ptr + at, mask=valid[:, None] & dmask[None, :], other=0.0).to(acc_dtype)
         if MODE == 1:
             scal_at = scal_ptr + (dblk * N.to(tl.int64) + row) * T + idx  # 64-bit: N·T can pass 2³¹
-            tl.store(scal_at, -coef * tl.reduce(y * acc1, 1, _add), mask=pmask)
+            scal = tl.where(poisoned, float("nan"), -coef * tl.reduce(y * acc1, 1, _add))
+            tl.store(scal_at, scal, mask=pmask)
             # dL/db sums over every query and column with cancellation: in float64
             y64 = y.to(tl.float64)
             part = tl.reduce(tl.reduce(y64 * acc2, 1, _add), 0, _add)
@@ -256,7 +259,8 @@ def bump_walk_kernel(
         else:
             tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=both)
             scal_at = scal_ptr + (dblk * N.to(tl.int64) + row) * T + idx
-            tl.store(scal_at, -coef * tl.reduce(y * acc2, 1, _add), mask=pmask)
+            scal = tl.where(poisoned, float("nan"), -coef * tl.reduce(y * acc2, 1, _add))
+            tl.store(scal_at, scal, mask=pmask)
 
 
 @triton.jit
