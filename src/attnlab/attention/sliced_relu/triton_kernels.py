@@ -13,7 +13,9 @@ in parallel: ``stream_totals_kernel`` sums each chunk's sources, and each chunk 
 carried total.
 ``relu_backward_kernel`` walks sliced ReLU's stream once for its whole backward pass (both kinds
 of entry as sources); ``merge_kernel`` builds the streams, ``relu_scalars_kernel`` the per-query
-scalars (elementwise, (N, T)).
+scalars (elementwise, (N, T)), ``chunk_carry_kernel`` each chunk's starting sums from the chunks'
+totals, and ``relu_query_grads_kernel`` / ``relu_key_grads_kernel`` dL/ds and dL/dt from the
+backward walk's dot products.
 """
 
 from __future__ import annotations

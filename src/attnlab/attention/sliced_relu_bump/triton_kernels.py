@@ -12,7 +12,8 @@ written as the torch op's ``searchsorted`` ranks decide it (``fl(s - b) < t < fl
 between the tiles that hold some sink's window edge, every source of a run lies inside the window
 of every sink and on the same side of it (or tied with it), so its weights are linear in the two
 scores and the run's sum comes from two prefix-table rows (``Σ x`` and ``Σ score · x`` in
-float64, ``bump_table_kernel``): the walk jumps over it.
+float64, ``bump_table_kernel``): the walk jumps over it. Which tiles a block walks and which table
+rows it jumps over is its plan (``bump_plan_kernel``).
 """
 
 from __future__ import annotations
