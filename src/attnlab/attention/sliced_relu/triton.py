@@ -102,18 +102,16 @@ def _totals(order, x, score, xshift, weight, layout, *, sinks_as_sources=False, 
 def centred_carry(order, v, score, weight, count):
     """The mean ``vbar (N, D)`` of the sources of ``stream(order, v, score, xshift=vbar,
     weight=weight)`` (over ``count`` real ones) and that stream's chunk carry (None: one chunk), from
-    one pass over v. With one chunk that pass is the mean; with several, the chunks' unshifted sums
-    (compensated) and their ``Σ w``, ``Σ w u`` give both: ``Σ w (v - vbar) = Σ w v - vbar Σ w``,
-    in float64, with the very ``vbar`` the kernels will subtract."""
+    one pass over v: the chunks' unshifted sums (compensated) and their ``Σ w``, ``Σ w u`` give both,
+    ``Σ w (v - vbar) = Σ w v - vbar Σ w``, in float64, with the very ``vbar`` the kernels will
+    subtract (padded keys weigh 0: no masked copy of v)."""
     order, v, score, weight = (None if a is None else a.contiguous() for a in (order, v, score, weight))
     acc = score.dtype
     layout = _layout(v, order.shape[1])
-    if layout[3] == 1:
-        return _mean_rows(v, None if weight is None else weight > 0, count, acc), None
     scalars = torch.empty(v.shape[0], layout[3], 4, dtype=acc, device=v.device)
     totals = _totals(order, v, score, None, weight, layout, scalars=scalars)
     carry, vbar = _chunk_carry(totals, 1, count, scalars)
-    return vbar, carry
+    return vbar, carry if layout[3] > 1 else None  # one chunk starts at zero
 
 
 def stream(
@@ -257,13 +255,6 @@ def _relu_scalars(s, rank, rank_le, t_sorted, count, eps, queries, bad):
         bad, *outs, length, HAS_QUERIES=queries is not None, BLOCK=block,
     )  # fmt: skip
     return outs
-
-
-def _mean_rows(values, valid, count, acc):
-    """Mean over real tokens of ``values (N, T, D)`` in the accumulation dtype, no float32 copy."""
-    if valid is not None:
-        values = values.masked_fill(~valid[..., None], 0)
-    return values.sum(dim=1, dtype=acc) / count[:, None]
 
 
 # --------------------------------------------------------------------------------------------
