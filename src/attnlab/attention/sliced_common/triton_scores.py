@@ -9,6 +9,11 @@ from attnlab.attention.common.triton.runtime import kernels
 from attnlab.attention.sliced_common.rows import sort_rows
 
 
+def scalar_block(length: int) -> int:
+    """Positions per program of the (N, T) kernels: the row's length up to a power of two, 16 to 1024."""
+    return min(1024, max(16, 1 << (length - 1).bit_length()))
+
+
 def sort_scores(s, t, v, valid, queries):
     """What both forwards start with, as the torch ops do: the real-key counts, the centred scores
     (rows with a NaN/inf score zeroed, ``bad``: NaN is written to their outputs at the end), the keys
@@ -24,7 +29,7 @@ def sort_scores(s, t, v, valid, queries):
     s_out, t_out, s_key, t_key = (torch.empty_like(s) for _ in range(4))
     count = torch.empty(rows, dtype=s.dtype, device=s.device)
     bad = torch.empty(rows, dtype=torch.int8, device=s.device)
-    block = min(1024, max(16, 1 << (length - 1).bit_length()))
+    block = scalar_block(length)
     kernels().score_prologue_kernel[(rows,)](
         s, t, valid if valid is not None else s, queries if queries is not None else s,
         s_out, t_out, s_key, t_key, count, bad, length,

@@ -39,7 +39,7 @@ import torch
 from attnlab.attention.common.precision import no_autocast
 from attnlab.attention.common.triton.runtime import interpret_mode, kernels
 from attnlab.attention.sliced_common.rows import exclusive_cumsum, first_order_only
-from attnlab.attention.sliced_common.triton_scores import sort_scores
+from attnlab.attention.sliced_common.triton_scores import scalar_block, sort_scores
 
 
 @dataclass
@@ -60,7 +60,6 @@ class StreamTuning:
 
 
 TUNING = StreamTuning()
-SCALAR_BLOCK = 1024  # positions per program of the (N, T) kernels
 
 
 def _chunk_len(rows: int, length: int, d_blocks: int, device: torch.device) -> int:
@@ -73,10 +72,15 @@ def _chunk_len(rows: int, length: int, d_blocks: int, device: torch.device) -> i
     return -(-chunk // TUNING.block) * TUNING.block
 
 
+def _block_d(dim: int) -> int:
+    """Columns per program of the D-wide kernels: D up to a power of two, 16 to ``TUNING.block_d``."""
+    return min(TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
+
+
 def _layout(x: torch.Tensor, total: int) -> tuple[int, int, int, int]:
     """``(block_d, d_blocks, chunk, n_chunks)``: a walk over ``total`` entries per row of ``x``."""
     rows, _, dim = x.shape
-    block_d = min(TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
+    block_d = _block_d(dim)
     d_blocks = -(-dim // block_d)
     chunk = _chunk_len(rows, total, d_blocks, x.device)
     return block_d, d_blocks, chunk, -(-total // chunk)
@@ -184,7 +188,7 @@ def _chunk_carry(totals, mode, count=None, scalars=None):
     rows, chunks, planes, dim = totals.shape
     carry = torch.empty(rows, chunks, 4, dim, dtype=totals.dtype, device=totals.device)
     mean = torch.empty(rows, dim, dtype=totals.dtype, device=totals.device) if mode else None
-    block_d = min(TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
+    block_d = _block_d(dim)
     kernels().chunk_carry_kernel[(rows, -(-dim // block_d))](
         totals, scalars if scalars is not None else totals, count if count is not None else totals,
         carry, mean if mean is not None else totals, chunks, dim, planes, MODE=mode, BD=block_d,
@@ -218,7 +222,7 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, fin
             for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
         )
         counts = torch.empty(rows, length, dtype=torch.int64, device=device)
-        block = min(1024, max(16, 1 << (length - 1).bit_length()))
+        block = scalar_block(length)
         kernels().merge_kernel[(rows, -(-length // block))](
             before_sink, sink_order, before_src, src_order, order, counts, length, BLOCK=block
         )
@@ -248,7 +252,7 @@ def _relu_scalars(s, rank, rank_le, t_sorted, count, eps, queries, bad):
     at the kept queries of the ``bad`` rows."""
     rows, length = s.shape
     outs = [torch.empty_like(s) for _ in range(5)]
-    block = min(1024, max(16, 1 << (length - 1).bit_length()))
+    block = scalar_block(length)
     eps = torch.full((1,), eps, dtype=s.dtype, device=s.device)
     kernels().relu_scalars_kernel[(rows, -(-length // block))](
         s, rank, rank_le, exclusive_cumsum(t_sorted), count, eps, queries if queries is not None else s,
@@ -312,15 +316,16 @@ class SlicedReLUTriton(torch.autograd.Function):
         # dL/ds at the queries and dL/dden_i in the queries' sorted order, then
         # dL/dt_j = Σ_{s_i<t_j} dL/dden_i - Σ_{s_i>t_j} dL/dden_i - w_j · Σ_{s_i>t_j} a_i g_i
         rows, length = s.shape
-        grid = (rows, -(-length // SCALAR_BLOCK))
+        block = scalar_block(length)
+        grid = (rows, -(-length // block))
         grad_s, den_sorted, grad_t = (torch.empty_like(s) for _ in range(3))
         kernels().relu_query_grads_kernel[grid](
             q_order, dots, dden, s, scale, balance, queries if queries is not None else s, ctx.bad,
-            grad_s, den_sorted, rows, length, HAS_QUERIES=queries is not None, BLOCK=SCALAR_BLOCK,
+            grad_s, den_sorted, rows, length, HAS_QUERIES=queries is not None, BLOCK=block,
         )  # fmt: skip
         kernels().relu_key_grads_kernel[grid](
             exclusive_cumsum(den_sorted), q_lt, q_le, dots, valid if valid is not None else s, ctx.bad,
-            grad_t, rows, length, HAS_VALID=valid is not None, BLOCK=SCALAR_BLOCK,
+            grad_t, rows, length, HAS_VALID=valid is not None, BLOCK=block,
         )  # fmt: skip
         return grad_s, grad_t, grad_v, None, None, None  # NaN rows from the kernels
 
