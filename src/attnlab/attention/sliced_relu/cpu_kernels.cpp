@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "../sliced_common/real_mean.h"
+
 namespace {
 
 // Queries of one row grouped by rank: the queries of rank r are query[first[r] .. first[r + 1]).
@@ -42,26 +44,6 @@ inline void prefetch_row(const T* row, int64_t dim, bool write) {
   }
 }
 
-// vbar (dim) = the mean of v over the row's real keys, the first `count` of `order`: summed in time
-// order, one sequential pass (in sorted order every row is a random read), and the same sum whatever
-// padding sits among the real keys.
-template <typename T>
-void key_mean(const T* v, const int64_t* order, int64_t count, int64_t length, int64_t dim, std::vector<double>& mean) {
-  std::vector<char> real(length, count == length ? 1 : 0);
-  if (count < length) {
-    for (int64_t p = 0; p < count; ++p) real[order[p]] = 1;
-  }
-  std::fill(mean.begin(), mean.end(), 0.0);
-  double* sum = mean.data();
-  for (int64_t j = 0; j < length; ++j) {
-    if (!real[j]) continue;
-    const T* row = v + j * dim;
-#pragma omp simd
-    for (int64_t c = 0; c < dim; ++c) sum[c] += row[c];
-  }
-  for (int64_t c = 0; c < dim; ++c) sum[c] = count > 0 ? sum[c] / count : 0.0;
-}
-
 // out_i = scale_i (s_i Σ_{t_j<s_i} w_j − Σ_{t_j<s_i} t_j w_j) for every query; vbar written too.
 template <typename T>
 void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank,
@@ -76,7 +58,7 @@ void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const T* 
     const T* rs = s + n * length;
     const T* rscale = scale + n * length;
     T* rout = out + n * length * dim;
-    key_mean(rv, ro, count[n], length, dim, mean);
+    real_mean(rv, ro, count[n], length, dim, mean.data());  // vbar
     std::copy(mean.begin(), mean.end(), vbar + n * dim);  // in double: the backward's w is the forward's
     const Buckets buckets(rr, length, count[n]);
     std::fill(sum_w.begin(), sum_w.end(), 0.0);

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "../sliced_common/real_mean.h"
+
 namespace {
 
 constexpr int64_t AHEAD = 16;  // sources ahead of a walker whose rows are prefetched (sorted order: random rows)
@@ -123,26 +125,6 @@ void walk_windows(const Sources<T>& src, const T* centre, const int64_t* centre_
   }
 }
 
-// The mean of a row's real values (the first `count` of `order`), summed in double in time order: one
-// sequential pass (in sorted order every row is a random read), and the same sum whatever padding
-// sits among the real keys.
-template <typename T>
-void real_mean(const T* v, const int64_t* order, int64_t count, int64_t length, int64_t dim, T* mean) {
-  std::vector<char> real(length, count == length ? 1 : 0);
-  if (count < length) {
-    for (int64_t p = 0; p < count; ++p) real[order[p]] = 1;
-  }
-  std::vector<double> sums(dim, 0.0);
-  double* sum = sums.data();
-  for (int64_t j = 0; j < length; ++j) {
-    if (!real[j]) continue;
-    const T* row = v + j * dim;
-#pragma omp simd
-    for (int64_t c = 0; c < dim; ++c) sum[c] += row[c];
-  }
-  for (int64_t c = 0; c < dim; ++c) mean[c] = static_cast<T>(count > 0 ? sum[c] / count : 0.0);
-}
-
 // Forward: vbar the mean of the real values (written for the backward), then out_i = coef_i (b Σ_j
 // hat(s_i − t_j) w_j) + mass_i vbar with w = v − vbar (centred: the running sums stay of order
 // sqrt(T)), mass_i = coef_i b Σ_j hat(s_i − t_j).
@@ -150,10 +132,12 @@ template <typename T>
 void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, T* vbar, const T* s,
                   const int64_t* s_order, const T* width, const T* coef, T* out, int64_t length, int64_t dim,
                   int64_t row_begin, int64_t row_end) {
+  std::vector<double> sums(dim);
   for (int64_t n = row_begin; n < row_end; ++n) {
     const int64_t at = n * length;
     T* mean = vbar + n * dim;
-    real_mean(v + at * dim, order + at, count[n], length, dim, mean);
+    real_mean(v + at * dim, order + at, count[n], length, dim, sums.data());
+    std::copy(sums.begin(), sums.end(), mean);  // rounded to T, as the kernels below read it
     const Sources<T> keys{v + at * dim, order + at, t_sorted + at, nullptr, mean, count[n], dim};
     const double b = width[n];
     walk_windows(keys, s + at, s_order + at, length, width[n], [&](int64_t i, const Windows<T>& w) {
