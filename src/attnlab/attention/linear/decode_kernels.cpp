@@ -6,6 +6,7 @@
 // is summed in its own dtype (as the torch code adds to it), the output's dot products in double.
 // Plain C++ without torch's headers (attnlab.attention.common.native builds it).
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -21,6 +22,7 @@ template <typename T>
 void step_rows(const T* q, const T* k, const T* v, T* state, T* norm, double eps, T* out, int64_t rows, int64_t dim,
                int64_t value_dim) {
   std::vector<double> phi_q(dim), acc(value_dim);
+  std::vector<T> phi_k(dim);
   for (int64_t r = 0; r < rows; ++r) {
     const T *qr = q + r * dim, *kr = k + r * dim, *vr = v + r * value_dim;
     T* s = state + r * dim * value_dim;
@@ -28,18 +30,19 @@ void step_rows(const T* q, const T* k, const T* v, T* state, T* norm, double eps
     double den = 0.0;
     for (int64_t d = 0; d < dim; ++d) {
       phi_q[d] = feature(qr[d]);
-      z[d] += static_cast<T>(feature(kr[d]));
+      phi_k[d] = static_cast<T>(feature(kr[d]));
+      z[d] += phi_k[d];
       den += phi_q[d] * z[d];
     }
     std::fill(acc.begin(), acc.end(), 0.0);
     double* sums = acc.data();
     for (int64_t d = 0; d < dim; ++d) {
-      const T phi_k = static_cast<T>(feature(kr[d]));
+      const T phi = phi_k[d];
       const double weight = phi_q[d];
       T* s_row = s + d * value_dim;
 #pragma omp simd
       for (int64_t e = 0; e < value_dim; ++e) {
-        s_row[e] += phi_k * vr[e];
+        s_row[e] += phi * vr[e];
         sums[e] += weight * s_row[e];
       }
     }
