@@ -68,16 +68,16 @@ KERNELS = {
     **{
         f"bump_walk_kernel[{name}]": (
             [F32, "*i32", F32, "*i32", VAL, VAL, F64, F64, "*i32", F32, F32, "*i32", "*i32"]
-            + [VAL, F32, F64, F64, F64, "*i1", *["i32"] * 7],
-            {"MODE": mode, "KEY_SINKS": mode == 2, **BUMP, **_bump_blocks(mode)},
+            + [VAL, F32, F64, F64, F64, "*i1", "*i32", *["i32"] * 7],
+            {"MODE": mode, "KEY_SINKS": mode == 2, "STATS": False, **BUMP, **_bump_blocks(mode)},
         )
         for mode, name in enumerate(("fwd", "query", "key"))
     },
     # scalar (N, T) passes, in the accumulation dtype whatever the op's
     **{
         f"bump_plan_kernel[{name}-scalar]": (
-            [F32, F32, "*i32", F32, "*i32", "i32", "i32", "i32"],
-            {"KEY_SINKS": keys, "SINKS": BUMP_TUNING.sinks, "SOURCES": 16, "PER_ROW": 2, "BLOCK": 64},
+            [F32, F32, "*i32", F32, "*i32", "i32", "i32"],
+            {"KEY_SINKS": keys, "SINKS": BUMP_TUNING.sinks, "BLOCK": 64},
         )
         for keys, name in ((False, "queries"), (True, "keys"))
     },

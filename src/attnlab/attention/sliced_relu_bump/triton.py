@@ -1,21 +1,24 @@
 """Sliced ReLU-bump attention on Triton: ``o_i = (1/(n b)) Σ_j max(0, b - |s_i - t_j|) v_j`` with
-the torch op's exactness rules (``attnlab.attention.sliced_common``), forward + backward moving 3.54 /
-3.80 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
+the torch op's exactness rules (``attnlab.attention.sliced_common``), forward + backward moving 3.53 /
+3.78 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
 
 The window of query i is the run of sorted keys between its ranks ``#{t <= s - b}`` and
-``#{t < s + b}``; since b is one number per row, these ranks are monotone in the sorted order of s,
-so a block of consecutive sorted queries has its window edges in three short runs of sorted keys
-(about as many keys as the block holds queries, each). Forward (``bump_walk_kernel``, mode 0):
-one program per block of sorted queries keeps their outputs in registers and walks the key tiles
-of those runs (and of the tied keys), with the exact weights ``b - |s - t|`` summed by
-``tl.dot``: nothing cancels (on tensor cores for half values from sm_80 on, the weights cut into
-exact parts: ``dot_format``). Between two runs every key lies on the same side of every query of
-the block (below them, tied, or above), so there the weights are linear,
-``b ∓ ((s - τ) - (t - τ))``, and the sum over the keys in between is ``(b ∓ (s - τ)) Σ v ± Σ (t - τ) v``:
-two rows of a float64 prefix table over the sorted keys (one pass over v, ``bump_table_kernel``;
-rows every ``table`` keys, the walk runs on to the nearest row), differenced in float64 with
-τ = the first key's score of the run, so the terms are of the window's own size. Reads: about
-three passes over v, the table pass, one write of o.
+``#{t < s + b}``; since b is one number per row, these ranks (and ``#{t < s}``, ``#{t <= s}``) are
+monotone in the sorted order of s. Forward (``bump_walk_kernel``, mode 0): one program per block of
+sorted queries keeps their outputs in registers and walks the key tiles from its first query's
+lowest edge to its last query's highest (``bump_plan_kernel``), with the exact weights
+``b - |s - t|`` summed by ``tl.dot``: nothing cancels (on tensor cores for half values from
+sm_80 on, the weights cut into exact parts: ``dot_format``). Where a run of keys holds no edge
+of any query of the block, every key of it lies on one side of each query (below it, tied, or
+above; inside its window or outside), which its first and last key tell; there the weights are
+linear, ``b ∓ ((s - τ) - (t - τ))``, and the sum over the run is ``(b ∓ (s - τ)) Σ v ± Σ (t - τ) v``
+for the queries whose window holds it: two rows of a float64 prefix table over the sorted keys
+(one pass over v, ``bump_table_kernel``; rows every ``table`` keys, runs of whole rows, their
+ends found by bisection), differenced in float64 with τ = the run's first key's score, so the
+terms are of the window's own size. A block costs about as many tiles as hold its edges, however
+far apart they lie: a block of queries straddling two clusters of scores walks about as far as
+any other, not the whole cluster between its first and last edges. Reads: about three passes
+over v, the table pass, one write of o.
 
 Backward: the same walk gives at each query ``Σ_j π v_j`` (π = +1 below s, -1 above, 0 tied: dL/ds)
 and ``Σ_j |s - t| v_j`` (dL/db), reading g once, and writes the prefix table of g over the sorted
@@ -48,7 +51,7 @@ class BumpTuning:
     """Launch shape of the bump's kernels: ``sinks`` sorted positions per program in the forward
     (``query_sinks`` on the backward's query side, whose float64 accumulator would spill at 256;
     ``key_sinks`` on its key side, whose two accumulators spilled 570-1,020 B a thread at 256 on
-    sm_80/90 and 0-232 B at 128; all multiples of ``table``), ``sources`` per tile (16: ``tl.dot``'s
+    sm_80/90, at most 472 B at 128; all multiples of ``table``), ``sources`` per tile (16: ``tl.dot``'s
     least), a prefix-table row every ``table`` sources (a multiple of ``sources``), D in blocks of
     ``block_d``."""
 
@@ -63,6 +66,9 @@ class BumpTuning:
 
 BUMP = BumpTuning()
 PLAN_BLOCK = 64  # sink blocks per program of the plan kernel
+# A list: each walk appends ``(mode, stats (N, blocks, 2))``, the tiles it walked and the table rows
+# it jumped over per block of sinks (``bump_walk_kernel``'s ``STATS``; tests and benchmarks).
+WALK_STATS: list | None = None
 
 
 def _check_tuning() -> None:
@@ -84,15 +90,15 @@ def _block_d(dim: int) -> tuple[int, int]:
 
 
 def _plan(sinks_sorted, sources_sorted, width, n_sink, sinks, key_sinks):
-    """The walk of each block of ``sinks`` sorted sinks over the sorted sources ``(N, blocks, 16)``
-    int32 (``bump_plan_kernel``): queries over keys, or keys over queries (``key_sinks``)."""
+    """Where each block of ``sinks`` sorted sinks walks over the sorted sources ``(N, blocks, 2)``
+    int32: its lowest and highest window edge (``bump_plan_kernel``); queries over keys, or keys
+    over queries (``key_sinks``)."""
     rows, length = sinks_sorted.shape
     blocks = -(-length // sinks)
-    plan = torch.empty(rows, blocks, 16, dtype=torch.int32, device=sinks_sorted.device)
+    plan = torch.empty(rows, blocks, 2, dtype=torch.int32, device=sinks_sorted.device)
     kernels().bump_plan_kernel[(rows, -(-blocks // PLAN_BLOCK))](
-        sinks_sorted, sources_sorted, n_sink, width, plan, length, blocks, length.bit_length(),
-        KEY_SINKS=key_sinks, SINKS=sinks, SOURCES=BUMP.sources, PER_ROW=BUMP.table // BUMP.sources,
-        BLOCK=PLAN_BLOCK,
+        sinks_sorted, sources_sorted, n_sink, width, plan, length, blocks,
+        KEY_SINKS=key_sinks, SINKS=sinks, BLOCK=PLAN_BLOCK,
     )  # fmt: skip
     return plan
 
@@ -178,15 +184,19 @@ def _walk(
     local, carry = table
     dummy = width
     tloc, ttot = write if write is not None else (dummy, dummy)
+    stats = None
+    if WALK_STATS is not None:
+        stats = torch.zeros(rows, blocks, 2, dtype=torch.int32, device=x.device)
+        WALK_STATS.append((mode, stats))
     kernels().bump_walk_kernel[(rows, blocks, d_blocks)](
         sink_score, sink_order, src_score, src_order, x, y if y is not None else x,
         local, carry, plan, width, count, n_sink, n_src,
         out if out is not None else dummy, scal if scal is not None else dummy,
-        part if part is not None else dummy, tloc, ttot, bad,
+        part if part is not None else dummy, tloc, ttot, bad, stats if stats is not None else plan,
         rows, length, dim, blocks, local.shape[1], carry.shape[1], tloc.shape[1] if write is not None else 0,
         MODE=mode, KEY_SINKS=mode == 2, RPB=(BUMP.query_sinks if mode == 2 else BUMP.sinks) // BUMP.table,
         BS=(BUMP.sinks, BUMP.query_sinks, BUMP.key_sinks)[mode], BK=BUMP.sources,
-        TB=BUMP.table, BD=block_d, num_warps=BUMP.num_warps,
+        TB=BUMP.table, BD=block_d, STATS=stats is not None, num_warps=BUMP.num_warps,
         **dot_format(x.dtype, width.dtype, _capability(x.device)),
     )  # fmt: skip
 

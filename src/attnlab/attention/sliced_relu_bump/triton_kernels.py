@@ -1,6 +1,6 @@
 """ReLU-bump's Triton kernels, executed into the module of ``attnlab.attention.common.triton.kernels``
-by ``runtime.kernels()`` (they use its ``_add`` and ``_program_block``); the op and the derivation
-are in ``triton.py`` beside this file.
+by ``runtime.kernels()`` (they use its ``_add``, ``_max`` and ``_program_block``); the op
+and the derivation are in ``triton.py`` beside this file.
 
 The walk (``bump_walk_kernel``) sees *sinks* (a block of ``BS`` consecutive sorted positions
 whose results a program keeps in registers) and *sources* (the other side's sorted rows, ``x``,
@@ -8,12 +8,12 @@ walked in tiles of ``BK``). A pair's weight comes from the two scores alone: wit
 ``u = sink - source``, the pair is in the window when the key ``t`` lies in ``(s - b, s + b)``,
 written as the torch op's ``searchsorted`` ranks decide it (``fl(s - b) < t < fl(s + b)``, ties
 ``t = s`` included), and then ``W = b - |u|`` (the hat times b), ``M = |u|`` and the sign ``π``
-(+1 when the source is below the sink, -1 above, 0 tied). Tiles are summed with ``tl.dot``;
-between the tiles that hold some sink's window edge, every source of a run lies inside the window
-of every sink and on the same side of it (or tied with it), so its weights are linear in the two
-scores and the run's sum comes from two prefix-table rows (``Σ x`` and ``Σ score · x`` in
-float64, ``bump_table_kernel``): the walk jumps over it. Which tiles a block walks and which table
-rows it jumps over is its plan (``bump_plan_kernel``).
+(+1 when the source is below the sink, -1 above, 0 tied). The tiles that hold some sink's window
+edge are summed with ``tl.dot``; in a gap between two of them each sink sees every source of the
+run on one side of it, inside its window or outside, so the weights are linear in the two scores
+and the run's sum comes from two prefix-table rows (``Σ x`` and ``Σ score · x`` in float64,
+``bump_table_kernel``): the walk jumps over it. Each sink's edges come from a bisection between
+its block's first and last sink's edges (``bump_plan_kernel``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 _add = globals()["_add"]  # from common/triton/kernels.py, executed into the same module first
+_max = globals()["_max"]
 _program_block = globals()["_program_block"]
 
 
@@ -147,28 +148,122 @@ def bump_table_kernel(
 
 
 @triton.jit
+def _walk_tile(acc1, acc2, kt, src_score_ptr, src_order_ptr, x_ptr, row, T, D, n_src, d, dmask,
+               sink_nan, width, MODE: tl.constexpr, KEY_SINKS: tl.constexpr, BK: tl.constexpr,
+               DOT: tl.constexpr, OPERAND: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """``acc1``, ``acc2`` plus tile ``kt`` of the sorted sources, pair by pair (``_bump_weights``)."""
+    k = kt * BK + tl.arange(0, BK)
+    kmask = k < n_src
+    idx = tl.load(src_order_ptr + row * T + k, mask=kmask, other=0)
+    src = tl.load(src_score_ptr + row * T + k, mask=kmask, other=0.0).to(width.dtype)
+    x = tl.load(
+        x_ptr + (row * T + idx)[:, None] * D + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0
+    )
+    x_dot = x.to(OPERAND)  # exact: the dot's format holds x's dtype
+    weight, dist, sign = _bump_weights(sink_nan, tl.where(kmask, src, float("nan")), width, KEY_SINKS)
+    if MODE == 1:
+        acc1 = _dot_parts(acc1, sign.to(OPERAND), x_dot, 1, DOT, OPERAND, PRECISION)
+        acc2 = _outer_sum64(acc2, dist, x.to(width.dtype), BK)
+    else:
+        acc1 = _dot_parts(acc1, weight, x_dot, 3, DOT, OPERAND, PRECISION)
+        if MODE == 2:
+            acc2 = _dot_parts(acc2, sign.to(OPERAND), x_dot, 1, DOT, OPERAND, PRECISION)
+    return acc1, acc2
+
+
+@triton.jit
+def _sides(y, sink, width, KEY_SINKS: tl.constexpr):
+    """Where a source of score ``y`` (a scalar) lies for each sink: ``(p0, p1, p2, p3)``, whether
+    it comes before each of the sink's four window edges (``_edges``), with the very comparisons
+    of ``_bump_weights``: below the window (``p0``), below the sink (``p1``), not above it (``p2``),
+    inside or below the window (``p3``). Each is true up to the edge, false from it on."""
+    if KEY_SINKS:  # sinks are keys t, the source a query s
+        p0 = y + width <= sink
+        p3 = y - width < sink
+    else:
+        p0 = y <= sink - width
+        p3 = y < sink + width
+    return p0, y < sink, y <= sink, p3
+
+
+@triton.jit
+def _same_sides(first, last, sink, width, valid, KEY_SINKS: tl.constexpr):
+    """Whether the sources of scores ``first`` and ``last`` lie on the same sides (``_sides``) of
+    every real sink: then so does every source between them (the sides change once, at the edges)."""
+    p0, p1, p2, p3 = _sides(first, sink, width, KEY_SINKS)
+    q0, q1, q2, q3 = _sides(last, sink, width, KEY_SINKS)
+    moved = valid & ((p0 != q0) | (p1 != q1) | (p2 != q2) | (p3 != q3))
+    return tl.reduce(moved.to(tl.int32), 0, _max) == 0
+
+
+@triton.jit
+def _score(src_score_ptr, row, T, at):
+    """The sorted source score at position ``at``; +inf past the row (a padded source's score)."""
+    return tl.load(src_score_ptr + row * T + at, mask=at < T, other=float("inf"))
+
+
+@triton.jit
+def _jump_run(acc1, acc2, j0, j1, tau, valid, sink, width, loc_ptr, carry_ptr, row, NT, NC, d, dmask, D,
+              MODE: tl.constexpr, RPB: tl.constexpr, KEY_SINKS: tl.constexpr):  # fmt: skip
+    """``acc1``, ``acc2`` plus the sources of table rows ``[j0, j1)``, which every sink sees on one
+    side of it, inside its window or outside (as its first source, of score ``tau``, does): their
+    weights are linear in the two scores, so the run's sums are two differences of prefix-table
+    rows (float64, scores taken from τ)."""
+    a1, a2 = _table_row(loc_ptr, carry_ptr, row, j0, NT, NC, RPB, d, dmask, D)
+    b1, b2 = _table_row(loc_ptr, carry_ptr, row, j1, NT, NC, RPB, d, dmask, D)
+    tau64 = tau.to(tl.float64)
+    run1_64 = b1 - a1
+    run_u64 = (b2 - a2) - tau64 * run1_64
+    acc_dtype = width.dtype
+    run1, run_u = run1_64.to(acc_dtype), run_u64.to(acc_dtype)
+    p0, p1, p2, p3 = _sides(tau, sink, width, KEY_SINKS)
+    below = valid & ~p0 & p1  # the run below the sink, inside its window
+    tied = valid & ~p1 & p2
+    above = valid & ~p2 & p3
+    on = tl.where(below | tied | above, 1.0, 0.0).to(acc_dtype)
+    side = (tl.where(below, 1.0, 0.0) - tl.where(above, 1.0, 0.0)).to(acc_dtype)  # π of the run
+    if MODE == 1:
+        acc1 += side[:, None] * run1[None, :]
+        # dL/db's jump term in float64 too: rounded to float32 first, it would undo acc2's care
+        side64 = side.to(tl.float64)
+        du64 = sink.to(tl.float64) - tau64
+        acc2 += (side64 * du64)[:, None] * run1_64[None, :] - side64[:, None] * run_u64[None, :]
+    else:
+        du = sink - tau
+        acc1 += (on * (width - side * du))[:, None] * run1[None, :] + side[:, None] * run_u[None, :]
+        if MODE == 2:
+            acc2 += side[:, None] * run1[None, :]
+    return acc1, acc2
+
+
+@triton.jit
 def bump_walk_kernel(
     sink_score_ptr, sink_order_ptr, src_score_ptr, src_order_ptr, x_ptr, y_ptr,
     loc_ptr, carry_ptr, plan_ptr, width_ptr, count_ptr, n_sink_ptr, n_src_ptr,
-    out_ptr, scal_ptr, part_ptr, tloc_ptr, ttot_ptr, bad_ptr,
+    out_ptr, scal_ptr, part_ptr, tloc_ptr, ttot_ptr, bad_ptr, stats_ptr,
     N, T, D, NB, NT, NC, TNT,
     MODE: tl.constexpr, KEY_SINKS: tl.constexpr, RPB: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, TB: tl.constexpr, BD: tl.constexpr,
-    DOT: tl.constexpr, OPERAND: tl.constexpr, PRECISION: tl.constexpr,
+    DOT: tl.constexpr, OPERAND: tl.constexpr, PRECISION: tl.constexpr, STATS: tl.constexpr,
 ):  # fmt: skip
     """One block of ``BS`` sorted sinks, one block of D columns (grid: rows, blocks, D blocks).
 
-    Sums ``acc1 = Σ F1 x``, ``acc2 = Σ F2 x`` over the sources in the order ``plan[row, blk]``
-    gives: four walked tile ranges ``[start_e, end_e)``, and after each a jump over the table rows
-    ``[j0_e, j1_e)``, whose sources lie below (e = 0), tied with (1) or above (2) every sink.
-    ``MODE`` 0, forward (sinks: queries, x = v): F1 = W; ``out[sink] = coef · acc1``.
+    Sums ``acc1 = Σ F1 x``, ``acc2 = Σ F2 x`` over the sources inside some sink's window: from
+    the block's first sink's lowest edge to its last sink's highest (``plan[row, blk]``), tile
+    by tile, except that at each table row whose sources every sink sees on one side (no window
+    edge inside: its first and last source lie on the same sides, ``_same_sides``) the walk
+    jumps, as far as that holds (found by bisection), and adds the run from the table
+    (``_jump_run``). So a block costs about as many tiles as hold its edges, however far apart
+    they lie (clustered scores). ``MODE`` 0, forward (sinks: queries, x = v): F1 = W;
+    ``out[sink] = coef · acc1``.
     1, query side of the backward (x = v, y = g at the sinks): F1 = π, F2 = M;
     ``scal[dblk, row, sink] = -coef g · acc1`` (dL/ds), ``part[row, blk, dblk] = Σ coef/b g · acc2``
     (dL/db), and the prefix table of the sinks' g (``tloc``, ``ttot``) for the key side.
     2, key side (sinks: keys, x = g, y = v at the sinks): F1 = W, F2 = π; ``out[sink] = coef ·
     acc1`` (dL/dv), ``scal[dblk, row, sink] = -coef v · acc2`` (dL/dt).
     ``out`` and ``scal`` are NaN at the real sinks of a ``bad`` row (a non-finite score): written
-    here, where masked fills afterwards would read and write them again.
+    here, where masked fills afterwards would read and write them again. ``STATS``: the tiles
+    walked and table rows jumped go to ``stats[row, blk]`` (tests and benchmarks).
     """
     row, blk, dblk, d, dmask = _program_block(D, BD)
     acc_dtype = width_ptr.dtype.element_ty
@@ -185,51 +280,47 @@ def bump_walk_kernel(
     acc1 = tl.full([BS, BD], 0.0, acc_dtype)
     # dL/db sums every query's Σ |s - t| v_j · g_i: they cancel, so acc2 is float64 in mode 1
     acc2 = tl.full([BS, BD], 0.0, tl.float64 if MODE == 1 else acc_dtype)
-    plan = plan_ptr + (row * NB + blk) * 16
-    for e in range(0, 4):
-        for kt in range(tl.load(plan + e), tl.load(plan + 4 + e)):
-            k = kt * BK + tl.arange(0, BK)
-            kmask = k < n_src
-            idx = tl.load(src_order_ptr + row * T + k, mask=kmask, other=0)
-            src = tl.load(src_score_ptr + row * T + k, mask=kmask, other=0.0).to(acc_dtype)
-            x = tl.load(
-                x_ptr + (row * T + idx)[:, None] * D + d[None, :],
-                mask=kmask[:, None] & dmask[None, :],
-                other=0.0,
-            )
-            x_dot = x.to(OPERAND)  # exact: the dot's format holds x's dtype
-            weight, dist, sign = _bump_weights(sink_nan, tl.where(kmask, src, float("nan")), width, KEY_SINKS)
-            if MODE == 1:
-                acc1 = _dot_parts(acc1, sign.to(OPERAND), x_dot, 1, DOT, OPERAND, PRECISION)
-                acc2 = _outer_sum64(acc2, dist, x.to(acc_dtype), BK)
-            else:
-                acc1 = _dot_parts(acc1, weight, x_dot, 3, DOT, OPERAND, PRECISION)
-                if MODE == 2:
-                    acc2 = _dot_parts(acc2, sign.to(OPERAND), x_dot, 1, DOT, OPERAND, PRECISION)
-        # the jump: the run's Σ x and Σ (score - τ) x from the table, τ its first source's score
-        j0 = tl.load(plan + 8 + e)
-        j1 = tl.load(plan + 12 + e)
-        jump = j1 > j0
-        a1, a2 = _table_row(loc_ptr, carry_ptr, row, j0, NT, NC, RPB, d, dmask & jump, D)
-        b1, b2 = _table_row(loc_ptr, carry_ptr, row, j1, NT, NC, RPB, d, dmask & jump, D)
-        tau = tl.load(src_score_ptr + row * T + j0 * TB, mask=jump, other=0.0).to(tl.float64)
-        run1_64 = b1 - a1
-        run_u64 = (b2 - a2) - tau * run1_64
-        run1, run_u = run1_64.to(acc_dtype), run_u64.to(acc_dtype)
-        side = (1 - e) * 1.0  # π of the run: +1 below the sinks, 0 tied, -1 above
-        on = tl.where(valid, 1.0, 0.0).to(acc_dtype)
-        if MODE == 1:
-            acc1 += (on * side)[:, None] * run1[None, :]
-            # dL/db's jump term in float64 too: rounded to float32 first, it would undo acc2's care
-            du64 = tl.where(valid, sink.to(tl.float64) - tau, 0.0)
-            on64 = on.to(tl.float64)
-            acc2 += side * (du64[:, None] * run1_64[None, :] - on64[:, None] * run_u64[None, :])
-        else:
-            du = tl.where(valid, sink - tau.to(acc_dtype), 0.0)
-            slope = (on * side)[:, None] * run_u[None, :]
-            acc1 += (on * (width - side * du))[:, None] * run1[None, :] + slope
-            if MODE == 2:
-                acc2 += (on * side)[:, None] * run1[None, :]
+    PER_ROW: tl.constexpr = TB // BK
+    kt = tl.load(plan_ptr + (row * NB + blk) * 2) // BK  # the tile of the lowest edge
+    end = tl.load(plan_ptr + (row * NB + blk) * 2 + 1)  # the highest edge: no window reaches past it
+    last_row = tl.minimum((end + TB - 1) // TB, NT - 1)
+    walked = 0
+    jumped = 0
+    while kt * BK < end:
+        j0 = kt // PER_ROW
+        j1 = j0  # the end of the run jumped over from here (none yet)
+        if kt % PER_ROW == 0:  # a table row starts: do its first and last sources lie alike?
+            tau = _score(src_score_ptr, row, T, j0 * TB)
+            last = _score(src_score_ptr, row, T, j0 * TB + TB - 1)
+            if _same_sides(tau, last, sink, width, valid, KEY_SINKS):
+                lo = j0 + 1  # then the run's end: the last row whose last source still does
+                hi = tl.maximum(last_row, lo)
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    last = _score(src_score_ptr, row, T, mid * TB - 1)
+                    if _same_sides(tau, last, sink, width, valid, KEY_SINKS):
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                j1 = lo
+                acc1, acc2 = _jump_run(
+                    acc1, acc2, j0, j1, tau, valid, sink, width, loc_ptr, carry_ptr,
+                    row, NT, NC, d, dmask, D, MODE, RPB, KEY_SINKS,
+                )  # fmt: skip
+        # no jump: walk the tiles up to the next table row, where the test comes again
+        stop = tl.where(j1 > j0, kt, (j0 + 1) * PER_ROW)
+        for tile in range(kt, stop):
+            acc1, acc2 = _walk_tile(
+                acc1, acc2, tile, src_score_ptr, src_order_ptr, x_ptr, row, T, D, n_src, d, dmask, sink_nan,
+                width, MODE, KEY_SINKS, BK, DOT, OPERAND, PRECISION,
+            )  # fmt: skip
+        if STATS:
+            walked += stop - kt
+            jumped += j1 - j0
+        kt = tl.where(j1 > j0, j1 * PER_ROW, stop)
+    if STATS and dblk == 0:
+        tl.store(stats_ptr + (row * NB + blk) * 2, walked)
+        tl.store(stats_ptr + (row * NB + blk) * 2 + 1, jumped)
     idx = tl.load(sink_order_ptr + row * T + p, mask=pmask, other=0)
     at = (row * T + idx)[:, None] * D + d[None, :]
     both = pmask[:, None] & dmask[None, :]
@@ -265,13 +356,14 @@ def bump_walk_kernel(
 
 
 @triton.jit
-def _rank(sorted_ptr, base, T, x, shift, zero, STEPS, SHIFTED: tl.constexpr, STRICT: tl.constexpr):
-    """How many of a row's ascending scores ``y`` have ``y (+ shift) < x`` (``STRICT``) or ``<= x``
-    (``searchsorted`` by bisection, ``STEPS`` = bits of T; ``y + shift`` rounded as torch's
-    ``sorted + width`` would be, so the two agree on every tie). ``zero``: int32 zeros of x's shape."""
-    lo = zero
-    hi = zero + T
-    for _ in range(0, STEPS):
+def _rank(sorted_ptr, base, T, x, shift, SHIFTED: tl.constexpr, STRICT: tl.constexpr):
+    """How many of a row's ``T`` ascending scores ``y`` have ``y (+ shift) < x`` (``STRICT``) or
+    ``<= x`` (``searchsorted`` by bisection; ``y + shift`` rounded as torch's ``sorted + width``
+    would be, so the two agree on every tie)."""
+    lo = tl.full(x.shape, 0, tl.int32)
+    hi = lo + T
+    span = T
+    while span > 0:  # as many steps as T has bits
         open_ = lo < hi
         mid = (lo + hi) // 2
         y = tl.load(sorted_ptr + base + mid, mask=open_, other=0.0)
@@ -283,50 +375,39 @@ def _rank(sorted_ptr, base, T, x, shift, zero, STEPS, SHIFTED: tl.constexpr, STR
             below = y <= x
         lo = tl.where(open_ & below, mid + 1, lo)
         hi = tl.where(open_ & ~below, mid, hi)
+        span = span // 2
     return lo
 
 
 @triton.jit
-def _edge_tiles(sink_ptr, src_ptr, base, T, at, live, width, STEPS, KEY_SINKS: tl.constexpr,
-                SOURCES: tl.constexpr):  # fmt: skip
-    """The tiles (of ``SOURCES``) holding the four window edges of the sink at sorted position ``at``:
-    among sorted keys ``#{t <= s - b}``, ``#{t < s}``, ``#{t <= s}``, ``#{t < s + b}`` for a query
-    ``s``; among sorted queries ``#{s + b <= t}``, ``#{s < t}``, ``#{s <= t}``, ``#{s - b < t}``
-    for a key ``t`` (the same pairs)."""
+def _edges(sink_ptr, src_ptr, base, T, at, live, width, KEY_SINKS: tl.constexpr):
+    """The four window edges of the sinks at sorted positions ``at`` (positions among the sorted
+    sources, of a row of T): among sorted keys ``#{t <= s - b}``,
+    ``#{t < s}``, ``#{t <= s}``, ``#{t < s + b}`` for a query ``s``; among sorted queries
+    ``#{s + b <= t}``, ``#{s < t}``, ``#{s <= t}``, ``#{s - b < t}`` for a key ``t`` (the same
+    pairs). Sources before ``e0`` and from ``e3`` on lie outside the sink's window, those in
+    ``[e0, e1)`` below the sink, ``[e1, e2)`` tied with it, ``[e2, e3)`` above it."""
     c = tl.load(sink_ptr + base + at, mask=live, other=0.0)
-    zero = at * 0
     if KEY_SINKS:
-        e0 = _rank(src_ptr, base, T, c, width, zero, STEPS, True, False)
-        e3 = _rank(src_ptr, base, T, c, -width, zero, STEPS, True, True)
+        e0 = _rank(src_ptr, base, T, c, width, True, False)
+        e3 = _rank(src_ptr, base, T, c, -width, True, True)
     else:
-        e0 = _rank(src_ptr, base, T, c - width, width, zero, STEPS, False, False)
-        e3 = _rank(src_ptr, base, T, c + width, width, zero, STEPS, False, True)
-    e1 = _rank(src_ptr, base, T, c, width, zero, STEPS, False, True)
-    e2 = _rank(src_ptr, base, T, c, width, zero, STEPS, False, False)
-    return e0 // SOURCES, e1 // SOURCES, e2 // SOURCES, e3 // SOURCES
-
-
-@triton.jit
-def _jump(after, first, PER_ROW: tl.constexpr):
-    """The table rows ``[j0, j1)`` between where an edge's tiles may start (``after``) and its first
-    tile, and whether there is any."""
-    j0 = (after + PER_ROW - 1) // PER_ROW
-    j1 = first // PER_ROW
-    return j0, j1, j1 > j0
+        e0 = _rank(src_ptr, base, T, c - width, width, False, False)
+        e3 = _rank(src_ptr, base, T, c + width, width, False, True)
+    e1 = _rank(src_ptr, base, T, c, width, False, True)
+    e2 = _rank(src_ptr, base, T, c, width, False, False)
+    return e0, e1, e2, e3
 
 
 @triton.jit
 def bump_plan_kernel(
-    sink_ptr, src_ptr, n_sink_ptr, width_ptr, plan_ptr, T, NB, STEPS,
-    KEY_SINKS: tl.constexpr, SINKS: tl.constexpr, SOURCES: tl.constexpr, PER_ROW: tl.constexpr,
-    BLOCK: tl.constexpr,
+    sink_ptr, src_ptr, n_sink_ptr, width_ptr, plan_ptr, T, NB,
+    KEY_SINKS: tl.constexpr, SINKS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """The walk of each block of ``SINKS`` sorted sinks (grid: rows, groups of ``BLOCK`` blocks):
-    ``plan[row, blk, 0:16]`` = tile ranges ``[start_e, end_e)`` and after each the table rows
-    ``[j0_e, j1_e)`` jumped over (``bump_walk_kernel``), from the edges' tiles at the block's first
-    and last real sink. The tiles holding an edge are walked; a gap between two edges' tiles is
-    jumped from the first table row after it starts to the last before it ends. Zeros for a block
-    with no real sink."""
+    """Where each block of ``SINKS`` sorted sinks walks (grid: rows, groups of ``BLOCK`` blocks):
+    ``plan[row, blk, 0:2]`` = the lowest window edge of the block's first real sink and the
+    highest of its last (``_edges``): no sink's window holds a source outside (the edges grow
+    with the score). Zeros for a block with no real sink."""
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     base = row * T
@@ -334,32 +415,9 @@ def bump_plan_kernel(
     last = tl.minimum(first + SINKS, tl.load(n_sink_ptr + row)) - 1
     live = (blk < NB) & (last >= first)
     width = tl.load(width_ptr + row)
-    f0, f1, f2, f3 = _edge_tiles(sink_ptr, src_ptr, base, T, first, live, width, STEPS, KEY_SINKS, SOURCES)
-    l0, l1, l2, l3 = _edge_tiles(
-        sink_ptr, src_ptr, base, T, tl.maximum(last, 0), live, width, STEPS, KEY_SINKS, SOURCES
-    )
-    ends0 = l0 + 1  # tiles walked up to edge e (exclusive)
-    ends1 = tl.maximum(ends0, l1 + 1)
-    ends2 = tl.maximum(ends1, l2 + 1)
-    ends3 = tl.maximum(ends2, l3 + 1)
-    a1, b1, jump1 = _jump(ends0, f1, PER_ROW)
-    a2, b2, jump2 = _jump(ends1, f2, PER_ROW)
-    a3, b3, jump3 = _jump(ends2, f3, PER_ROW)
-    out = plan_ptr + (row * NB + blk) * 16
+    low, _, _, _ = _edges(sink_ptr, src_ptr, base, T, first, live, width, KEY_SINKS)
+    _, _, _, high = _edges(sink_ptr, src_ptr, base, T, tl.maximum(last, 0), live, width, KEY_SINKS)
+    out = plan_ptr + (row * NB + blk) * 2
     inside = blk < NB
-    tl.store(out + 0, tl.where(live, f0, 0), mask=inside)  # walked tiles [start_e, end_e)
-    tl.store(out + 1, tl.where(live, tl.where(jump1, b1 * PER_ROW, ends0), 0), mask=inside)
-    tl.store(out + 2, tl.where(live, tl.where(jump2, b2 * PER_ROW, ends1), 0), mask=inside)
-    tl.store(out + 3, tl.where(live, tl.where(jump3, b3 * PER_ROW, ends2), 0), mask=inside)
-    tl.store(out + 4, tl.where(live, tl.where(jump1, a1 * PER_ROW, ends0), 0), mask=inside)
-    tl.store(out + 5, tl.where(live, tl.where(jump2, a2 * PER_ROW, ends1), 0), mask=inside)
-    tl.store(out + 6, tl.where(live, tl.where(jump3, a3 * PER_ROW, ends2), 0), mask=inside)
-    tl.store(out + 7, tl.where(live, ends3, 0), mask=inside)
-    tl.store(out + 8, tl.where(live & jump1, a1, 0), mask=inside)  # jumped table rows [j0_e, j1_e)
-    tl.store(out + 9, tl.where(live & jump2, a2, 0), mask=inside)
-    tl.store(out + 10, tl.where(live & jump3, a3, 0), mask=inside)
-    tl.store(out + 11, 0 * f0, mask=inside)
-    tl.store(out + 12, tl.where(live & jump1, b1, 0), mask=inside)
-    tl.store(out + 13, tl.where(live & jump2, b2, 0), mask=inside)
-    tl.store(out + 14, tl.where(live & jump3, b3, 0), mask=inside)
-    tl.store(out + 15, 0 * f0, mask=inside)
+    tl.store(out, tl.where(live, low, 0), mask=inside)
+    tl.store(out + 1, tl.where(live, high, 0), mask=inside)

@@ -1,7 +1,7 @@
 """The Triton helpers every kernel family shares, and the device probe. Loaded through
 ``runtime.kernels()`` (never imported directly): the families' kernel files (``sliced_relu``,
 ``sliced_relu_bump``, ``linear``: each ``triton_kernels.py``) are executed into this module after it,
-and take ``_add``, ``_two_sum`` and ``_program_block`` from it.
+and take ``_add``, ``_max``, ``_two_sum`` and ``_program_block`` from it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ def _plus(a, b):
     return a + b
 
 
+@triton.jit
+def _larger(a, b):
+    return tl.maximum(a, b)
+
+
 _add = getattr(tl.standard, "_sum_combine", _plus)
+_max = getattr(tl.standard, "_elementwise_max", _larger)
 
 
 @triton.jit
