@@ -32,11 +32,13 @@ the kernels that write the outputs and dv write NaN there themselves.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from attnlab.attention.common.precision import no_autocast
+from attnlab.attention.common.triton.occupancy import compiled_blocks_per_sm
 from attnlab.attention.common.triton.runtime import interpret_mode, kernels
 from attnlab.attention.sliced_common.rows import exclusive_cumsum, first_order_only
 from attnlab.attention.sliced_common.triton_scores import scalar_block, sort_scores
@@ -44,13 +46,15 @@ from attnlab.attention.sliced_common.triton_scores import scalar_block, sort_sco
 
 @dataclass
 class StreamTuning:
-    """Launch shape of the stream kernels. ``chunk``: entries per program (None: enough chunks to
-    give every SM several programs, at least ``min_chunk`` entries each)."""
+    """Launch shape of the stream kernels. ``chunk``: entries per program (None: enough chunks for
+    ``waves`` full waves of the programs the GPU runs at once, ``_chunk_len``, at least
+    ``min_chunk`` entries each)."""
 
     block: int = 32  # 32 × 64 tiles at 8 warps: no register spills on sm_90 (64 spills)
     block_d: int = 64
     min_chunk: int = 2048
     chunk: int | None = None
+    waves: int = 2
     num_warps: int = 8
     # the backward walk's register cap: uncapped it takes 188-197 registers a thread at 8 warps (one
     # block of 256 threads per SM, 12.5 % occupancy); at 128 two blocks fit, for at most 8 bytes of
@@ -60,16 +64,85 @@ class StreamTuning:
 
 
 TUNING = StreamTuning()
+# programs per SM assumed where the compiled walks cannot say (off CUDA, or a failed probe): what the
+# backward walk fits under its register cap
+DEFAULT_PER_SM = 2
+_PER_SM: dict[tuple, int] = {}  # (device, values dtype, accumulation dtype, D) -> programs per SM
 
 
-def _chunk_len(rows: int, length: int, d_blocks: int, device: torch.device) -> int:
+def _chunk_len(rows: int, length: int, d_blocks: int, x: torch.Tensor, acc: torch.dtype) -> int:
+    """Entries per program of a walk over ``length`` entries of each of ``rows`` rows of ``x``: the
+    rows' ``rows · d_blocks`` programs split into chunks until they make ``TUNING.waves`` full waves
+    of what the GPU runs at once (its SMs times the programs per SM of the walks, as compiled:
+    ``walk_programs_per_sm``), each chunk at least ``TUNING.min_chunk`` long."""
     if TUNING.chunk is not None:
         return max(TUNING.block, -(-TUNING.chunk // TUNING.block) * TUNING.block)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    programs = 4 * sms
+    if x.device.type == "cuda":
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        programs = TUNING.waves * sms * walk_programs_per_sm(x.dtype, acc, x.shape[-1], x.device)
+    else:
+        programs = TUNING.waves * DEFAULT_PER_SM
     chunks = max(1, -(-programs // (rows * d_blocks)))
     chunk = max(TUNING.min_chunk, -(-length // chunks))
     return -(-chunk // TUNING.block) * TUNING.block
+
+
+def walk_programs_per_sm(values: torch.dtype, acc: torch.dtype, dim: int, device: torch.device) -> int:
+    """Programs per SM of the two walks that share a chunk layout (``stream_kernel`` and the
+    backward's ``relu_backward_kernel``: the fewer), compiled for ``values`` summed in ``acc`` with
+    every option on, by the compiler's registers (``occupancy.compiled_blocks_per_sm``); once per
+    (device, dtypes, D), so every call of a run splits its rows alike. If the kernels cannot be
+    compiled here, ``DEFAULT_PER_SM`` with a warning (the launch itself will then say why)."""
+    key = (str(device), values, acc, dim)
+    if key not in _PER_SM:
+        try:
+            _PER_SM[key] = min(
+                compiled_blocks_per_sm(getattr(kernels(), name).warmup(*args, grid=(1,), **options), device)
+                for name, args, options in _walk_signatures(values, acc, dim)
+            )
+        except Exception as error:  # noqa: BLE001 - any failure to compile only costs the tuning
+            warnings.warn(
+                f"sliced ReLU's Triton walks: no register count on {device} "
+                f"({type(error).__name__}: {error}); chunks assume {DEFAULT_PER_SM} programs per SM",
+                stacklevel=2,
+            )
+            _PER_SM[key] = DEFAULT_PER_SM
+    return _PER_SM[key]
+
+
+def _walk_signatures(values: torch.dtype, acc: torch.dtype, dim: int) -> list[tuple[str, list, dict]]:
+    """``(kernel, arguments, options)`` of ``stream_kernel`` and ``relu_backward_kernel`` as
+    ``stream`` and ``relu_backward`` launch them, every option on; tensors by their dtypes (what
+    ``warmup`` compiles from), sizes as small placeholders that no size check specializes on."""
+    sizes = [3, 48, dim, 96, 48, 3]  # rows, T, D, 2T, chunk, chunks
+    tiles = {"BLOCK": TUNING.block, "BD": _block_d(dim), "num_warps": TUNING.num_warps}
+    index = torch.int32
+    stream_args = [index, values, acc, acc, acc, acc, acc, values, acc, *sizes]
+    backward_args = [
+        index,
+        values,
+        acc,
+        acc,
+        acc,
+        values,
+        acc,
+        acc,
+        acc,
+        values,
+        acc,
+        acc,
+        acc,
+        torch.bool,
+        *sizes,
+    ]
+    return [
+        ("stream_kernel", stream_args, {"HAS_XSHIFT": True, "HAS_W": True, "HAS_CARRY": True, **tiles}),
+        (
+            "relu_backward_kernel",
+            backward_args,
+            {"HAS_W": True, "HAS_KCARRY": True, "maxnreg": TUNING.backward_max_registers, **tiles},
+        ),
+    ]
 
 
 def _block_d(dim: int) -> int:
@@ -77,12 +150,13 @@ def _block_d(dim: int) -> int:
     return min(TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
 
 
-def _layout(x: torch.Tensor, total: int) -> tuple[int, int, int, int]:
-    """``(block_d, d_blocks, chunk, n_chunks)``: a walk over ``total`` entries per row of ``x``."""
+def _layout(x: torch.Tensor, total: int, acc: torch.dtype) -> tuple[int, int, int, int]:
+    """``(block_d, d_blocks, chunk, n_chunks)``: a walk over ``total`` entries per row of ``x``,
+    summed in ``acc``."""
     rows, _, dim = x.shape
     block_d = _block_d(dim)
     d_blocks = -(-dim // block_d)
-    chunk = _chunk_len(rows, total, d_blocks, x.device)
+    chunk = _chunk_len(rows, total, d_blocks, x, acc)
     return block_d, d_blocks, chunk, -(-total // chunk)
 
 
@@ -111,7 +185,7 @@ def centred_carry(order, v, score, weight, count):
     subtract (padded keys weigh 0: no masked copy of v)."""
     order, v, score, weight = (None if a is None else a.contiguous() for a in (order, v, score, weight))
     acc = score.dtype
-    layout = _layout(v, order.shape[1])
+    layout = _layout(v, order.shape[1], acc)
     scalars = torch.empty(v.shape[0], layout[3], 4, dtype=acc, device=v.device)
     totals = _totals(order, v, score, None, weight, layout, scalars=scalars)
     carry, vbar = _chunk_carry(totals, 1, count, scalars)
@@ -141,7 +215,7 @@ def stream(
         None if a is None else a.contiguous() for a in (order, x, score, xshift, weight, c1, c2)
     )
     rows, length, dim = x.shape
-    layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1])
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1], score.dtype)
     dummy = score
     if n_chunks > 1 and carry is None:
         carry, _ = _chunk_carry(_totals(order, x, score, xshift, weight, layout), 0)
@@ -165,7 +239,7 @@ def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry, b
         None if x is None else x.contiguous() for x in (order, v, vbar, weight, t, g, a_scale, s, c4)
     )
     rows, length, dim = v.shape
-    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1])
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1], s.dtype)
     totals = _totals(order, g, s, None, a_scale, layout, sinks_as_sources=True, c4=c4)
     qcarry, mean = _chunk_carry(totals, 2, count)  # minus the sums above each chunk; dL/dw's mean
     dots = torch.empty(d_blocks, 3, rows, length, dtype=s.dtype, device=v.device)
