@@ -88,7 +88,7 @@ KERNELS = {
     # the chunks' carries, float64 inside: centred (the forward's mean first) and above (the
     # backward's queries, backwards over the chunks); mode 0 reads the same as 1, less the scalars
     **{
-        f"chunk_carry_kernel[{name}-scalar]": ([F32] * 5 + ["i32"] * 3, {"MODE": mode, "BD": 64})
+        f"chunk_carry_kernel[{name}-scalar]": ([F32] * 6 + ["i32"] * 3, {"MODE": mode, "BD": 64})
         for mode, name in ((1, "centred"), (2, "above"))
     },
     "relu_query_grads_kernel[scalar]": (

@@ -151,6 +151,27 @@ def test_float32_matches_torch_op_and_reference(interpret, kind):
 
 
 @pytest.mark.parametrize("kind", ["relu", "bump"])
+@pytest.mark.parametrize("chunk", [None, 64], ids=["one-chunk", "chunks"])
+def test_float32_values_far_from_zero_stay_as_precise(interpret, monkeypatch, kind, chunk):
+    """Values with a common offset of 1e4 (exact in float32, the reference on the same numbers):
+    sliced ReLU sums the values less their mean, which came from block sums of the raw values and
+    put 3e-3 into the outputs (a thousand times the error at offset 0); its totals now sum the
+    values less one of them, and the mean goes to the walks in two parts."""
+    if chunk is not None:
+        monkeypatch.setattr(triton_sliced.TUNING, "chunk", chunk)
+        monkeypatch.setattr(triton_sliced.TUNING, "block", 16)
+    args = inputs(2, 2, 300, 16, seed=14, dtype=torch.float32)
+    args[2] = args[2] + 1e4
+    mask = torch.arange(300)[None, :] < torch.tensor([[300], [217]])
+    fast, naive = OPS[kind]
+    grad_out = torch.randn(args[2].shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    out, grads = run(fast, kind, args, mask, grad_out, impl="triton")
+    expected, expected_grads = run(naive, kind, [x.double() for x in args], mask, grad_out)
+    for got, want in zip([out, *grads], [expected, *expected_grads], strict=True):
+        assert (got.double() - want).abs().max() <= 2e-6 * want.abs().max()
+
+
+@pytest.mark.parametrize("kind", ["relu", "bump"])
 def test_bfloat16_inputs_keep_their_dtype_and_sum_in_float32(interpret, kind):
     """Half inputs are read as they are and summed in float32: the same as the torch op, which
     converts them to float32 first, up to the final rounding of the output to bfloat16."""

@@ -177,18 +177,24 @@ def _totals(order, x, score, xshift, weight, layout, *, sinks_as_sources=False, 
     return totals
 
 
-def centred_carry(order, v, score, weight, count):
-    """The mean ``vbar (N, D)`` of the sources of ``stream(order, v, score, xshift=vbar,
-    weight=weight)`` (over ``count`` real ones) and that stream's chunk carry (None: one chunk), from
-    one pass over v: the chunks' unshifted sums (compensated) and their ``Σ w``, ``Σ w u`` give both,
-    ``Σ w (v - vbar) = Σ w v - vbar Σ w``, in float64, with the very ``vbar`` the kernels will
-    subtract (padded keys weigh 0: no masked copy of v)."""
+def centred_carry(order, v, score, weight, count, first):
+    """The mean ``vbar (N, 2, D)`` (nearest value and rest) of the sources of ``stream(order, v,
+    score, xshift=vbar, weight=weight)`` (over ``count`` real ones) and that stream's chunk carry
+    (None: one chunk), from one pass over ``v - p``: the chunks' sums (compensated) and their
+    ``Σ w``, ``Σ w u`` give both, ``Σ w (v - vbar) = Σ w (v - p) - (vbar - p) Σ w``, in float64,
+    with the very ``vbar`` the kernels will subtract (padded keys weigh 0: no masked copy of v).
+    ``p``: the row of v at ``first (N,)`` (a real key): the sums inside a block of the walk are
+    rounded, and of values near one of them far less than of values with a common offset (1e4:
+    the outputs were 3e-3 off in float32)."""
     order, v, score, weight = (None if a is None else a.contiguous() for a in (order, v, score, weight))
     acc = score.dtype
+    rows, _, dim = v.shape
+    pivot = torch.zeros(rows, 2, dim, dtype=acc, device=v.device)
+    pivot[:, 0] = v[torch.arange(rows, device=v.device), first]
     layout = _layout(v, order.shape[1], acc)
     scalars = torch.empty(v.shape[0], layout[3], 4, dtype=acc, device=v.device)
-    totals = _totals(order, v, score, None, weight, layout, scalars=scalars)
-    carry, vbar = _chunk_carry(totals, 1, count, scalars)
+    totals = _totals(order, v, score, pivot, weight, layout, scalars=scalars)
+    carry, vbar = _chunk_carry(totals, 1, count, scalars, pivot)
     return vbar, carry if layout[3] > 1 else None  # one chunk starts at zero
 
 
@@ -206,10 +212,11 @@ def stream(
 ) -> None:
     """Walk the merged stream ``order (N, 2T)`` (see ``kernels.stream_kernel``).
 
-    Sources: rows of ``x (N, T, D)``, minus ``xshift (N, D)``, times ``weight (N, T)``; ``score
-    (N, T)`` (accumulation dtype) scales the second running sum. At each sink ``out`` gets
-    ``c1 P + c2 Px``. ``carry``: the chunks' starting sums (computed here when the row has several
-    chunks and it is None; ``centred_carry`` gives them with the mean).
+    Sources: rows of ``x (N, T, D)``, minus ``xshift (N, 2, D)`` (a shift in two parts: its
+    nearest value in the accumulation dtype and the rest, as ``centred_carry`` gives it), times
+    ``weight (N, T)``; ``score (N, T)`` (accumulation dtype) scales the second running sum. At each
+    sink ``out`` gets ``c1 P + c2 Px``. ``carry``: the chunks' starting sums (computed here when
+    the row has several chunks and it is None; ``centred_carry`` gives them with the mean).
     """
     order, x, score, xshift, weight, c1, c2 = (
         None if a is None else a.contiguous() for a in (order, x, score, xshift, weight, c1, c2)
@@ -254,18 +261,21 @@ def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry, b
     return grad_v, dots.sum(dim=0) if d_blocks > 1 else dots[0]
 
 
-def _chunk_carry(totals, mode, count=None, scalars=None):
+def _chunk_carry(totals, mode, count=None, scalars=None, pivot=None):
     """``kernels.chunk_carry_kernel`` in ``mode`` over the chunks' totals ``(rows, chunks, planes,
     D)``: each chunk's starting sums ``(rows, chunks, 4, D)`` (the accumulation dtype's nearest
     values of float64 sums, then their remainders, so the kernels start exact) and, in modes 1
-    and 2, the mean ``(rows, D)`` (None in mode 0)."""
+    and 2, the mean: ``(rows, 2, D)`` in mode 1 (the value shift: nearest value and remainder;
+    the totals are of ``x - pivot[:, 0]``), ``(rows, D)`` in mode 2 (None in mode 0)."""
     rows, chunks, planes, dim = totals.shape
     carry = torch.empty(rows, chunks, 4, dim, dtype=totals.dtype, device=totals.device)
-    mean = torch.empty(rows, dim, dtype=totals.dtype, device=totals.device) if mode else None
+    shape = (rows, 2, dim) if mode == 1 else (rows, dim)  # mode 1: the value shift in two parts
+    mean = torch.empty(shape, dtype=totals.dtype, device=totals.device) if mode else None
     block_d = _block_d(dim)
     kernels().chunk_carry_kernel[(rows, -(-dim // block_d))](
         totals, scalars if scalars is not None else totals, count if count is not None else totals,
-        carry, mean if mean is not None else totals, chunks, dim, planes, MODE=mode, BD=block_d,
+        pivot if pivot is not None else totals, carry, mean if mean is not None else totals,
+        chunks, dim, planes, MODE=mode, BD=block_d,
     )  # fmt: skip
     return carry, mean
 
@@ -357,7 +367,8 @@ class SlicedReLUTriton(torch.autograd.Function):
                 s, rank, rank_le, t_sorted, count, eps, queries, bad
             )
             weight = None if valid is None else valid.to(acc)
-            vbar, carry = centred_carry(order, v, t, weight, count)  # carry: reused by the backward walk
+            # carry: reused by the backward walk; k_order[:, 0]: the row's lowest real key
+            vbar, carry = centred_carry(order, v, t, weight, count, k_order[:, 0])
             out = torch.empty_like(v)
             # NaN at the kept queries of the bad rows through c1 (``relu_scalars_kernel``)
             stream(order, v, t, xshift=vbar, weight=weight, c1=c1, c2=-scale, out=out, carry=carry)

@@ -37,19 +37,29 @@ _program_block = globals()["_program_block"]
 
 
 @triton.jit
+def _shift(shift_ptr, row, d, dmask, D, acc_dtype):
+    """A row's value shift ``(N, 2, D)`` as two parts, the nearest value in the accumulation dtype
+    and the rest (``chunk_carry_kernel`` writes them): values far from 0 (a common offset of 1e4)
+    lose their last digits to a shift rounded once, and ``(x - high) - low`` keeps them."""
+    high = tl.load(shift_ptr + (row * 2) * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    low = tl.load(shift_ptr + (row * 2 + 1) * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    return high, low
+
+
+@triton.jit
 def _weighted_rows(
-    x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype,
+    x_ptr, xshift, xlow, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype,
     HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr,
 ):  # fmt: skip
     """Source rows ``w_j (x_j - shift)`` and ``u_j w_j (x_j - shift)`` (zero rows off the sources),
-    and the weights ``w_j`` and ``u_j w_j``."""
+    and the weights ``w_j`` and ``u_j w_j``; the shift in two parts (``_shift``)."""
     rows = tl.load(
         x_ptr + (row * T + j)[:, None] * D + d[None, :],
         mask=is_src[:, None] & dmask[None, :],
         other=0.0,
     ).to(acc_dtype)
     if HAS_XSHIFT:
-        rows = rows - xshift[None, :]
+        rows = (rows - xshift[None, :]) - xlow[None, :]
     if HAS_W:
         weight = tl.load(w_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
     else:
@@ -111,8 +121,9 @@ def stream_totals_kernel(
     row, chunk, dblk, d, dmask = _program_block(D, BD)
     acc_dtype = u_ptr.dtype.element_ty
     xshift = tl.full([BD], 0.0, acc_dtype)
+    xlow = tl.full([BD], 0.0, acc_dtype)
     if HAS_XSHIFT:
-        xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+        xshift, xlow = _shift(xshift_ptr, row, d, dmask, D, acc_dtype)
     sum_w = tl.full([BD], 0.0, acc_dtype)
     sum_x = tl.full([BD], 0.0, acc_dtype)
     err_w = tl.full([BD], 0.0, acc_dtype)
@@ -136,7 +147,7 @@ def stream_totals_kernel(
             is_src = pmask & (e >= T) & (e < 2 * T)  # never an index outside the row, written or not
             j = tl.where(is_src, e - T, 0)
         rows, scored, weight, weight_u = _weighted_rows(
-            x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
+            x_ptr, xshift, xlow, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
         )
         sum_w, err_w = _two_sum(sum_w, err_w, tl.reduce(rows, 0, _add))
         sum_x, err_x = _two_sum(sum_x, err_x, tl.reduce(scored, 0, _add))
@@ -183,14 +194,15 @@ def stream_kernel(
         carry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_CARRY
     )
     xshift = tl.full([BD], 0.0, acc_dtype)
+    xlow = tl.full([BD], 0.0, acc_dtype)
     if HAS_XSHIFT:
-        xshift = tl.load(xshift_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+        xshift, xlow = _shift(xshift_ptr, row, d, dmask, D, acc_dtype)
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         is_src, is_sink, j, i = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
         rows, scored, _, _ = _weighted_rows(
-            x_ptr, xshift, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
+            x_ptr, xshift, xlow, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
         )
         # inclusive sums; a sink's own row is zero, so at a sink they are the sums strictly before it.
         # The small parts (the block's scan, the compensation) are added first: one rounding at
@@ -234,7 +246,7 @@ def relu_backward_kernel(
         kcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_KCARRY
     )
     run_q, run_qs, err_q, err_qs = _carried(qcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, True)
-    vbar = tl.load(vbar_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    vbar, vbar_low = _shift(vbar_ptr, row, d, dmask, D, acc_dtype)
     mean = tl.load(mean_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
     bad = tl.load(bad_ptr + row) != 0
     plane = N.to(tl.int64) * T  # one (N, T) plane of ``dots``: its third starts past 2³¹ at B·H·T ≥ 2³⁰
@@ -245,7 +257,7 @@ def relu_backward_kernel(
         key2 = is_key[:, None] & dmask[None, :]
         query2 = is_query[:, None] & dmask[None, :]
         v = tl.load(v_ptr + (row * T + j)[:, None] * D + d[None, :], mask=key2, other=0.0).to(acc_dtype)
-        centred = tl.where(key2, v - vbar[None, :], 0.0)
+        centred = tl.where(key2, (v - vbar[None, :]) - vbar_low[None, :], 0.0)
         if HAS_W:
             w = tl.load(w_ptr + row * T + j, mask=is_key, other=0.0).to(acc_dtype)
         else:
@@ -355,7 +367,7 @@ def _chunk_sums64(totals_ptr, row, c, C, PLANES, d, dm, D):
 
 @triton.jit
 def chunk_carry_kernel(
-    totals_ptr, scalars_ptr, count_ptr, carry_ptr, mean_ptr, C, D, PLANES,
+    totals_ptr, scalars_ptr, count_ptr, pivot_ptr, carry_ptr, mean_ptr, C, D, PLANES,
     MODE: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """Each chunk's starting sums for a stream walked in ``C`` chunks (grid: rows, D blocks), from
@@ -364,17 +376,20 @@ def chunk_carry_kernel(
     nearest value in the accumulation dtype, then the remainder, so that each chunk starts exact.
 
     ``MODE`` 0: the sums over the chunks before (``stream``'s carry). 1: the same over the centred
-    sources, ``Σ w (x - vbar) = Σ w x - vbar Σ w`` with ``scalars (rows, C, 4)``: ``Σ w``, ``Σ w u``
-    and their compensations, and ``vbar = Σ x / count`` written to ``mean (rows, D)`` first (the
-    very value the walks subtract). 2: minus the sums over the chunk and the ones after it (the
-    backward's query sums above), and ``mean`` = plane 4's total / count (dL/dw's mean).
+    sources from the totals of ``x - p`` (``p``: one source's row, plane 0 of ``pivot (rows, 2, D)``:
+    the block sums inside a chunk are rounded, and of values near p far less than of x itself),
+    ``Σ w (x - vbar) = Σ w (x - p) - (vbar - p) Σ w`` with ``scalars (rows, C, 4)``: ``Σ w``,
+    ``Σ w u`` and their compensations, and ``vbar = p + Σ (x - p) / count`` written to ``mean (rows,
+    2, D)`` first, in two parts (``_shift``: the very value the walks subtract). 2: minus the sums
+    over the chunk and the ones after it (the backward's query sums above), and ``mean`` = plane
+    4's total / count (dL/dw's mean).
     """
     row = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BD + tl.arange(0, BD)
     dm = d < D
     acc = carry_ptr.dtype.element_ty
     count = tl.load(count_ptr + row).to(tl.float64)
-    vbar = tl.full([BD], 0.0, tl.float64)
+    vbar = tl.full([BD], 0.0, tl.float64)  # mode 1: vbar - p
     if MODE != 0:
         total = tl.full([BD], 0.0, tl.float64)
         for c in range(0, C):
@@ -385,9 +400,16 @@ def chunk_carry_kernel(
                     tl.float64
                 )
             total += part
-        mean = (total / count).to(acc)
-        tl.store(mean_ptr + row * D + d, mean, mask=dm)
-        vbar = mean.to(tl.float64)
+        if MODE == 1:  # the value shift, in two parts (``_shift``)
+            pivot = tl.load(pivot_ptr + (row * 2) * D + d, mask=dm, other=0.0).to(tl.float64)
+            mean64 = pivot + total / count
+            mean = mean64.to(acc)
+            low = (mean64 - mean.to(tl.float64)).to(acc)
+            tl.store(mean_ptr + (row * 2) * D + d, mean, mask=dm)
+            tl.store(mean_ptr + (row * 2 + 1) * D + d, low, mask=dm)
+            vbar = (mean.to(tl.float64) + low.to(tl.float64)) - pivot
+        else:
+            tl.store(mean_ptr + row * D + d, (total / count).to(acc), mask=dm)
     run_a = tl.full([BD], 0.0, tl.float64)
     run_b = tl.full([BD], 0.0, tl.float64)
     for i in range(0, C):
