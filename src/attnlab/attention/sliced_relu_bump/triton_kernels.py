@@ -1,6 +1,6 @@
 """ReLU-bump's Triton kernels, executed into the module of ``attnlab.attention.common.triton.kernels``
-by ``runtime.kernels()`` (they use its ``_add``, ``_max`` and ``_program_block``); the op
-and the derivation are in ``triton.py`` beside this file.
+by ``runtime.kernels()`` (they use its ``_add``, ``_max`` and ``_program_block``); the op and the
+derivation are in ``triton.py`` beside this file.
 
 The walk (``bump_walk_kernel``) sees *sinks* (a block of ``BS`` consecutive sorted positions
 whose results a program keeps in registers) and *sources* (the other side's sorted rows, ``x``,
@@ -8,12 +8,12 @@ walked in tiles of ``BK``). A pair's weight comes from the two scores alone: wit
 ``u = sink - source``, the pair is in the window when the key ``t`` lies in ``(s - b, s + b)``,
 written as the torch op's ``searchsorted`` ranks decide it (``fl(s - b) < t < fl(s + b)``, ties
 ``t = s`` included), and then ``W = b - |u|`` (the hat times b), ``M = |u|`` and the sign ``π``
-(+1 when the source is below the sink, -1 above, 0 tied). The tiles that hold some sink's window
-edge are summed with ``tl.dot``; in a gap between two of them each sink sees every source of the
-run on one side of it, inside its window or outside, so the weights are linear in the two scores
-and the run's sum comes from two prefix-table rows (``Σ x`` and ``Σ score · x`` in float64,
-``bump_table_kernel``): the walk jumps over it. Each sink's edges come from a bisection between
-its block's first and last sink's edges (``bump_plan_kernel``).
+(+1 when the source is below the sink, -1 above, 0 tied). A block walks from its first sink's
+lowest window edge to its last sink's highest (``bump_plan_kernel``), summing tiles with
+``tl.dot``; a run of sources that holds no sink's edge (its first and last source lie on the same
+sides of every sink, ``_same_sides``) has weights linear in the two scores, so its sum comes from
+two prefix-table rows (``Σ x`` and ``Σ score · x`` in float64, ``bump_table_kernel``): the walk
+jumps over it.
 """
 
 from __future__ import annotations
