@@ -63,7 +63,27 @@ def test_a_triton_launch_is_charged_its_unmasked_loads_and_stores(monkeypatch):
     row = _only(rows)  # the interpreter's copies to and from the host are not charged
     assert (row.kind, row.name, row.calls) == ("triton", "probe_kernel", 1)
     assert (row.read, row.written) == (10 * 4, 10 * 4)  # 10 of 16 lanes unmasked, float32
+    assert row.sectors == 2 * 64  # 40 bytes from an aligned start: two 32-byte sectors each way
     assert torch.equal(x[:10], torch.ones(10)) and not x[10:].any()
+
+
+def test_a_gather_of_scattered_numbers_is_charged_a_sector_each(monkeypatch):
+    """16 float32 numbers 32 bytes apart: 64 bytes of lanes, 16 sectors of 32 bytes."""
+    triton = pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import triton.language as tl
+
+    @triton.jit  # decorated now, under the interpreter
+    def gather(x_ptr, index_ptr, out_ptr, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(out_ptr + i, tl.load(x_ptr + tl.load(index_ptr + i)))
+
+    x, out = torch.arange(128.0), torch.zeros(16)
+    index = torch.arange(16, dtype=torch.int32) * 8
+    row = _only(count_bytes(lambda: gather[(1,)](x, index, out, BLOCK=16)))
+    assert (row.read, row.written) == (16 * 4 + 16 * 4, 16 * 4)
+    assert row.sectors == 16 * 32 + 2 * 32 + 2 * 32  # the gather; the index and the output, contiguous
+    assert torch.equal(out, index.float())
 
 
 def test_the_documented_command_prints_each_backend_against_its_floor(tmp_path):
@@ -85,6 +105,9 @@ def test_the_documented_command_prints_each_backend_against_its_floor(tmp_path):
         assert float(lines[name][4]) >= 1.0  # never below the floor
     rows = list(csv.DictReader((tmp_path / "bench_results" / "bench_bytes.csv").open()))
     assert {r["backend"] for r in rows if r["kind"] == "total"} == set(lines)
+    for total in (r for r in rows if r["kind"] == "total"):  # the printed sector ratio, from the CSV
+        ratio = int(total["sectors"]) / int(total["floor"])
+        assert ratio == pytest.approx(float(lines[total["backend"]][7]), abs=0.006)
     for name, line in lines.items():  # the CSV's contributors add up to the printed total
         parts = [r for r in rows if r["backend"] == name and r["kind"] != "total"]
         moved = sum(int(r["read"]) + int(r["written"]) for r in parts)

@@ -13,6 +13,10 @@ What a GPU will move can still be *measured* on a CPU, one access at a time:
   ``tl.load``/``tl.store`` with numpy: each is charged its unmasked lanes × the element size. This
   counts re-reads of the same address separately (a GPU's caches may serve them), so it is what the
   kernel asks of memory, not necessarily what reaches DRAM.
+- **Sectors**: a GPU moves memory in 32-byte sectors, so a load that gathers 4-byte numbers from
+  scattered addresses moves 32 bytes for each. Each row also counts ``sectors``: for a kernel, the
+  distinct 32-byte sectors each ``tl.load``/``tl.store`` touches (over the whole program's block,
+  as if perfectly coalesced), times 32; for a torch op, its bytes (whole passes over memory).
 
 ``count_bytes(fn)`` runs ``fn`` under both and returns one :class:`Traffic` row per op or kernel.
 """
@@ -23,12 +27,14 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab.attention.common import compiler, native
 
 aten = torch.ops.aten
+SECTOR = 32  # bytes: the least a GPU's memory system moves for an access
 
 # ops that allocate without writing, or only change metadata: no bytes move
 _FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
@@ -53,6 +59,7 @@ class Traffic:
     read: int = 0
     written: int = 0
     calls: int = 0
+    sectors: int = 0  # bytes in whole 32-byte sectors, read and written (module docstring)
 
     @property
     def total(self) -> int:
@@ -123,6 +130,7 @@ class _Counter(TorchDispatchMode):
             if read or written:
                 row = self.row("torch", func._schema.name.split("::")[-1])
                 row.read, row.written, row.calls = row.read + read, row.written + written, row.calls + 1
+                row.sectors += read + written
         return out
 
 
@@ -141,14 +149,20 @@ def _interpreter_hooks(counter: _Counter):
         size = interpreter._get_np_dtype(ptrs.get_element_ty()).itemsize
         return int(mask.data.sum()) * size
 
+    def _sectors(ptrs, mask) -> int:
+        addresses = np.broadcast_to(ptrs.data, np.broadcast(ptrs.data, mask.data).shape)
+        return np.unique(addresses[np.broadcast_to(mask.data, addresses.shape)] // SECTOR).size * SECTOR
+
     def counted_load(self, ptrs, mask, *rest):
         if counter.launch is not None:
             counter.launch.read += _lanes(ptrs, mask)
+            counter.launch.sectors += _sectors(ptrs, mask)
         return load(self, ptrs, mask, *rest)
 
     def counted_store(self, ptrs, value, mask, *rest):
         if counter.launch is not None:
             counter.launch.written += _lanes(ptrs, mask)
+            counter.launch.sectors += _sectors(ptrs, mask)
         return store(self, ptrs, value, mask, *rest)
 
     def counted_call(self, *args, **kwargs):

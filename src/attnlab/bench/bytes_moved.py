@@ -10,10 +10,11 @@ The **floor** is what any implementation must move: forward reads each input onc
 output once; backward reads each input and the output gradient once and writes each input's
 gradient once (for sliced ReLU: v, s, t in, o out; v, s, t, do in, dv, ds, dt out; about 5 passes
 over v). The table prints per backend the bytes, the floor, their ratio, the launches (Triton
-kernels, torch ops) and the largest contributors (``--detail`` lists all). ``<out-dir>/bench_bytes.csv``
-has one row per backend and contributor. Triton backends: sliced_relu, sliced_relu_bump,
-linear_causal; ``*_torch`` run the torch code of the same ops. Counts, not timings: a busy machine
-does not change them.
+kernels, torch ops), the ratio counted in whole 32-byte sectors (``sectors``: what gathers of
+scattered small numbers cost a GPU) and the largest contributors (``--detail`` lists all).
+``<out-dir>/bench_bytes.csv`` has one row per backend and contributor. Triton backends:
+sliced_relu, sliced_relu_bump, linear_causal; ``*_torch`` run the torch code of the same ops.
+Counts, not timings: a busy machine does not change them.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def measure(backend: str, args: argparse.Namespace, length: int) -> dict:
         "bytes": total,
         "floor": floor,
         "ratio": total / floor,
+        "sector_ratio": sum(r.sectors for r in rows) / floor,
         "kernel_launches": sum(r.calls for r in rows if r.kind == "triton"),
         "torch_ops": sum(r.calls for r in rows if r.kind == "torch"),
         "rows": rows,
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     os.environ["TRITON_INTERPRET"] = "1"  # the kernels as the interpreter runs them, on these CPU tensors
     shape = f"B={args.batch} H={args.heads} D={args.dim} {args.dtype}"
     print(f"bytes moved, {args.mode}, {shape} (MB = 1e6 bytes)")
-    columns = ("MB", "floor MB", "ratio", "kernels", "torch ops")
+    columns = ("MB", "floor MB", "ratio", "kernels", "torch ops", "sectors")
     print(f"{'backend':<24}{'T':>7}" + "".join(f"{c:>11}" for c in columns) + "  largest")
     results = []
     for length in args.seq_lens:
@@ -117,11 +119,14 @@ def run(args: argparse.Namespace) -> list[dict]:
             largest = ", ".join(f"{r.name} {r.total / result['floor']:.2f}" for r in result["rows"][:3])
             print(
                 f"{backend:<24}{length:>7}{_mb(result['bytes']):>11}{_mb(result['floor']):>11}"
-                f"{result['ratio']:>11.2f}{result['kernel_launches']:>11}{result['torch_ops']:>11}  {largest}"
+                f"{result['ratio']:>11.2f}{result['kernel_launches']:>11}{result['torch_ops']:>11}"
+                f"{result['sector_ratio']:>11.2f}  {largest}"
             )
             if args.detail:
                 for r in result["rows"]:
-                    moved = f"{_mb(r.read):>11} read{_mb(r.written):>11} written"
+                    moved = (
+                        f"{_mb(r.read):>11} read{_mb(r.written):>11} written{_mb(r.sectors):>11} in sectors"
+                    )
                     print(f"    {r.kind:<7}{r.name:<36}{r.calls:>5} calls{moved}")
     write_csv(results, args.out_dir / CSV_NAME)
     print(f"wrote {args.out_dir / CSV_NAME}")
@@ -132,10 +137,13 @@ def write_csv(results: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["backend", "seq_len", "kind", "name", "calls", "read", "written", "floor"])
+        writer.writerow(
+            ["backend", "seq_len", "kind", "name", "calls", "read", "written", "floor", "sectors"]
+        )
         for result in results:
             common = [result["backend"], result["seq_len"]]
+            sectors = sum(r.sectors for r in result["rows"])
             writer.writerow([*common, "total", "", result["kernel_launches"] + result["torch_ops"],
-                             "", result["bytes"], result["floor"]])  # fmt: skip
+                             "", result["bytes"], result["floor"], sectors])  # fmt: skip
             for r in result["rows"]:
-                writer.writerow([*common, r.kind, r.name, r.calls, r.read, r.written, ""])
+                writer.writerow([*common, r.kind, r.name, r.calls, r.read, r.written, "", r.sectors])

@@ -284,6 +284,7 @@ def bump_walk_kernel(
     kt = tl.load(plan_ptr + (row * NB + blk) * 2) // BK  # the tile of the lowest edge
     end = tl.load(plan_ptr + (row * NB + blk) * 2 + 1)  # the highest edge: no window reaches past it
     last_row = tl.minimum((end + TB - 1) // TB, NT - 1)
+    end_tile = (end + BK - 1) // BK
     walked = 0
     jumped = 0
     while kt * BK < end:
@@ -308,7 +309,7 @@ def bump_walk_kernel(
                     row, NT, NC, d, dmask, D, MODE, RPB, KEY_SINKS,
                 )  # fmt: skip
         # no jump: walk the tiles up to the next table row, where the test comes again
-        stop = tl.where(j1 > j0, kt, (j0 + 1) * PER_ROW)
+        stop = tl.where(j1 > j0, kt, tl.minimum((j0 + 1) * PER_ROW, end_tile))
         for tile in range(kt, stop):
             acc1, acc2 = _walk_tile(
                 acc1, acc2, tile, src_score_ptr, src_order_ptr, x_ptr, row, T, D, n_src, d, dmask, sink_nan,
