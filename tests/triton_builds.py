@@ -56,7 +56,7 @@ KERNELS = {
         },
     ),
     "relu_backward_kernel": (
-        ["*i32", VAL, F32, F32, F32, VAL, F32, F32, F32, VAL, F32, F32, F32, "*i1", *["i32"] * 6],
+        ["*i32", VAL, F32, F32, F32, VAL, F32, F32, VAL, F32, F32, F32, "*i1", *["i32"] * 6],
         {"HAS_W": True, "HAS_KCARRY": True, **STREAM},
     ),
     # ReLU-bump: the keys' prefix table, then the walk in its three modes (forward, query and key
@@ -99,7 +99,10 @@ KERNELS = {
         [F32, "*i64", "*i64", F32, "*i1", "*i1", F32, "i32", "i32"],
         {"HAS_VALID": True, "BLOCK": 1024},
     ),
-    "merge_kernel[scalar]": (["*i32", "*i64", "*i32", "*i64", "*i32", "*i64", "i32"], {"BLOCK": 1024}),
+    "merge_kernel[scalar]": (
+        ["*i32", "*i64", F32, "*i32", "*i64", F32, "*i32", "*i64", F32, "i32"],
+        {"BLOCK": 1024},
+    ),
     "relu_scalars_kernel[scalar]": (
         [F32, "*i64", "*i32", F32, F32, F32, "*i1", "*i1", *[F32] * 5, "i32"],
         {"HAS_QUERIES": True, "BLOCK": 1024},

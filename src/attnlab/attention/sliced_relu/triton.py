@@ -8,7 +8,8 @@ the per-query scalars are one elementwise kernel (``kernels.relu_scalars_kernel`
 and the D-wide work is one *merged stream* per row and per rank rule: keys and queries in one
 ascending order, walked by ``kernels.stream_kernel`` with running sums, so that each query reads the
 sums over exactly the keys before it. The merged order comes from the two sorted lists and two
-``searchsorted`` calls (a merge, not a sort: ``kernels.merge_kernel`` places the slots), and ties go
+``searchsorted`` calls (a merge, not a sort: ``kernels.merge_kernel`` places the slots, and each
+slot's score, which the walks then read in order rather than gather), and ties go
 to the side the torch op's ``searchsorted`` puts them. Each stream reads the value rows once and
 writes the output rows once; rows split into chunks start from carried totals (a pass over the
 sources first, ``stream_totals_kernel``, which for sliced ReLU's forward also gives the mean).
@@ -118,23 +119,8 @@ def _walk_signatures(values: torch.dtype, acc: torch.dtype, dim: int) -> list[tu
     tiles = {"BLOCK": TUNING.block, "BD": _block_d(dim), "num_warps": TUNING.num_warps}
     index = torch.int32
     stream_args = [index, values, acc, acc, acc, acc, acc, values, acc, *sizes]
-    backward_args = [
-        index,
-        values,
-        acc,
-        acc,
-        acc,
-        values,
-        acc,
-        acc,
-        acc,
-        values,
-        acc,
-        acc,
-        acc,
-        torch.bool,
-        *sizes,
-    ]
+    scalars = [acc, acc, acc]  # vbar, w, the slots' scores
+    backward_args = [index, values, *scalars, values, acc, acc, values, acc, acc, acc, torch.bool, *sizes]
     return [
         ("stream_kernel", stream_args, {"HAS_XSHIFT": True, "HAS_W": True, "HAS_CARRY": True, **tiles}),
         (
@@ -214,9 +200,10 @@ def stream(
 
     Sources: rows of ``x (N, T, D)``, minus ``xshift (N, 2, D)`` (a shift in two parts: its
     nearest value in the accumulation dtype and the rest, as ``centred_carry`` gives it), times
-    ``weight (N, T)``; ``score (N, T)`` (accumulation dtype) scales the second running sum. At each
-    sink ``out`` gets ``c1 P + c2 Px``. ``carry``: the chunks' starting sums (computed here when
-    the row has several chunks and it is None; ``centred_carry`` gives them with the mean).
+    ``weight (N, T)``; ``score (N, 2T)``, each slot's score (``merge``, accumulation dtype), scales
+    the second running sum. At each sink ``out`` gets ``c1 P + c2 Px``. ``carry``: the chunks'
+    starting sums (computed here when the row has several chunks and it is None; ``centred_carry``
+    gives them with the mean).
     """
     order, x, score, xshift, weight, c1, c2 = (
         None if a is None else a.contiguous() for a in (order, x, score, xshift, weight, c1, c2)
@@ -235,25 +222,26 @@ def stream(
     )  # fmt: skip
 
 
-def relu_backward(order, v, vbar, weight, t, g, a_scale, s, c4, count, kcarry, bad):
+def relu_backward(order, v, vbar, weight, score, g, a_scale, c4, count, kcarry, bad):
     """Sliced ReLU's backward walk (``kernels.relu_backward_kernel``) over the forward's ``order``:
     returns dv ``(N, T, D)`` and the dots ``(3, N, T)``: g·P and g·P_t at the queries, (v - vbar)·Q
-    at the keys. One pass over g first (``stream_totals_kernel``) sums the queries ``a g`` and
-    ``s a g`` per chunk (the walk starts each chunk at minus the sum above it) and ``Σ c4 a g``,
-    the mean of dL/dw times ``count`` (``c4``: R, ``a``: the scale). ``kcarry``: the forward's
-    ``centred_carry`` (the key sums); ``bad (N,)``: the rows whose dv is NaN at the real keys."""
-    order, v, vbar, weight, t, g, a_scale, s, c4 = (
-        None if x is None else x.contiguous() for x in (order, v, vbar, weight, t, g, a_scale, s, c4)
+    at the keys. ``score (N, 2T)``: each slot's score (``merge``). One pass over g first
+    (``stream_totals_kernel``) sums the queries ``a g`` and ``s a g`` per chunk (the walk starts
+    each chunk at minus the sum above it) and ``Σ c4 a g``, the mean of dL/dw times ``count``
+    (``c4``: R, ``a``: the scale). ``kcarry``: the forward's ``centred_carry`` (the key sums);
+    ``bad (N,)``: the rows whose dv is NaN at the real keys."""
+    order, v, vbar, weight, score, g, a_scale, c4 = (
+        None if x is None else x.contiguous() for x in (order, v, vbar, weight, score, g, a_scale, c4)
     )
     rows, length, dim = v.shape
-    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1], s.dtype)
-    totals = _totals(order, g, s, None, a_scale, layout, sinks_as_sources=True, c4=c4)
+    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1], score.dtype)
+    totals = _totals(order, g, score, None, a_scale, layout, sinks_as_sources=True, c4=c4)
     qcarry, mean = _chunk_carry(totals, 2, count)  # minus the sums above each chunk; dL/dw's mean
-    dots = torch.empty(d_blocks, 3, rows, length, dtype=s.dtype, device=v.device)
+    dots = torch.empty(d_blocks, 3, rows, length, dtype=score.dtype, device=v.device)
     grad_v = torch.empty_like(v)
     kernels().relu_backward_kernel[(rows, n_chunks, d_blocks)](
-        order, v, vbar, weight if weight is not None else s, t, g, a_scale, s, mean,
-        grad_v, dots, kcarry if kcarry is not None else s, qcarry, bad,
+        order, v, vbar, weight if weight is not None else score, score, g, a_scale, mean,
+        grad_v, dots, kcarry if kcarry is not None else score, qcarry, bad,
         rows, length, dim, order.shape[1], chunk, n_chunks,
         HAS_W=weight is not None, HAS_KCARRY=kcarry is not None, BLOCK=TUNING.block, BD=block_d,
         num_warps=TUNING.num_warps, maxnreg=TUNING.backward_max_registers,
@@ -286,7 +274,8 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, fin
     ``*_sorted`` are ascending ``(N, T)`` values, ``*_order`` their original indices. On ties,
     ``sinks_first`` puts a sink before equal sources (it counts ``#{src < x}``, ``searchsorted``
     side left), else after them (``#{src <= x}``, side right). Returns ``order (N, 2T)`` int32
-    (sink ``i`` as ``i``, source ``j`` as ``T + j``) and the counts ``(N, T)`` by original sink index.
+    (sink ``i`` as ``i``, source ``j`` as ``T + j``), the counts ``(N, T)`` by original sink index
+    and each slot's score ``(N, 2T)`` (+inf as 0: the walks read the scores by slot).
 
     The positions form a permutation only if both lists are ordered by one total order: NaN
     (which ``torch.sort`` puts last but compares false with everything) is read as +inf, last
@@ -300,6 +289,7 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, fin
         sink_sorted, src_sorted = (torch.nan_to_num(x, nan=float("inf")) for x in (sink_sorted, src_sorted))
     device = sink_sorted.device
     order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=device)
+    slot_score = torch.empty(rows, 2 * length, dtype=sink_sorted.dtype, device=device)  # every slot written
     if device.type == "cuda" or interpret_mode():  # the slots and counts in one kernel
         before_sink, before_src = (
             torch.searchsorted(a, b, side=side, out_int32=True)
@@ -308,9 +298,10 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, fin
         counts = torch.empty(rows, length, dtype=torch.int64, device=device)
         block = scalar_block(length)
         kernels().merge_kernel[(rows, -(-length // block))](
-            before_sink, sink_order, before_src, src_order, order, counts, length, BLOCK=block
-        )
-        return order, counts
+            before_sink, sink_order, sink_sorted, before_src, src_order, src_sorted,
+            order, counts, slot_score, length, BLOCK=block,
+        )  # fmt: skip
+        return order, counts, slot_score
     before_sink, before_src = (
         torch.searchsorted(a, b, side=side)
         for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
@@ -318,8 +309,10 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, fin
     arange = torch.arange(length, device=device)
     order.scatter_(1, arange + before_sink, sink_order.to(torch.int32))
     order.scatter_(1, arange + before_src, (src_order + length).to(torch.int32))
+    slot_score.scatter_(1, arange + before_sink, sink_sorted.nan_to_num(posinf=0.0))
+    slot_score.scatter_(1, arange + before_src, src_sorted.nan_to_num(posinf=0.0))
     counts = torch.empty_like(before_sink).scatter_(1, sink_order, before_sink)
-    return order, counts
+    return order, counts, slot_score
 
 
 def _merge_sides(sink_sorted, src_sorted, sinks_first):
@@ -361,21 +354,39 @@ class SlicedReLUTriton(torch.autograd.Function):
             count, s, t, bad, (t_search, t_sorted, k_order), (s_sorted, q_order) = sort_scores(
                 s, t, v, valid, queries
             )
-            order, rank = merge(s_sorted, q_order, t_search, k_order, sinks_first=True, finite=True)
+            order, rank, slot_score = merge(
+                s_sorted, q_order, t_search, k_order, sinks_first=True, finite=True
+            )
             rank_le = torch.searchsorted(t_search, s, side="right", out_int32=True)  # #{t <= s}
             c1, scale, dden, balance, relu_mass = _relu_scalars(
                 s, rank, rank_le, t_sorted, count, eps, queries, bad
             )
             weight = None if valid is None else valid.to(acc)
             # carry: reused by the backward walk; k_order[:, 0]: the row's lowest real key
-            vbar, carry = centred_carry(order, v, t, weight, count, k_order[:, 0])
+            vbar, carry = centred_carry(order, v, slot_score, weight, count, k_order[:, 0])
             out = torch.empty_like(v)
             # NaN at the kept queries of the bad rows through c1 (``relu_scalars_kernel``)
-            stream(order, v, t, xshift=vbar, weight=weight, c1=c1, c2=-scale, out=out, carry=carry)
+            stream(order, v, slot_score, xshift=vbar, weight=weight, c1=c1, c2=-scale, out=out, carry=carry)
             # for the backward pass: each key's #{s < t_j}, #{s <= t_j} among the sorted queries
             q_lt = torch.searchsorted(s_sorted, t, side="left")
             q_le = torch.searchsorted(s_sorted, t, side="right")
-        saved = (s, t, v, vbar, scale, dden, count, order, balance, relu_mass, q_order, q_lt, q_le, carry)
+        saved = (
+            s,
+            t,
+            v,
+            vbar,
+            scale,
+            dden,
+            count,
+            order,
+            slot_score,
+            balance,
+            relu_mass,
+            q_order,
+            q_lt,
+            q_le,
+            carry,
+        )
         ctx.save_for_backward(*saved)
         ctx.valid, ctx.queries, ctx.eps, ctx.bad = valid, queries, eps, bad
         return out
@@ -388,16 +399,32 @@ class SlicedReLUTriton(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g):
-        s, t, v, vbar, scale, dden, count, order, balance, relu_mass, q_order, q_lt, q_le, carry = (
-            ctx.saved_tensors
-        )
+        (
+            s,
+            t,
+            v,
+            vbar,
+            scale,
+            dden,
+            count,
+            order,
+            slot_score,
+            balance,
+            relu_mass,
+            q_order,
+            q_lt,
+            q_le,
+            carry,
+        ) = ctx.saved_tensors
         valid, queries = ctx.valid, ctx.queries
         weight = None if valid is None else valid.to(s.dtype)
 
         # One walk (``relu_backward``): at the queries g·P_w and g·P_tw, hence g·o and dL/ds; at
         # the keys dL/dv_j = Σ_{s_i>t_j} (s_i - t_j) a_i g_i minus its mean over the real keys
         # (Σ_i a_i R_i g_i / n) and w_j · Σ_{s_i>t_j} a_i g_i (w_j = v_j - vbar), for dL/dt.
-        grad_v, dots = relu_backward(order, v, vbar, weight, t, g, scale, s, relu_mass, count, carry, ctx.bad)
+        grad_v, dots = relu_backward(
+            order, v, vbar, weight, slot_score, g, scale, relu_mass, count, carry, ctx.bad
+        )
         # dL/ds at the queries and dL/dden_i in the queries' sorted order, then
         # dL/dt_j = Σ_{s_i<t_j} dL/dden_i - Σ_{s_i>t_j} dL/dden_i - w_j · Σ_{s_i>t_j} a_i g_i
         rows, length = s.shape

@@ -48,11 +48,12 @@ def _shift(shift_ptr, row, d, dmask, D, acc_dtype):
 
 @triton.jit
 def _weighted_rows(
-    x_ptr, xshift, xlow, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype,
+    x_ptr, xshift, xlow, w_ptr, u_ptr, row, j, p, is_src, d, dmask, T, L, D, acc_dtype,
     HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr,
 ):  # fmt: skip
     """Source rows ``w_j (x_j - shift)`` and ``u_j w_j (x_j - shift)`` (zero rows off the sources),
-    and the weights ``w_j`` and ``u_j w_j``; the shift in two parts (``_shift``)."""
+    and the weights ``w_j`` and ``u_j w_j``; the shift in two parts (``_shift``), ``u`` the scores
+    by slot of the stream (``merge_kernel``: read in order, not gathered)."""
     rows = tl.load(
         x_ptr + (row * T + j)[:, None] * D + d[None, :],
         mask=is_src[:, None] & dmask[None, :],
@@ -66,21 +67,21 @@ def _weighted_rows(
         weight = tl.full(j.shape, 1.0, acc_dtype)
     weight = tl.where(is_src, weight, 0.0)
     rows = rows * weight[:, None]
-    score = tl.load(u_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
+    score = tl.load(u_ptr + row * L + p, mask=is_src, other=0.0).to(acc_dtype)
     return rows, rows * score[:, None], weight, weight * score
 
 
 @triton.jit
 def _merged_entries(order_ptr, row, L, T, first, stop, BLOCK: tl.constexpr):
     """One block of a row's merged order from ``first``: which entries are sources (``T + j``) and
-    which sinks (``i``), and their indices (0 where they are not). -1, an unwritten slot, and the
-    positions past ``stop`` are neither: skipped."""
+    which sinks (``i``), their indices (0 where they are not) and their slots ``p``. -1, an
+    unwritten slot, and the positions past ``stop`` are neither: skipped."""
     p = first + tl.arange(0, BLOCK)
     pmask = p < stop
     e = tl.load(order_ptr + row * L + p, mask=pmask, other=-1)
     is_src = pmask & (e >= T) & (e < 2 * T)
     is_sink = pmask & (e >= 0) & (e < T)
-    return is_src, is_sink, tl.where(is_src, e - T, 0), tl.where(is_sink, e, 0)
+    return is_src, is_sink, tl.where(is_src, e - T, 0), tl.where(is_sink, e, 0), p
 
 
 @triton.jit
@@ -147,7 +148,23 @@ def stream_totals_kernel(
             is_src = pmask & (e >= T) & (e < 2 * T)  # never an index outside the row, written or not
             j = tl.where(is_src, e - T, 0)
         rows, scored, weight, weight_u = _weighted_rows(
-            x_ptr, xshift, xlow, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
+            x_ptr,
+            xshift,
+            xlow,
+            w_ptr,
+            u_ptr,
+            row,
+            j,
+            p,
+            is_src,
+            d,
+            dmask,
+            T,
+            L,
+            D,
+            acc_dtype,
+            HAS_XSHIFT,
+            HAS_W,
         )
         sum_w, err_w = _two_sum(sum_w, err_w, tl.reduce(rows, 0, _add))
         sum_x, err_x = _two_sum(sum_x, err_x, tl.reduce(scored, 0, _add))
@@ -200,9 +217,25 @@ def stream_kernel(
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
-        is_src, is_sink, j, i = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
+        is_src, is_sink, j, i, p = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
         rows, scored, _, _ = _weighted_rows(
-            x_ptr, xshift, xlow, w_ptr, u_ptr, row, j, is_src, d, dmask, T, D, acc_dtype, HAS_XSHIFT, HAS_W
+            x_ptr,
+            xshift,
+            xlow,
+            w_ptr,
+            u_ptr,
+            row,
+            j,
+            p,
+            is_src,
+            d,
+            dmask,
+            T,
+            L,
+            D,
+            acc_dtype,
+            HAS_XSHIFT,
+            HAS_W,
         )
         # inclusive sums; a sink's own row is zero, so at a sink they are the sums strictly before it.
         # The small parts (the block's scan, the compensation) are added first: one rounding at
@@ -221,7 +254,7 @@ def stream_kernel(
 
 @triton.jit
 def relu_backward_kernel(
-    order_ptr, v_ptr, vbar_ptr, w_ptr, t_ptr, g_ptr, a_ptr, s_ptr, mean_ptr,
+    order_ptr, v_ptr, vbar_ptr, w_ptr, u_ptr, g_ptr, a_ptr, mean_ptr,
     dv_ptr, dots_ptr, kcarry_ptr, qcarry_ptr, bad_ptr,
     N, T, D, L, CHUNK, NCHUNK,
     HAS_W: tl.constexpr, HAS_KCARRY: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
@@ -241,7 +274,7 @@ def relu_backward_kernel(
     real keys of a ``bad`` row (a non-finite score), written here rather than filled in afterwards.
     """
     row, chunk, dblk, d, dmask = _program_block(D, BD)
-    acc_dtype = t_ptr.dtype.element_ty
+    acc_dtype = u_ptr.dtype.element_ty
     run_k, run_kt, err_k, err_kt = _carried(
         kcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_KCARRY
     )
@@ -253,7 +286,8 @@ def relu_backward_kernel(
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
-        is_key, is_query, j, i = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
+        is_key, is_query, j, i, p = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
+        u = tl.load(u_ptr + row * L + p, mask=is_key | is_query, other=0.0).to(acc_dtype)  # by slot
         key2 = is_key[:, None] & dmask[None, :]
         query2 = is_query[:, None] & dmask[None, :]
         v = tl.load(v_ptr + (row * T + j)[:, None] * D + d[None, :], mask=key2, other=0.0).to(acc_dtype)
@@ -262,12 +296,12 @@ def relu_backward_kernel(
             w = tl.load(w_ptr + row * T + j, mask=is_key, other=0.0).to(acc_dtype)
         else:
             w = tl.where(is_key, 1.0, 0.0)
-        t = tl.load(t_ptr + row * T + j, mask=is_key, other=0.0).to(acc_dtype)
+        t = tl.where(is_key, u, 0.0)
         keys = centred * w[:, None]
         keys_t = keys * t[:, None]
         g = tl.load(g_ptr + (row * T + i)[:, None] * D + d[None, :], mask=query2, other=0.0).to(acc_dtype)
         a = tl.load(a_ptr + row * T + i, mask=is_query, other=0.0).to(acc_dtype)
-        s = tl.load(s_ptr + row * T + i, mask=is_query, other=0.0).to(acc_dtype)
+        s = tl.where(is_query, u, 0.0)
         queries = g * a[:, None]
         queries_s = queries * s[:, None]
         # inclusive sums; a position's own row is zero in the other kind's sums (as in stream_kernel)
@@ -293,13 +327,16 @@ def relu_backward_kernel(
 
 @triton.jit
 def merge_kernel(
-    sink_before_ptr, sink_order_ptr, src_before_ptr, src_order_ptr, order_ptr, counts_ptr, T,
+    sink_before_ptr, sink_order_ptr, sink_sorted_ptr, src_before_ptr, src_order_ptr, src_sorted_ptr,
+    order_ptr, counts_ptr, slot_score_ptr, T,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
     """One merged stream per row from two sorted lists (grid: rows, blocks of T), and each sink's
     source count: the k-th sorted sink goes to slot ``k + sink_before[k]`` as entry ``sink_order[k]``,
     the k-th sorted source to ``k + src_before[k]`` as ``T + src_order[k]``;
-    ``counts[sink_order[k]] = sink_before[k]`` (see ``sliced.merge``)."""
+    ``counts[sink_order[k]] = sink_before[k]`` (see ``sliced.merge``). Each slot's score goes to
+    ``slot_score`` (+inf, what a padded key or dropped query sorts as, written as 0: its score),
+    so that the walks read the scores in stream order instead of gathering 4-byte numbers."""
     row = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = k < T
@@ -307,9 +344,13 @@ def merge_kernel(
     sink = tl.load(sink_order_ptr + row * T + k, mask=m, other=0)
     tl.store(order_ptr + row * 2 * T + k + before, sink.to(tl.int32), mask=m)
     tl.store(counts_ptr + row * T + sink, before.to(counts_ptr.dtype.element_ty), mask=m)
+    score = tl.load(sink_sorted_ptr + row * T + k, mask=m, other=0.0)
+    tl.store(slot_score_ptr + row * 2 * T + k + before, tl.where(score < float("inf"), score, 0.0), mask=m)
     before = tl.load(src_before_ptr + row * T + k, mask=m, other=0)
     src = tl.load(src_order_ptr + row * T + k, mask=m, other=0)
     tl.store(order_ptr + row * 2 * T + k + before, (src + T).to(tl.int32), mask=m)
+    score = tl.load(src_sorted_ptr + row * T + k, mask=m, other=0.0)
+    tl.store(slot_score_ptr + row * 2 * T + k + before, tl.where(score < float("inf"), score, 0.0), mask=m)
 
 
 @triton.jit

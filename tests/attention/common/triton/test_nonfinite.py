@@ -122,7 +122,7 @@ def test_merge_is_a_permutation_even_with_nan():
     for sinks_first in (True, False):
         sink_sorted, sink_order = torch.sort(sinks, dim=1)
         src_sorted, src_order = torch.sort(srcs, dim=1)
-        order, counts = triton_sliced.merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first)
+        order, counts, _ = triton_sliced.merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first)
         assert torch.equal(order.sort(dim=1).values, torch.arange(20, dtype=torch.int32).expand(3, -1))
         assert counts.min() >= 0 and counts.max() <= 10
 
@@ -145,7 +145,7 @@ def test_stream_skips_slots_that_were_never_written(interpret):
 
 def test_merge_kernel_equals_the_torch_merge_with_ties(interpret, monkeypatch):
     """Under the interpreter (as on CUDA) merge places the slots with ``merge_kernel``; it must give
-    the order and counts of the torch scatters, ties on either side included."""
+    the order, counts and slots' scores of the torch scatters, ties on either side included."""
     gen = torch.Generator().manual_seed(3)
     sinks = torch.randint(0, 6, (3, 40), generator=gen).double()  # many ties
     srcs = torch.randint(0, 6, (3, 40), generator=gen).double()
@@ -158,4 +158,4 @@ def test_merge_kernel_equals_the_torch_merge_with_ties(interpret, monkeypatch):
         scattered = triton_sliced.merge(*args)
         monkeypatch.undo()
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-        assert torch.equal(kernel[0], scattered[0]) and torch.equal(kernel[1], scattered[1])
+        assert all(torch.equal(a, b) for a, b in zip(kernel, scattered, strict=True))  # order, counts, scores
