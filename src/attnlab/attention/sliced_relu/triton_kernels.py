@@ -53,19 +53,21 @@ def _weighted_rows(
 ):  # fmt: skip
     """Source rows ``w_j (x_j - shift)`` and ``u_j w_j (x_j - shift)`` (zero rows off the sources),
     and the weights ``w_j`` and ``u_j w_j``; the shift in two parts (``_shift``), ``u`` the scores
-    by slot of the stream (``merge_kernel``: read in order, not gathered)."""
-    rows = tl.load(
-        x_ptr + (row * T + j)[:, None] * D + d[None, :],
-        mask=is_src[:, None] & dmask[None, :],
-        other=0.0,
-    ).to(acc_dtype)
-    if HAS_XSHIFT:
-        rows = (rows - xshift[None, :]) - xlow[None, :]
+    by slot of the stream (``merge_kernel``: read in order, not gathered). A row of weight 0 (a
+    padded key) is never read: whatever it holds, NaN included, reaches no sum."""
     if HAS_W:
         weight = tl.load(w_ptr + row * T + j, mask=is_src, other=0.0).to(acc_dtype)
     else:
         weight = tl.full(j.shape, 1.0, acc_dtype)
     weight = tl.where(is_src, weight, 0.0)
+    used = weight != 0
+    rows = tl.load(
+        x_ptr + (row * T + j)[:, None] * D + d[None, :],
+        mask=used[:, None] & dmask[None, :],
+        other=0.0,
+    ).to(acc_dtype)
+    if HAS_XSHIFT:
+        rows = tl.where(used[:, None], (rows - xshift[None, :]) - xlow[None, :], 0.0)
     rows = rows * weight[:, None]
     score = tl.load(u_ptr + row * L + p, mask=is_src, other=0.0).to(acc_dtype)
     return rows, rows * score[:, None], weight, weight * score
@@ -288,14 +290,15 @@ def relu_backward_kernel(
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         is_key, is_query, j, i, p = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
         u = tl.load(u_ptr + row * L + p, mask=is_key | is_query, other=0.0).to(acc_dtype)  # by slot
-        key2 = is_key[:, None] & dmask[None, :]
-        query2 = is_query[:, None] & dmask[None, :]
-        v = tl.load(v_ptr + (row * T + j)[:, None] * D + d[None, :], mask=key2, other=0.0).to(acc_dtype)
-        centred = tl.where(key2, (v - vbar[None, :]) - vbar_low[None, :], 0.0)
         if HAS_W:
             w = tl.load(w_ptr + row * T + j, mask=is_key, other=0.0).to(acc_dtype)
         else:
             w = tl.where(is_key, 1.0, 0.0)
+        key2 = is_key[:, None] & dmask[None, :]
+        query2 = is_query[:, None] & dmask[None, :]
+        used = (w != 0)[:, None] & dmask[None, :]  # a padded key's row is never read (NaN or not)
+        v = tl.load(v_ptr + (row * T + j)[:, None] * D + d[None, :], mask=used, other=0.0).to(acc_dtype)
+        centred = tl.where(used, (v - vbar[None, :]) - vbar_low[None, :], 0.0)
         t = tl.where(is_key, u, 0.0)
         keys = centred * w[:, None]
         keys_t = keys * t[:, None]
@@ -443,12 +446,13 @@ def chunk_carry_kernel(
             total += part
         if MODE == 1:  # the value shift, in two parts (``_shift``)
             pivot = tl.load(pivot_ptr + (row * 2) * D + d, mask=dm, other=0.0).to(tl.float64)
-            mean64 = pivot + total / count
+            real = count > 0  # a row without a real key: mean 0 (its pivot is a padded key's row)
+            mean64 = tl.where(real, pivot + total / count, 0.0)
             mean = mean64.to(acc)
             low = (mean64 - mean.to(tl.float64)).to(acc)
             tl.store(mean_ptr + (row * 2) * D + d, mean, mask=dm)
             tl.store(mean_ptr + (row * 2 + 1) * D + d, low, mask=dm)
-            vbar = (mean.to(tl.float64) + low.to(tl.float64)) - pivot
+            vbar = tl.where(real, (mean.to(tl.float64) + low.to(tl.float64)) - pivot, 0.0)
         else:
             tl.store(mean_ptr + row * D + d, (total / count).to(acc), mask=dm)
     run_a = tl.full([BD], 0.0, tl.float64)
