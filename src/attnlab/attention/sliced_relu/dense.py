@@ -29,7 +29,7 @@ def dense_sliced_relu(s, t, v, valid, queries, eps):
     with no_autocast(v.device):
         s0, t0, bad = clean_scores(s, t, valid, queries)
         real, count = key_weights(valid, t0)
-        v_real = v if real is None else v * real[..., None]  # padded values (finite) vanish
+        v_real = v if real is None else v.masked_fill(~valid[..., None], 0.0)  # padding, NaN or not, vanishes
         w = v_real - v_real.sum(dim=1, keepdim=True) / count[..., None]
         ones = torch.ones_like(t0) if real is None else real
         if real is not None:

@@ -71,7 +71,7 @@ def dense_sliced_relu_bump(s, t, v, b, valid, queries):
     with no_autocast(v.device):
         s0, t0, bad = clean_scores(s, t, valid, queries)
         real, count = key_weights(valid, t0)
-        v_real = v if real is None else v * real[..., None]
+        v_real = v if real is None else v.masked_fill(~valid[..., None], 0.0)  # padding, NaN or not, vanishes
         out = _DenseBump.apply(s0, t0, b, v_real, count)
         return poison_rows(keep_queries(out, queries), bad, s, t, v, b, valid, queries)
 

@@ -115,9 +115,10 @@ def test_float32_and_padded_queries_attend(interpret, kind):
 @pytest.mark.parametrize("chunk", [None, 16], ids=["one-chunk", "chunks"])
 @pytest.mark.parametrize("kind", ["relu", "bump"])
 def test_padded_keys_values_reach_nothing_even_nan(interpret, monkeypatch, kind, chunk):
-    """NaN in the values of padded keys, and a row with no real key at all: the Triton ops give what
-    the torch ops give with those values zeroed, outputs and gradients. Before, sliced ReLU's walks
-    read those rows and multiplied them by a weight of 0: NaN everywhere in the row."""
+    """NaN in the values of padded keys, and a row with no real key at all: the Triton ops and the
+    dense evaluation give what the torch ops give with those values zeroed, outputs and gradients.
+    Before, sliced ReLU's walks and both dense evaluations multiplied those rows by a weight of 0:
+    NaN everywhere in the row."""
     if chunk is not None:
         monkeypatch.setattr(triton_sliced.TUNING, "chunk", chunk)
         monkeypatch.setattr(triton_sliced.TUNING, "block", 16)
@@ -127,8 +128,9 @@ def test_padded_keys_values_reach_nothing_even_nan(interpret, monkeypatch, kind,
     zeroed[2][~mask[:, None, :, None].expand_as(zeroed[2])] = 0.0
     args[2][~mask[:, None, :, None].expand_as(args[2])] = float("nan")
     expected = run(kind, zeroed, mask, "torch")
-    for got, want in zip(run(kind, args, mask, "triton"), expected, strict=True):
-        same(got, want, 1e-9)
+    for impl in ("triton", "torch"):  # the torch op at this length: its dense evaluation
+        for got, want in zip(run(kind, args, mask, impl), expected, strict=True):
+            same(got, want, 1e-9)
 
 
 def test_merge_is_a_permutation_even_with_nan():
