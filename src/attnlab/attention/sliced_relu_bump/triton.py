@@ -51,7 +51,7 @@ class BumpTuning:
     """Launch shape of the bump's kernels: ``sinks`` sorted positions per program in the forward
     (``query_sinks`` on the backward's query side, whose float64 accumulator would spill at 256;
     ``key_sinks`` on its key side, whose two accumulators spilled 570-1,020 B a thread at 256 on
-    sm_80/90, at most 472 B at 128; all multiples of ``table``), ``sources`` per tile (16: ``tl.dot``'s
+    sm_80/90, at most 480 B at 128; all multiples of ``table``), ``sources`` per tile (16: ``tl.dot``'s
     least), a prefix-table row every ``table`` sources (a multiple of ``sources``), D in blocks of
     ``block_d``."""
 
