@@ -370,24 +370,10 @@ class SlicedReLUTriton(torch.autograd.Function):
             # for the backward pass: each key's #{s < t_j}, #{s <= t_j} among the sorted queries
             q_lt = torch.searchsorted(s_sorted, t, side="left")
             q_le = torch.searchsorted(s_sorted, t, side="right")
-        saved = (
-            s,
-            t,
-            v,
-            vbar,
-            scale,
-            dden,
-            count,
-            order,
-            slot_score,
-            balance,
-            relu_mass,
-            q_order,
-            q_lt,
-            q_le,
-            carry,
-        )
-        ctx.save_for_backward(*saved)
+        ctx.save_for_backward(
+            s, t, v, vbar, scale, dden, count, order, slot_score, balance, relu_mass,
+            q_order, q_lt, q_le, carry,
+        )  # fmt: skip
         ctx.valid, ctx.queries, ctx.eps, ctx.bad = valid, queries, eps, bad
         return out
 
@@ -399,23 +385,8 @@ class SlicedReLUTriton(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, g):
-        (
-            s,
-            t,
-            v,
-            vbar,
-            scale,
-            dden,
-            count,
-            order,
-            slot_score,
-            balance,
-            relu_mass,
-            q_order,
-            q_lt,
-            q_le,
-            carry,
-        ) = ctx.saved_tensors
+        (s, t, v, vbar, scale, dden, count, order, slot_score, balance, relu_mass,
+         q_order, q_lt, q_le, carry) = ctx.saved_tensors  # fmt: skip
         valid, queries = ctx.valid, ctx.queries
         weight = None if valid is None else valid.to(s.dtype)
 

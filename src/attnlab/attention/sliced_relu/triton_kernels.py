@@ -37,12 +37,16 @@ _program_block = globals()["_program_block"]
 
 
 @triton.jit
-def _shift(shift_ptr, row, d, dmask, D, acc_dtype):
+def _shift(shift_ptr, row, d, dmask, D, acc_dtype, HAS_SHIFT: tl.constexpr):
     """A row's value shift ``(N, 2, D)`` as two parts, the nearest value in the accumulation dtype
     and the rest (``chunk_carry_kernel`` writes them): values far from 0 (a common offset of 1e4)
-    lose their last digits to a shift rounded once, and ``(x - high) - low`` keeps them."""
-    high = tl.load(shift_ptr + (row * 2) * D + d, mask=dmask, other=0.0).to(acc_dtype)
-    low = tl.load(shift_ptr + (row * 2 + 1) * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    lose their last digits to a shift rounded once, and ``(x - high) - low`` keeps them. Zeros
+    without ``HAS_SHIFT``."""
+    high = tl.full(d.shape, 0.0, acc_dtype)
+    low = tl.full(d.shape, 0.0, acc_dtype)
+    if HAS_SHIFT:
+        high = tl.load(shift_ptr + (row * 2) * D + d, mask=dmask, other=0.0).to(acc_dtype)
+        low = tl.load(shift_ptr + (row * 2 + 1) * D + d, mask=dmask, other=0.0).to(acc_dtype)
     return high, low
 
 
@@ -123,10 +127,7 @@ def stream_totals_kernel(
     """
     row, chunk, dblk, d, dmask = _program_block(D, BD)
     acc_dtype = u_ptr.dtype.element_ty
-    xshift = tl.full([BD], 0.0, acc_dtype)
-    xlow = tl.full([BD], 0.0, acc_dtype)
-    if HAS_XSHIFT:
-        xshift, xlow = _shift(xshift_ptr, row, d, dmask, D, acc_dtype)
+    xshift, xlow = _shift(xshift_ptr, row, d, dmask, D, acc_dtype, HAS_XSHIFT)
     sum_w = tl.full([BD], 0.0, acc_dtype)
     sum_x = tl.full([BD], 0.0, acc_dtype)
     err_w = tl.full([BD], 0.0, acc_dtype)
@@ -150,24 +151,9 @@ def stream_totals_kernel(
             is_src = pmask & (e >= T) & (e < 2 * T)  # never an index outside the row, written or not
             j = tl.where(is_src, e - T, 0)
         rows, scored, weight, weight_u = _weighted_rows(
-            x_ptr,
-            xshift,
-            xlow,
-            w_ptr,
-            u_ptr,
-            row,
-            j,
-            p,
-            is_src,
-            d,
-            dmask,
-            T,
-            L,
-            D,
-            acc_dtype,
-            HAS_XSHIFT,
-            HAS_W,
-        )
+            x_ptr, xshift, xlow, w_ptr, u_ptr, row, j, p, is_src, d, dmask, T, L, D, acc_dtype,
+            HAS_XSHIFT, HAS_W,
+        )  # fmt: skip
         sum_w, err_w = _two_sum(sum_w, err_w, tl.reduce(rows, 0, _add))
         sum_x, err_x = _two_sum(sum_x, err_x, tl.reduce(scored, 0, _add))
         if HAS_C4:
@@ -212,33 +198,15 @@ def stream_kernel(
     run_w, run_x, err_w, err_x = _carried(
         carry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_CARRY
     )
-    xshift = tl.full([BD], 0.0, acc_dtype)
-    xlow = tl.full([BD], 0.0, acc_dtype)
-    if HAS_XSHIFT:
-        xshift, xlow = _shift(xshift_ptr, row, d, dmask, D, acc_dtype)
+    xshift, xlow = _shift(xshift_ptr, row, d, dmask, D, acc_dtype, HAS_XSHIFT)
     start = chunk * CHUNK
     stop = tl.minimum(start + CHUNK, L)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         is_src, is_sink, j, i, p = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
         rows, scored, _, _ = _weighted_rows(
-            x_ptr,
-            xshift,
-            xlow,
-            w_ptr,
-            u_ptr,
-            row,
-            j,
-            p,
-            is_src,
-            d,
-            dmask,
-            T,
-            L,
-            D,
-            acc_dtype,
-            HAS_XSHIFT,
-            HAS_W,
-        )
+            x_ptr, xshift, xlow, w_ptr, u_ptr, row, j, p, is_src, d, dmask, T, L, D, acc_dtype,
+            HAS_XSHIFT, HAS_W,
+        )  # fmt: skip
         # inclusive sums; a sink's own row is zero, so at a sink they are the sums strictly before it.
         # The small parts (the block's scan, the compensation) are added first: one rounding at
         # the size of the running sum, as when a float64 prefix table is rounded to float32.
@@ -281,7 +249,7 @@ def relu_backward_kernel(
         kcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_KCARRY
     )
     run_q, run_qs, err_q, err_qs = _carried(qcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, True)
-    vbar, vbar_low = _shift(vbar_ptr, row, d, dmask, D, acc_dtype)
+    vbar, vbar_low = _shift(vbar_ptr, row, d, dmask, D, acc_dtype, True)
     mean = tl.load(mean_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
     bad = tl.load(bad_ptr + row) != 0
     plane = N.to(tl.int64) * T  # one (N, T) plane of ``dots``: its third starts past 2³¹ at B·H·T ≥ 2³⁰
