@@ -1,6 +1,6 @@
 """Sliced ReLU-bump attention on Triton: ``o_i = (1/(n b)) Σ_j max(0, b - |s_i - t_j|) v_j`` with
-the torch op's exactness rules (``attnlab.attention.sliced_common``), forward + backward moving 3.53 /
-3.78 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
+the torch op's exactness rules (``attnlab.attention.sliced_common``), forward + backward moving 3.46 /
+3.76 times the least bytes an op must move at T = 1,024 / 4,096 (``attnlab bench bytes``).
 
 The window of query i is the run of sorted keys between its ranks ``#{t <= s - b}`` and
 ``#{t < s + b}``; since b is one number per row, these ranks (and ``#{t < s}``, ``#{t <= s}``) are

@@ -174,9 +174,10 @@ def _walk_tile(acc1, acc2, kt, src_score_ptr, src_order_ptr, x_ptr, row, T, D, n
 @triton.jit
 def _sides(y, sink, width, KEY_SINKS: tl.constexpr):
     """Where a source of score ``y`` (a scalar) lies for each sink: ``(p0, p1, p2, p3)``, whether
-    it comes before each of the sink's four window edges (``_edges``), with the very comparisons
-    of ``_bump_weights``: below the window (``p0``), below the sink (``p1``), not above it (``p2``),
-    inside or below the window (``p3``). Each is true up to the edge, false from it on."""
+    it comes before each of the sink's four window edges, with the very comparisons of
+    ``_bump_weights`` (and ``_window_edge``): below the window (``p0``), below the sink (``p1``),
+    not above it (``p2``), inside or below the window (``p3``). Along the sorted sources each is
+    true up to its edge and false from it on."""
     if KEY_SINKS:  # sinks are keys t, the source a query s
         p0 = y + width <= sink
         p3 = y - width < sink
@@ -381,23 +382,22 @@ def _rank(sorted_ptr, base, T, x, shift, SHIFTED: tl.constexpr, STRICT: tl.const
 
 
 @triton.jit
-def _edges(sink_ptr, src_ptr, base, T, at, live, width, KEY_SINKS: tl.constexpr):
-    """The four window edges of the sinks at sorted positions ``at`` (positions among the sorted
-    sources, of a row of T): among sorted keys ``#{t <= s - b}``,
-    ``#{t < s}``, ``#{t <= s}``, ``#{t < s + b}`` for a query ``s``; among sorted queries
-    ``#{s + b <= t}``, ``#{s < t}``, ``#{s <= t}``, ``#{s - b < t}`` for a key ``t`` (the same
-    pairs). Sources before ``e0`` and from ``e3`` on lie outside the sink's window, those in
-    ``[e0, e1)`` below the sink, ``[e1, e2)`` tied with it, ``[e2, e3)`` above it."""
+def _window_edge(sink_ptr, src_ptr, base, T, at, live, width, HIGH: tl.constexpr, KEY_SINKS: tl.constexpr):
+    """The lowest window edge (``HIGH``: the highest) of the sinks at sorted positions ``at``, as
+    positions among the row's T sorted sources: among sorted keys ``#{t <= s - b}`` (``#{t < s +
+    b}``) for a query ``s``; among sorted queries ``#{s + b <= t}`` (``#{s - b < t}``) for a key
+    ``t`` (the same pairs). No source before the lowest or from the highest on lies in the window."""
     c = tl.load(sink_ptr + base + at, mask=live, other=0.0)
     if KEY_SINKS:
-        e0 = _rank(src_ptr, base, T, c, width, True, False)
-        e3 = _rank(src_ptr, base, T, c, -width, True, True)
+        if HIGH:
+            edge = _rank(src_ptr, base, T, c, -width, True, True)
+        else:
+            edge = _rank(src_ptr, base, T, c, width, True, False)
+    elif HIGH:
+        edge = _rank(src_ptr, base, T, c + width, width, False, True)
     else:
-        e0 = _rank(src_ptr, base, T, c - width, width, False, False)
-        e3 = _rank(src_ptr, base, T, c + width, width, False, True)
-    e1 = _rank(src_ptr, base, T, c, width, False, True)
-    e2 = _rank(src_ptr, base, T, c, width, False, False)
-    return e0, e1, e2, e3
+        edge = _rank(src_ptr, base, T, c - width, width, False, False)
+    return edge
 
 
 @triton.jit
@@ -407,8 +407,8 @@ def bump_plan_kernel(
 ):  # fmt: skip
     """Where each block of ``SINKS`` sorted sinks walks (grid: rows, groups of ``BLOCK`` blocks):
     ``plan[row, blk, 0:2]`` = the lowest window edge of the block's first real sink and the
-    highest of its last (``_edges``): no sink's window holds a source outside (the edges grow
-    with the score). Zeros for a block with no real sink."""
+    highest of its last (``_window_edge``): no sink's window holds a source outside (the edges
+    grow with the score). Zeros for a block with no real sink."""
     row = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     base = row * T
@@ -416,8 +416,8 @@ def bump_plan_kernel(
     last = tl.minimum(first + SINKS, tl.load(n_sink_ptr + row)) - 1
     live = (blk < NB) & (last >= first)
     width = tl.load(width_ptr + row)
-    low, _, _, _ = _edges(sink_ptr, src_ptr, base, T, first, live, width, KEY_SINKS)
-    _, _, _, high = _edges(sink_ptr, src_ptr, base, T, tl.maximum(last, 0), live, width, KEY_SINKS)
+    low = _window_edge(sink_ptr, src_ptr, base, T, first, live, width, False, KEY_SINKS)
+    high = _window_edge(sink_ptr, src_ptr, base, T, tl.maximum(last, 0), live, width, True, KEY_SINKS)
     out = plan_ptr + (row * NB + blk) * 2
     inside = blk < NB
     tl.store(out, tl.where(live, low, 0), mask=inside)
