@@ -7,12 +7,15 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from attnlab.attention.common import native
 from attnlab.attention.sliced_common import decoding
+from attnlab.attention.sliced_common.rows import sort_rows
 from attnlab.attention.sliced_relu.decoding import sliced_relu_attention_state, sliced_relu_attention_step
 
 
@@ -62,27 +65,42 @@ def test_a_failed_build_warns_once_and_the_torch_code_gives_the_same_steps(monke
     assert "using the torch code" in warnings[0]
 
 
-def test_large_calls_split_rows_over_torchs_threads_and_small_ones_do_not():
+def test_large_calls_run_on_torchs_threads_and_small_ones_on_one():
     torch.set_num_threads(2)  # the autouse fixture restores the count
-    calls = []
-    native.over_rows(5, native.PARALLEL_FROM, lambda begin, end: calls.append((begin, end)))
-    assert sorted(calls) == [(0, 2), (2, 5)]
-    calls.clear()
-    native.over_rows(5, native.PARALLEL_FROM - 1, lambda begin, end: calls.append((begin, end)))
-    assert calls == [(0, 5)]
+    assert native.threads_for(5, native.PARALLEL_FROM) == 2
+    assert native.threads_for(1, native.PARALLEL_FROM) == 1  # a thread per row at most
+    assert native.threads_for(5, native.PARALLEL_FROM - 1) == 1
 
 
-def test_a_forked_child_runs_large_calls_on_threads_of_its_own():
-    """The parent's pool threads do not exist in a forked child: its calls must not wait on them."""
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the loaded libraries from /proc")
+def test_the_kernels_share_torchs_openmp_runtime_and_split_rows_over_its_threads():
+    """A second OpenMP runtime would keep threads of its own, competing for the cores with torch's."""
     torch.set_num_threads(2)
-    # the parent's pool with all its threads (each call long enough for the second to start)
-    native.over_rows(2, native.PARALLEL_FROM, lambda begin, end: time.sleep(0.2))
+    x = torch.randn(6, 40_000)
+    sorted_1, order_1 = sort_rows(x)  # one call of the C++ radix sort, rows split over 2 threads
+    assert native.threads_for(6, x.numel()) == 2
+    runtimes = {
+        line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libgomp" in line
+    }
+    assert len(runtimes) == 1, runtimes
+    assert Path(next(iter(runtimes))).parent == Path(torch.__file__).parent / "lib"
+    torch.set_num_threads(1)
+    sorted_2, order_2 = sort_rows(x)
+    assert torch.equal(sorted_1, sorted_2) and torch.equal(order_1, order_2)
+    assert torch.equal(sorted_1, x.sort(dim=1).values)
+
+
+def test_a_forked_child_runs_large_calls_on_its_one_thread():
+    """libgomp's team does not survive a fork: with the parent's threads used, a parallel region in
+    the child would wait for ever."""
+    torch.set_num_threads(2)
+    x = torch.randn(6, 40_000)
+    expected = sort_rows(x)[0].numpy().copy()  # the parent's team started
     pid = os.fork()
-    if pid == 0:  # the child: exit 0 once both halves ran
-        torch.set_num_threads(2)  # torch starts a forked child on one thread
-        done = []
-        native.over_rows(2, native.PARALLEL_FROM, lambda begin, end: done.append(begin))
-        os._exit(0 if sorted(done) == [0, 1] else 1)
+    if pid == 0:  # the child: exit 0 once the rows are sorted (compared in numpy: torch's large
+        # ops run on the team and would hang)
+        ok = native.threads_for(6, x.numel()) == 1 and np.array_equal(sort_rows(x)[0].numpy(), expected)
+        os._exit(0 if ok else 1)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         finished, status = os.waitpid(pid, os.WNOHANG)

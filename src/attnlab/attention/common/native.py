@@ -10,7 +10,7 @@ source changes and locks the build against concurrent processes. Without torch's
 about a second instead of the 40 s a ``torch/extension.h`` source takes. Each library is built for the
 CPU it runs on (``-march=native``: the sums vectorise to the widest registers there) under a name
 holding a hash of that CPU. The callers own the autograd (their hand-written backward passes call
-the kernels too) and run large calls on torch's threads (``over_rows``).
+the kernels too) and run large calls on torch's threads (``threads_for``).
 
 Where no compiler (or no ``ninja``) is found, or ``ATTNLAB_NATIVE=off`` is set, ``library`` returns
 None and the callers keep their torch code: the results are the same up to rounding, only slower.
@@ -23,13 +23,11 @@ import contextlib
 import ctypes
 import functools
 import hashlib
-import itertools
 import logging
 import os
 import platform
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -89,7 +87,8 @@ def _build(source: str) -> ctypes.CDLL | None:
         library = cpp_extension.load(
             name,
             [str(path)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp-simd"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],  # libgomp.so.1: the OpenMP runtime torch loaded (parallel_rows.h)
             is_python_module=False,
             verbose=False,
         )
@@ -177,39 +176,41 @@ def pointer(x) -> ctypes.c_void_p:
     return ctypes.c_void_p(x.data_ptr())
 
 
-#: numbers of work below which a call stays on one thread (a thread's start costs tens of µs)
+#: numbers of work below which a call stays on one thread (waking a thread costs microseconds)
 PARALLEL_FROM = 1 << 16
 
 
-@functools.cache
-def _pool(threads: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="attnlab-native")
+def threads_for(rows: int, work: int) -> int:
+    """The threads a kernel call over ``rows`` rows runs on: torch's (``torch.get_num_threads()``, so
+    the thread settings and governor apply), at most one per row; one for a call touching fewer than
+    ``PARALLEL_FROM`` numbers (``work``), and in a forked child. The kernel splits its rows into one
+    block per thread on the OpenMP team torch's CPU ops run on (``parallel_rows.h``); a ctypes call
+    releases the GIL."""
+    if work < PARALLEL_FROM or _forked:
+        return 1
+    return max(1, min(torch.get_num_threads(), rows))
 
 
-# a forked child has none of the parent's threads: its calls must start a pool of their own
-os.register_at_fork(after_in_child=_pool.cache_clear)
+_forked = False
 
 
-def over_rows(rows: int, work: int, call: Callable[[int, int], None]) -> None:
-    """``call(begin, end)`` over ``range(rows)`` split into one block per torch thread
-    (``torch.get_num_threads()``, so the thread settings and governor apply), in parallel: a ctypes
-    call releases the GIL. ``work``: numbers the whole call touches; small calls run on this thread."""
-    threads = min(torch.get_num_threads(), rows)
-    if threads <= 1 or work < PARALLEL_FROM:
-        call(0, rows)
-        return
-    bounds = [rows * k // threads for k in range(threads + 1)]
-    futures = [_pool(threads).submit(call, a, b) for a, b in itertools.pairwise(bounds) if b > a]
-    for future in futures:
-        future.result()
+def _after_fork_in_child() -> None:
+    """libgomp's team does not survive a fork: a parallel region in the child waits on the parent's
+    threads for ever (torch's own parallel ops as well), so a forked child runs the kernels on its
+    one thread."""
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def call_rows(kernel, arrays, shape) -> None:
-    """``kernel(*arrays, length, dim, begin, end)`` over the rows of ``shape = (rows, length, dim)``, on
-    torch's threads (``over_rows``): the calling convention of the sorted ops' kernels. Tensors pass
-    as pointers (None as a null one), numbers as they are."""
+    """``kernel(*arrays, length, dim, 0, rows, threads)`` over the rows of ``shape = (rows, length,
+    dim)`` on ``threads_for`` threads: the calling convention of the sorted ops' kernels. Tensors
+    pass as pointers (None as a null one), numbers as they are."""
     rows, length, dim = shape
     tensors = [x for x in arrays if isinstance(x, torch.Tensor)]
     assert all(x.is_contiguous() for x in tensors), "the kernels read every array as contiguous"
     passed = [pointer(x) if isinstance(x, torch.Tensor) else x for x in arrays]
-    over_rows(rows, rows * length * dim, lambda begin, end: kernel(*passed, length, dim, begin, end))
+    kernel(*passed, length, dim, 0, rows, threads_for(rows, rows * length * dim))

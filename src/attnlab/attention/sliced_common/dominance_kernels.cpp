@@ -21,6 +21,8 @@
 #include <memory>
 #include <vector>
 
+#include "../common/parallel_rows.h"
+
 namespace {
 
 constexpr int64_t AHEAD = 16;  // walk events ahead whose rows are prefetched (sorted order: random rows)
@@ -368,8 +370,10 @@ void tied_rows(const T* key, const int64_t* key_order, const T* x, const int64_t
 #define ATTNLAB_SUMS(NAME, T) \
   void NAME(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t strict, \
             int64_t transpose, const T* table, T* out, int64_t length, int64_t width, int64_t block, \
-            int64_t row_begin, int64_t row_end) { \
-    sums_rows(key, key_order, x, x_order, strict, transpose, table, out, length, width, block, row_begin, row_end); \
+            int64_t row_begin, int64_t row_end, int64_t threads) { \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      sums_rows(key, key_order, x, x_order, strict, transpose, table, out, length, width, block, begin, end); \
+    }); \
   }
 
 // As ATTNLAB_SUMS for the rows [scale u, scale score u, first, second]: u (N, length, dim), the rest
@@ -378,9 +382,11 @@ void tied_rows(const T* key, const int64_t* key_order, const T* x, const int64_t
   void NAME(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t strict, \
             int64_t transpose, const T* u, const T* scale, const T* score, const T* first, const T* second, \
             T* sum_u, T* sum_score_u, T* sum_first, T* sum_second, int64_t length, int64_t dim, int64_t block, \
-            int64_t row_begin, int64_t row_end) { \
-    pair_rows(key, key_order, x, x_order, strict, transpose, u, scale, score, first, second, sum_u, sum_score_u, \
-              sum_first, sum_second, length, dim, block, row_begin, row_end); \
+            int64_t row_begin, int64_t row_end, int64_t threads) { \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      pair_rows(key, key_order, x, x_order, strict, transpose, u, scale, score, first, second, sum_u, sum_score_u, \
+              sum_first, sum_second, length, dim, block, begin, end); \
+    }); \
   }
 
 // As ATTNLAB_SUMS for n_thresholds threshold rows xs[h] (their orders x_orders[h], strict[h]), a table of
@@ -390,17 +396,21 @@ void tied_rows(const T* key, const int64_t* key_order, const T* x, const int64_t
             const int64_t* const* x_orders, const int64_t* strict, const T* table, int64_t table_width, \
             int64_t width, int64_t n_terms, const int64_t* term_out, const int64_t* term_threshold, \
             const int64_t* term_block, const double* const* coefs, int64_t n_outs, T* const* outs, int64_t length, \
-            int64_t block, int64_t later, int64_t row_begin, int64_t row_end) { \
-    combined_rows(key, key_order, n_thresholds, xs, x_orders, strict, table, table_width, width, n_terms, term_out, \
-                  term_threshold, term_block, coefs, n_outs, outs, length, block, later, row_begin, row_end); \
+            int64_t block, int64_t later, int64_t row_begin, int64_t row_end, int64_t threads) { \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      combined_rows(key, key_order, n_thresholds, xs, x_orders, strict, table, table_width, width, n_terms, term_out, \
+                  term_threshold, term_block, coefs, n_outs, outs, length, block, later, begin, end); \
+    }); \
   }
 
 #define ATTNLAB_TIED(NAME, T) \
   void NAME(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t* counts, \
             const int64_t* offsets, int64_t* query_out, int64_t* key_out, int64_t length, int64_t dim, \
-            int64_t row_begin, int64_t row_end) { \
+            int64_t row_begin, int64_t row_end, int64_t threads) { \
     (void)dim; \
-    tied_rows(key, key_order, x, x_order, counts, offsets, query_out, key_out, length, row_begin, row_end); \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      tied_rows(key, key_order, x, x_order, counts, offsets, query_out, key_out, length, begin, end); \
+    }); \
   }
 
 extern "C" {

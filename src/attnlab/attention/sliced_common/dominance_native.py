@@ -30,10 +30,10 @@ BLOCK = 16
 SOURCE = KERNEL_SOURCES["causal_relu"]  # dominance_kernels.cpp beside this file (both causal ops')
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = {
-    "dominance_sums": [_P] * 4 + [_I] * 2 + [_P] * 2 + [_I] * 5,
-    "pair_sums": [_P] * 4 + [_I] * 2 + [_P] * 9 + [_I] * 5,
-    "combined_sums": [_P, _P, _I, _P, _P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I],
-    "tied_pairs": [_P] * 8 + [_I] * 4,
+    "dominance_sums": [_P] * 4 + [_I] * 2 + [_P] * 2 + [_I] * 6,
+    "pair_sums": [_P] * 4 + [_I] * 2 + [_P] * 9 + [_I] * 6,
+    "combined_sums": [_P, _P, _I, _P, _P, _P, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _I],
+    "tied_pairs": [_P] * 8 + [_I] * 5,
 }
 
 
@@ -78,10 +78,8 @@ def sums(
     pointers = [native.pointer(a) for a in (key, orders.key, x, orders.x)]
     tail = [native.pointer(table), native.pointer(out), length, width, _block(chunk)]
 
-    def call(begin: int, end: int) -> None:
-        found["dominance_sums"](*pointers, int(strict), int(transpose), *tail, begin, end)
-
-    native.over_rows(rows, rows * length * width, call)
+    threads = native.threads_for(rows, rows * length * width)
+    found["dominance_sums"](*pointers, int(strict), int(transpose), *tail, 0, rows, threads)
     return out, orders
 
 
@@ -101,10 +99,8 @@ def pair_sums(
     parts_pointers = [None if a is None else native.pointer(a) for a in (u, scale, score, first, second)]
     tail = [native.pointer(a) for a in sums] + [length, dim, _block(chunk)]
 
-    def call(begin: int, end: int) -> None:
-        found["pair_sums"](*pointers, int(strict), int(transpose), *parts_pointers, *tail, begin, end)
-
-    native.over_rows(rows, rows * length * dim, call)
+    threads = native.threads_for(rows, rows * length * dim)
+    found["pair_sums"](*pointers, int(strict), int(transpose), *parts_pointers, *tail, 0, rows, threads)
     return sums, orders
 
 
@@ -204,7 +200,7 @@ def _combined_call(
         int(later),
     )
     work = rows * length * table_width * len(walks.xs)
-    native.over_rows(rows, work, lambda begin, end: found["combined_sums"](*args, begin, end))
+    found["combined_sums"](*args, 0, rows, native.threads_for(rows, work))
     del keep
     return outs
 

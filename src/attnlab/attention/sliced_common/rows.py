@@ -157,7 +157,7 @@ def real_counts(valid: torch.Tensor | None, n_rows: int, length: int, dtype, dev
 
 
 SORT_KERNELS = Path(__file__).with_name("sort_kernels.cpp")
-_SORT_ARGTYPES = {"sort_rows": [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4}
+_SORT_ARGTYPES = {"sort_rows": [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5}
 
 
 def sort_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

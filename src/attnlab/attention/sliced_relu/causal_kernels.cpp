@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "../common/parallel_rows.h"
+
 namespace {
 
 // out_i = 2 (s_i A_i − B_i − vbar_i (s_i C_i − E_i)) / max(den_i, eps), with
@@ -126,24 +128,29 @@ void backward_keys_rows(const T* g, const T* v, const T* t, const T* real, const
   void causal_relu_forward_##SUFFIX(const T* s, const T* t, const T* v, const T* real, const T* sum_v, \
                                     const T* sum_tv, const T* count, const T* sum_t, double eps, T* out, T* den, \
                                     T* mass, T* n_safe, int64_t length, int64_t dim, int64_t row_begin, \
-                                    int64_t row_end) { \
-    forward_rows(s, t, v, real, sum_v, sum_tv, count, sum_t, eps, out, den, mass, n_safe, length, dim, row_begin, \
-                 row_end); \
+                                    int64_t row_end, int64_t threads) { \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      forward_rows(s, t, v, real, sum_v, sum_tv, count, sum_t, eps, out, den, mass, n_safe, length, dim, begin, end); \
+    }); \
   } \
   void causal_relu_backward_queries_##SUFFIX(const T* g, const T* out, const T* v, const T* real, const T* sum_v, \
                                              const T* den, const T* count, const T* count_le, const T* n_safe, \
                                              double eps, T* a_scale, T* grad_den, T* a_vbar, T* grad_s, \
-                                             int64_t length, int64_t dim, int64_t row_begin, int64_t row_end) { \
-    backward_queries_rows(g, out, v, real, sum_v, den, count, count_le, n_safe, eps, a_scale, grad_den, a_vbar, \
-                          grad_s, length, dim, row_begin, row_end); \
+                                             int64_t length, int64_t dim, int64_t row_begin, int64_t row_end, int64_t threads) { \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      backward_queries_rows(g, out, v, real, sum_v, den, count, count_le, n_safe, eps, a_scale, grad_den, a_vbar, \
+                          grad_s, length, dim, begin, end); \
+    }); \
   } \
   void causal_relu_backward_keys_##SUFFIX(const T* g, const T* v, const T* t, const T* real, const T* sum_a, \
                                           T* sum_sa, const T* a_scale, const T* mass, const T* n_safe, \
                                           const T* grad_den, const T* den_above, const T* at_or_above, \
                                           const T* vbar_a_above, T* grad_t, int64_t length, int64_t dim, \
-                                          int64_t row_begin, int64_t row_end) { \
-    backward_keys_rows(g, v, t, real, sum_a, sum_sa, a_scale, mass, n_safe, grad_den, den_above, at_or_above, \
-                       vbar_a_above, grad_t, length, dim, row_begin, row_end); \
+                                          int64_t row_begin, int64_t row_end, int64_t threads) { \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      backward_keys_rows(g, v, t, real, sum_a, sum_sa, a_scale, mass, n_safe, grad_den, den_above, at_or_above, \
+                       vbar_a_above, grad_t, length, dim, begin, end); \
+    }); \
   }
 
 extern "C" {

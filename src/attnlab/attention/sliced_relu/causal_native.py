@@ -16,9 +16,9 @@ from attnlab.attention.common import native
 SOURCE = Path(__file__).with_name("causal_kernels.cpp")
 _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 _ARGTYPES = {
-    "causal_relu_forward": [_P] * 8 + [_D] + [_P] * 4 + [_I] * 4,
-    "causal_relu_backward_queries": [_P] * 9 + [_D] + [_P] * 4 + [_I] * 4,
-    "causal_relu_backward_keys": [_P] * 14 + [_I] * 4,
+    "causal_relu_forward": [_P] * 8 + [_D] + [_P] * 4 + [_I] * 5,
+    "causal_relu_backward_queries": [_P] * 9 + [_D] + [_P] * 4 + [_I] * 5,
+    "causal_relu_backward_keys": [_P] * 14 + [_I] * 5,
 }
 
 

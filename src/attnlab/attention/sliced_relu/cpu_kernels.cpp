@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "../common/parallel_rows.h"
+
 #include "../sliced_common/real_mean.h"
 
 namespace {
@@ -230,23 +232,29 @@ void ranks_rows(const T* t_search, const T* s, int64_t* rank, int64_t* rank_le, 
 #define ATTNLAB_FORWARD(NAME, T) \
   void NAME(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank, \
             const int64_t* count, const T* scale, double* vbar, T* out, int64_t length, int64_t dim, int64_t row_begin, \
-            int64_t row_end) { \
-    forward_rows(v, order, t_sorted, s, rank, count, scale, vbar, out, length, dim, row_begin, row_end); \
+            int64_t row_end, int64_t threads) { \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      forward_rows(v, order, t_sorted, s, rank, count, scale, vbar, out, length, dim, begin, end); \
+    }); \
   }
 #define ATTNLAB_BACKWARD(NAME, T) \
   void NAME(const T* v, const int64_t* order, const T* t_sorted, const T* s, const int64_t* rank, \
             const int64_t* rank_le, const int64_t* count, const double* vbar, const T* g, const T* a, const T* out, \
             const T* e_scale, T* e, T* below, T* grad_v, T* grad_t, int64_t length, int64_t dim, int64_t row_begin, \
-            int64_t row_end) { \
-    backward_rows(v, order, t_sorted, s, rank, rank_le, count, vbar, g, a, out, e_scale, e, below, grad_v, grad_t, \
-                  length, dim, row_begin, row_end); \
+            int64_t row_end, int64_t threads) { \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      backward_rows(v, order, t_sorted, s, rank, rank_le, count, vbar, g, a, out, e_scale, e, below, grad_v, grad_t, \
+                  length, dim, begin, end); \
+    }); \
   }
 
 #define ATTNLAB_RANKS(NAME, T) \
   void NAME(const T* t_search, const T* s, int64_t* rank, int64_t* rank_le, int64_t length, int64_t dim, \
-            int64_t row_begin, int64_t row_end) { \
+            int64_t row_begin, int64_t row_end, int64_t threads) { \
     (void)dim; \
-    ranks_rows(t_search, s, rank, rank_le, length, row_begin, row_end); \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      ranks_rows(t_search, s, rank, rank_le, length, begin, end); \
+    }); \
   }
 
 extern "C" {

@@ -186,9 +186,9 @@ class SlicedReLU(torch.autograd.Function):
 
 KERNELS = KERNEL_SOURCES["relu"]  # cpu_kernels.cpp beside this file (path.py's crossover reads it too)
 _ARGTYPES = {
-    "sliced_relu_ranks": [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4,
-    "sliced_relu_forward": [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 4,
-    "sliced_relu_backward": [ctypes.c_void_p] * 16 + [ctypes.c_int64] * 4,
+    "sliced_relu_ranks": [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5,
+    "sliced_relu_forward": [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 5,
+    "sliced_relu_backward": [ctypes.c_void_p] * 16 + [ctypes.c_int64] * 5,
 }
 
 

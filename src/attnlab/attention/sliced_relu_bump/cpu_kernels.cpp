@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "../common/parallel_rows.h"
+
 #include "../sliced_common/real_mean.h"
 
 namespace {
@@ -246,22 +248,27 @@ void key_grads_rows(const T* g, const int64_t* s_order, const T* s_sorted, const
 #define ATTNLAB_FORWARD(NAME, T) \
   void NAME(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, T* vbar, const T* s, \
             const int64_t* s_order, const T* width, const T* coef, T* out, int64_t length, int64_t dim, \
-            int64_t row_begin, int64_t row_end) { \
-    forward_rows(v, order, t_sorted, count, vbar, s, s_order, width, coef, out, length, dim, row_begin, row_end); \
+            int64_t row_begin, int64_t row_end, int64_t threads) { \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      forward_rows(v, order, t_sorted, count, vbar, s, s_order, width, coef, out, length, dim, begin, end); \
+    }); \
   }
 #define ATTNLAB_QUERY_GRADS(NAME, T) \
   void NAME(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, const T* vbar, const T* s, \
             const int64_t* s_order, const T* width, const T* coef, const T* g, T* grad_s, T* grad_b, int64_t length, \
-            int64_t dim, int64_t row_begin, int64_t row_end) { \
-    query_grads_rows(v, order, t_sorted, count, vbar, s, s_order, width, coef, g, grad_s, grad_b, length, dim, \
-                     row_begin, row_end); \
+            int64_t dim, int64_t row_begin, int64_t row_end, int64_t threads) { \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      query_grads_rows(v, order, t_sorted, count, vbar, s, s_order, width, coef, g, grad_s, grad_b, length, dim, \
+                     begin, end); \
+    }); \
   }
 #define ATTNLAB_KEY_GRADS(NAME, T) \
   void NAME(const T* g, const int64_t* s_order, const T* s_sorted, const T* coef, const T* v, const int64_t* order, \
             const int64_t* count, const T* t, const T* width, T* grad_v, T* grad_t, int64_t length, int64_t dim, \
-            int64_t row_begin, int64_t row_end) { \
-    key_grads_rows(g, s_order, s_sorted, coef, v, order, count, t, width, grad_v, grad_t, length, dim, row_begin, \
-                   row_end); \
+            int64_t row_begin, int64_t row_end, int64_t threads) { \
+    parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
+      key_grads_rows(g, s_order, s_sorted, coef, v, order, count, t, width, grad_v, grad_t, length, dim, begin, end); \
+    }); \
   }
 
 extern "C" {

@@ -239,9 +239,9 @@ def key_gradients(grad_out, q_order, s_sorted, windows, t, v, b, coef, buffer=No
 KERNELS = KERNEL_SOURCES["bump"]  # cpu_kernels.cpp beside this file (path.py's crossover reads it too)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = {
-    "sliced_relu_bump_forward": [_P] * 10 + [_I] * 4,
-    "sliced_relu_bump_query_grads": [_P] * 12 + [_I] * 4,
-    "sliced_relu_bump_key_grads": [_P] * 11 + [_I] * 4,
+    "sliced_relu_bump_forward": [_P] * 10 + [_I] * 5,
+    "sliced_relu_bump_query_grads": [_P] * 12 + [_I] * 5,
+    "sliced_relu_bump_key_grads": [_P] * 11 + [_I] * 5,
 }
 
 
