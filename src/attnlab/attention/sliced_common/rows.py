@@ -186,11 +186,12 @@ def sort_real_first(scores: torch.Tensor, valid: torch.Tensor | None):
 
 
 def masked_mean_rows(values: torch.Tensor, valid: torch.Tensor | None, count: torch.Tensor) -> torch.Tensor:
-    """Mean over real tokens of ``values (N, T, D)`` → ``(N, D)``, via a matmul (no T×D temporary)."""
+    """Mean over real tokens of ``values (N, T, D)`` → ``(N, D)``. Padded rows may hold anything, NaN
+    included, so they are zeroed in a copy rather than weighted by 0 (which keeps NaN); the copy is
+    gone before the sorted ops build their prefix tables, where their memory peaks."""
     if valid is None:
         return values.mean(dim=1)
-    weights = valid.to(values.dtype)[:, None, :]  # (N, 1, T)
-    return torch.bmm(weights, values)[:, 0, :] / count[:, None]
+    return values.masked_fill(~valid[..., None], 0.0).sum(dim=1) / count[:, None]
 
 
 def rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

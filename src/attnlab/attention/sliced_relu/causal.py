@@ -51,8 +51,8 @@ class _CausalSlicedReLU(torch.autograd.Function):
         s, t, first = shift_scores(s, t, valid, runs)
         v = v - take_rows(v, first)  # output is invariant to a common value shift
         real = None if valid is None else valid.to(v.dtype)
-        if real is not None:
-            v = v * real[..., None]  # padded values (finite garbage) vanish from every sum
+        if real is not None:  # padded values, NaN or not, vanish from every sum (a product by 0 keeps NaN)
+            v = v.masked_fill(~valid[..., None], 0.0)
         key = t if valid is None else t.masked_fill(~valid, float("inf"))
         query = s  # what the keys are compared with
         if runs is not None:

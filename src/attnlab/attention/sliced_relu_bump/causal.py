@@ -111,8 +111,8 @@ class _CausalSlicedReLUBump(torch.autograd.Function):
         """Shifted scores, values zero at padded keys and the real-key indicator (float)."""
         s, t, _ = shift_scores(s, t, valid, runs)
         real = torch.ones_like(t) if valid is None else valid.to(v.dtype)
-        if valid is not None:
-            v = v * real[..., None]
+        if valid is not None:  # padding, NaN or not, vanishes (a product by 0 keeps NaN)
+            v = v.masked_fill(~valid[..., None], 0.0)
         return s, t, v, real
 
     @staticmethod
