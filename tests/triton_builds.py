@@ -41,23 +41,24 @@ LINEAR = {"HAS_MASK": True, "HAS_START": True, "BD": 64, "BDV": 64}
 # kernel -> (argument types, constants); every flag on, the widest tiles the ops launch (D ≤ 64 per block)
 KERNELS = {
     "stream_kernel": (
-        ["*i32", VAL, F32, F32, F32, F32, F32, VAL, F32, *["i32"] * 6],
-        {"HAS_XSHIFT": True, "HAS_W": True, "HAS_CARRY": True, **STREAM},
+        ["*i32", VAL, F32, F32, F32, F32, F32, VAL, F32, "*i64", *["i32"] * 6],
+        {"HAS_XSHIFT": True, "HAS_W": True, "HAS_CARRY": True, "HAS_SEGMENTS": True, **STREAM},
     ),
     "stream_totals_kernel": (
-        ["*i32", VAL, F32, F32, F32, F32, F32, F32, *["i32"] * 5],
+        ["*i32", VAL, F32, F32, F32, F32, F32, F32, "*i64", *["i32"] * 5],
         {
             "HAS_XSHIFT": True,
             "HAS_W": True,
             "SINKS_AS_SOURCES": False,
             "HAS_C4": True,
             "SCALARS": True,
+            "HAS_SEGMENTS": True,
             **STREAM,
         },
     ),
     "relu_backward_kernel": (
-        ["*i32", VAL, F32, F32, F32, VAL, F32, F32, VAL, F32, F32, F32, "*i1", *["i32"] * 6],
-        {"HAS_W": True, "HAS_KCARRY": True, **STREAM},
+        ["*i32", VAL, F32, F32, F32, VAL, F32, F32, VAL, F32, F32, F32, "*i1", "*i64", *["i32"] * 6],
+        {"HAS_W": True, "HAS_KCARRY": True, "HAS_SEGMENTS": True, **STREAM},
     ),
     # ReLU-bump: the keys' prefix table, then the walk in its three modes (forward, query and key
     # sides of the backward); scores in the accumulation dtype, tables float64

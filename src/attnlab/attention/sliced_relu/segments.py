@@ -1,12 +1,15 @@
 """Sliced ReLU attention on packed rows: each query sums the keys of its own segment only, one sort
-by (segment, score) per row (``attnlab.attention.sliced_common.segments`` has the method)."""
+by (segment, score) per row (``attnlab.attention.sliced_common.segments`` has the method). The
+torch code is here; the Triton walks of the bidirectional op are in ``triton_segments``."""
 
 from __future__ import annotations
 
 import torch
 
 from attnlab.attention.common import compiler
+from attnlab.attention.common.dispatch import check_choice
 from attnlab.attention.common.precision import accumulation_dtype
+from attnlab.attention.common.triton import runtime
 from attnlab.attention.sliced_common.rows import (
     count_greater,
     cumsum_rows_,
@@ -39,27 +42,58 @@ def sliced_relu_attention_segments(
     segments: torch.Tensor,
     eps: float = 1e-4,
     causal: bool = False,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """`sliced_relu_attention` inside segments: s, t (B, H, L), v (B, H, L, D) hold several
     sequences end to end in each row, ``segments`` (B, L) says which each position belongs to
     (contiguous runs, `PackedLayout.segments`), and every sum and mean runs over the query's own
     segment: each sequence gets what it gets alone. O(L log L) per row; ``causal=True``: keys
     ``j ≤ i`` of the segment only, every statistic over that prefix, O(L log² L)
-    (`causal_sliced_relu_rows`). Torch code on every device (no Triton kernel reads segments yet);
-    differentiable in s, t and v (first order: the backward passes are hand-written)."""
+    (`causal_sliced_relu_rows`). ``impl``: ``"auto"`` (the Triton walks for CUDA tensors,
+    bidirectional: ``sliced_relu.triton_segments``; torch code otherwise), ``"triton"`` or
+    ``"torch"``. Differentiable in s, t and v (first order: the backward passes are hand-written)."""
     check_segment_inputs(OP, s, t, v, segments)
     if not eps > 0:
         raise ValueError(f"{OP}: eps must be > 0, got {eps}")
     if type(causal) is not bool:
         raise TypeError(f"{OP}: causal must be True or False, got {causal!r}")
+    check_choice(OP, impl)
     if compiler.compiling():  # its hand-written backward pass: called, not traced
-        return _OPAQUE(s, t, v, segments, float(eps), causal)
+        return _OPAQUE(s, t, v, segments, float(eps), causal, impl)
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
+    if _triton_runs(impl, causal, s, t, v):
+        from attnlab.attention.sliced_relu.triton_segments import SegmentedSlicedReLUTriton  # loads triton
+
+        def walks(s, t, v, r):
+            return SegmentedSlicedReLUTriton.apply(s, t, v, r.local, r.start, r.size, float(eps))
+
+        out = runtime.launch(OP, impl, v.device, lambda: on_packed_rows(walks, s, t, v, segments, acc))
+        if out is not None:
+            return out
     if causal:
         op = lambda s, t, v, r: causal_sliced_relu_rows(s, t, v, r, eps)  # noqa: E731
         return on_packed_rows(op, s, t, v, segments, acc, centre=False)
     op = lambda s, t, v, r: SegmentedSlicedReLU.apply(s, t, v, r.local, r.start, r.size, float(eps))  # noqa: E731
     return on_packed_rows(op, s, t, v, segments, acc)
+
+
+def _triton_runs(impl: str, causal: bool, s, t, v) -> bool:
+    """Whether the Triton walks take the call: asked for, or ``auto`` on CUDA where Triton runs;
+    ``impl="triton"`` where they cannot raises, naming why."""
+    if impl == "torch":
+        return False
+    cuda = runtime.on_cuda((s, t, v))
+    if impl == "auto" and not cuda:
+        return False
+    if causal:
+        problem = "no Triton kernel takes the causal op on packed rows"
+    elif not cuda and not runtime.interpret_mode():
+        problem = f"the Triton kernels take CUDA tensors (or run under TRITON_INTERPRET=1), got {v.device}"
+    else:
+        problem = runtime.triton_problem(OP, impl, v.device, cuda)
+    if problem is not None and impl == "triton":
+        raise runtime.TritonUnavailableError(f"{OP}: impl='triton' cannot run: {problem}", problem)
+    return problem is None
 
 
 class SegmentedSlicedReLU(torch.autograd.Function):
@@ -139,6 +173,6 @@ class SegmentedSlicedReLU(torch.autograd.Function):
 _OPAQUE = compiler.opaque_op(
     OP,
     sliced_relu_attention_segments,
-    "Tensor s, Tensor t, Tensor v, Tensor segments, float eps, bool causal",
+    "Tensor s, Tensor t, Tensor v, Tensor segments, float eps, bool causal, str impl",
     differentiable=3,
 )

@@ -118,15 +118,39 @@ def _walk_signatures(values: torch.dtype, acc: torch.dtype, dim: int) -> list[tu
     sizes = [3, 48, dim, 96, 48, 3]  # rows, T, D, 2T, chunk, chunks
     tiles = {"BLOCK": TUNING.block, "BD": _block_d(dim), "num_warps": TUNING.num_warps}
     index = torch.int32
-    stream_args = [index, values, acc, acc, acc, acc, acc, values, acc, *sizes]
+    stream_args = [index, values, acc, acc, acc, acc, acc, values, acc, torch.int64, *sizes]
     scalars = [acc, acc, acc]  # vbar, w, the slots' scores
-    backward_args = [index, values, *scalars, values, acc, acc, values, acc, acc, acc, torch.bool, *sizes]
+    backward_args = [
+        index,
+        values,
+        *scalars,
+        values,
+        acc,
+        acc,
+        values,
+        acc,
+        acc,
+        acc,
+        torch.bool,
+        torch.int64,
+        *sizes,
+    ]
     return [
-        ("stream_kernel", stream_args, {"HAS_XSHIFT": True, "HAS_W": True, "HAS_CARRY": True, **tiles}),
+        (
+            "stream_kernel",
+            stream_args,
+            {"HAS_XSHIFT": True, "HAS_W": True, "HAS_CARRY": True, "HAS_SEGMENTS": True, **tiles},
+        ),
         (
             "relu_backward_kernel",
             backward_args,
-            {"HAS_W": True, "HAS_KCARRY": True, "maxnreg": TUNING.backward_max_registers, **tiles},
+            {
+                "HAS_W": True,
+                "HAS_KCARRY": True,
+                "HAS_SEGMENTS": True,
+                "maxnreg": TUNING.backward_max_registers,
+                **tiles,
+            },
         ),
     ]
 
@@ -136,34 +160,45 @@ def _block_d(dim: int) -> int:
     return min(TUNING.block_d, max(16, 1 << (dim - 1).bit_length()))
 
 
-def _layout(x: torch.Tensor, total: int, acc: torch.dtype) -> tuple[int, int, int, int]:
-    """``(block_d, d_blocks, chunk, n_chunks)``: a walk over ``total`` entries per row of ``x``,
-    summed in ``acc``."""
+def _layout(
+    x: torch.Tensor, total: int, acc: torch.dtype, walks: int | None = None
+) -> tuple[int, int, int, int]:
+    """``(block_d, d_blocks, chunk, n_chunks)``: ``walks`` walks (the rows of ``x``, or the
+    segments of its packed rows) over at most ``total`` entries each, summed in ``acc``."""
     rows, _, dim = x.shape
     block_d = _block_d(dim)
     d_blocks = -(-dim // block_d)
-    chunk = _chunk_len(rows, total, d_blocks, x, acc)
+    chunk = _chunk_len(rows if walks is None else walks, total, d_blocks, x, acc)
     return block_d, d_blocks, chunk, -(-total // chunk)
 
 
-def _totals(order, x, score, xshift, weight, layout, *, sinks_as_sources=False, c4=None, scalars=None):
-    """Each chunk's sums ``(rows, chunks, 4, D)`` (``stream_totals_kernel``; 5 planes with ``c4``;
-    with ``scalars``, a ``(rows, chunks, 4)`` tensor, the chunks' ``Σ w``, ``Σ u w`` go there)."""
+def _walks(x: torch.Tensor, segments: torch.Tensor | None) -> int:
+    """The walks over a stream of rows ``x``: one per row, or one per segment of packed rows
+    (``segments (S, 3)``: each segment's row and its slots of the row's stream, ``_stream_range``)."""
+    return x.shape[0] if segments is None else segments.shape[0]
+
+
+def _totals(
+    order, x, score, xshift, weight, layout, *, sinks_as_sources=False, c4=None, scalars=None, segments=None
+):
+    """Each chunk's sums ``(walks, chunks, 4, D)`` (``stream_totals_kernel``; 5 planes with ``c4``;
+    with ``scalars``, a ``(walks, chunks, 4)`` tensor, the chunks' ``Σ w``, ``Σ u w`` go there)."""
     block_d, d_blocks, chunk, n_chunks = layout
-    rows, length, dim = x.shape
-    totals = torch.empty(rows, n_chunks, 4 if c4 is None else 5, dim, dtype=score.dtype, device=x.device)
-    kernels().stream_totals_kernel[(rows, n_chunks, d_blocks)](
+    _, length, dim = x.shape
+    walks = _walks(x, segments)
+    totals = torch.empty(walks, n_chunks, 4 if c4 is None else 5, dim, dtype=score.dtype, device=x.device)
+    kernels().stream_totals_kernel[(walks, n_chunks, d_blocks)](
         order, x, xshift if xshift is not None else score, weight if weight is not None else score,
         score, c4 if c4 is not None else score, totals, scalars if scalars is not None else score,
-        length, dim, order.shape[1], chunk, n_chunks,
+        segments if segments is not None else order, length, dim, order.shape[1], chunk, n_chunks,
         HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, SINKS_AS_SOURCES=sinks_as_sources,
-        HAS_C4=c4 is not None, SCALARS=scalars is not None, BLOCK=TUNING.block, BD=block_d,
-        num_warps=TUNING.num_warps,
+        HAS_C4=c4 is not None, SCALARS=scalars is not None, HAS_SEGMENTS=segments is not None,
+        BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
     )  # fmt: skip
     return totals
 
 
-def centred_carry(order, v, score, weight, count, first):
+def centred_carry(order, v, score, weight, count, first, segments=None, span=None):
     """The mean ``vbar (N, 2, D)`` (nearest value and rest) of the sources of ``stream(order, v,
     score, xshift=vbar, weight=weight)`` (over ``count`` real ones) and that stream's chunk carry
     (None: one chunk), from one pass over ``v - p``: the chunks' sums (compensated) and their
@@ -171,15 +206,21 @@ def centred_carry(order, v, score, weight, count, first):
     with the very ``vbar`` the kernels will subtract (padded keys weigh 0: no masked copy of v).
     ``p``: the row of v at ``first (N,)`` (a real key): the sums inside a block of the walk are
     rounded, and of values near one of them far less than of values with a common offset (1e4:
-    the outputs were 3e-3 off in float32)."""
+    the outputs were 3e-3 off in float32). ``segments``: one walk per segment of packed rows
+    (``_walks``; ``count``, ``first`` per segment, ``first`` as a flat index into the rows'
+    tokens), each over at most ``span`` slots."""
     order, v, score, weight = (None if a is None else a.contiguous() for a in (order, v, score, weight))
     acc = score.dtype
-    rows, _, dim = v.shape
-    pivot = torch.zeros(rows, 2, dim, dtype=acc, device=v.device)
-    pivot[:, 0] = v[torch.arange(rows, device=v.device), first]
-    layout = _layout(v, order.shape[1], acc)
-    scalars = torch.empty(v.shape[0], layout[3], 4, dtype=acc, device=v.device)
-    totals = _totals(order, v, score, pivot, weight, layout, scalars=scalars)
+    rows, length, dim = v.shape
+    walks = _walks(v, segments)
+    pivot = torch.zeros(walks, 2, dim, dtype=acc, device=v.device)
+    if segments is None:
+        pivot[:, 0] = v[torch.arange(rows, device=v.device), first]
+    else:
+        pivot[:, 0] = v.reshape(rows * length, dim)[first]
+    layout = _layout(v, order.shape[1] if span is None else span, acc, walks)
+    scalars = torch.empty(walks, layout[3], 4, dtype=acc, device=v.device)
+    totals = _totals(order, v, score, pivot, weight, layout, scalars=scalars, segments=segments)
     carry, vbar = _chunk_carry(totals, 1, count, scalars, pivot)
     return vbar, carry if layout[3] > 1 else None  # one chunk starts at zero
 
@@ -195,6 +236,8 @@ def stream(
     xshift: torch.Tensor | None = None,
     weight: torch.Tensor | None = None,
     carry: torch.Tensor | None = None,
+    segments: torch.Tensor | None = None,
+    span: int | None = None,
 ) -> None:
     """Walk the merged stream ``order (N, 2T)`` (see ``kernels.stream_kernel``).
 
@@ -203,48 +246,57 @@ def stream(
     ``weight (N, T)``; ``score (N, 2T)``, each slot's score (``merge``, accumulation dtype), scales
     the second running sum. At each sink ``out`` gets ``c1 P + c2 Px``. ``carry``: the chunks'
     starting sums (computed here when the row has several chunks and it is None; ``centred_carry``
-    gives them with the mean).
+    gives them with the mean). ``segments``: one walk per segment of packed rows (``_walks``; the
+    shift and carry per segment), each over at most ``span`` slots.
     """
     order, x, score, xshift, weight, c1, c2 = (
         None if a is None else a.contiguous() for a in (order, x, score, xshift, weight, c1, c2)
     )
     rows, length, dim = x.shape
-    layout = block_d, d_blocks, chunk, n_chunks = _layout(x, order.shape[1], score.dtype)
+    walks = _walks(x, segments)
+    layout = _layout(x, order.shape[1] if span is None else span, score.dtype, walks)
+    block_d, d_blocks, chunk, n_chunks = layout
     dummy = score
     if n_chunks > 1 and carry is None:
-        carry, _ = _chunk_carry(_totals(order, x, score, xshift, weight, layout), 0)
-    kernels().stream_kernel[(rows, n_chunks, d_blocks)](
+        carry, _ = _chunk_carry(_totals(order, x, score, xshift, weight, layout, segments=segments), 0)
+    kernels().stream_kernel[(walks, n_chunks, d_blocks)](
         order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy, score,
-        c1, c2, out, carry if carry is not None else dummy,
+        c1, c2, out, carry if carry is not None else dummy, segments if segments is not None else order,
         rows, length, dim, order.shape[1], chunk, n_chunks,
         HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, HAS_CARRY=carry is not None,
-        BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
+        HAS_SEGMENTS=segments is not None, BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
     )  # fmt: skip
 
 
-def relu_backward(order, v, vbar, weight, score, g, a_scale, c4, count, kcarry, bad):
+def relu_backward(
+    order, v, vbar, weight, score, g, a_scale, c4, count, kcarry, bad, segments=None, span=None
+):
     """Sliced ReLU's backward walk (``kernels.relu_backward_kernel``) over the forward's ``order``:
     returns dv ``(N, T, D)`` and the dots ``(3, N, T)``: g·P and g·P_t at the queries, (v - vbar)·Q
     at the keys. ``score (N, 2T)``: each slot's score (``merge``). One pass over g first
     (``stream_totals_kernel``) sums the queries ``a g`` and ``s a g`` per chunk (the walk starts
     each chunk at minus the sum above it) and ``Σ c4 a g``, the mean of dL/dw times ``count``
     (``c4``: R, ``a``: the scale). ``kcarry``: the forward's ``centred_carry`` (the key sums);
-    ``bad (N,)``: the rows whose dv is NaN at the real keys."""
+    ``bad (N,)``: the rows whose dv is NaN at the real keys. ``segments``: one walk per segment of
+    packed rows (``_walks``: ``vbar``, ``count``, ``kcarry``, ``bad`` per segment), each over at
+    most ``span`` slots."""
     order, v, vbar, weight, score, g, a_scale, c4 = (
         None if x is None else x.contiguous() for x in (order, v, vbar, weight, score, g, a_scale, c4)
     )
     rows, length, dim = v.shape
-    layout = block_d, d_blocks, chunk, n_chunks = _layout(v, order.shape[1], score.dtype)
-    totals = _totals(order, g, score, None, a_scale, layout, sinks_as_sources=True, c4=c4)
+    walks = _walks(v, segments)
+    layout = _layout(v, order.shape[1] if span is None else span, score.dtype, walks)
+    block_d, d_blocks, chunk, n_chunks = layout
+    totals = _totals(order, g, score, None, a_scale, layout, sinks_as_sources=True, c4=c4, segments=segments)
     qcarry, mean = _chunk_carry(totals, 2, count)  # minus the sums above each chunk; dL/dw's mean
     dots = torch.empty(d_blocks, 3, rows, length, dtype=score.dtype, device=v.device)
     grad_v = torch.empty_like(v)
-    kernels().relu_backward_kernel[(rows, n_chunks, d_blocks)](
+    kernels().relu_backward_kernel[(walks, n_chunks, d_blocks)](
         order, v, vbar, weight if weight is not None else score, score, g, a_scale, mean,
         grad_v, dots, kcarry if kcarry is not None else score, qcarry, bad,
-        rows, length, dim, order.shape[1], chunk, n_chunks,
-        HAS_W=weight is not None, HAS_KCARRY=kcarry is not None, BLOCK=TUNING.block, BD=block_d,
-        num_warps=TUNING.num_warps, maxnreg=TUNING.backward_max_registers,
+        segments if segments is not None else order, rows, length, dim, order.shape[1], chunk, n_chunks,
+        HAS_W=weight is not None, HAS_KCARRY=kcarry is not None, HAS_SEGMENTS=segments is not None,
+        BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps, maxnreg=TUNING.backward_max_registers,
     )  # fmt: skip
     return grad_v, dots.sum(dim=0) if d_blocks > 1 else dots[0]
 

@@ -110,11 +110,29 @@ def _carried(
 
 
 @triton.jit
+def _stream_range(seg_ptr, prog, L, HAS_SEGMENTS: tl.constexpr):
+    """The row of the merged stream a program walks and its slots ``[begin, end)``: the whole row
+    ``prog``, or with ``HAS_SEGMENTS`` segment ``prog`` of a packed row (``seg (S, 3)`` int64: its
+    row, first slot and end slot; a segment's keys and queries sorted by (segment, score) hold
+    slots ``2·start .. 2·(start + size)`` of the row's stream, so its walk restarts there). Every
+    per-row array (shift, carry, totals, mean) is then indexed by ``prog``, the token arrays by
+    ``row``."""
+    row = prog
+    begin = prog * 0
+    end = begin + L
+    if HAS_SEGMENTS:
+        row = tl.load(seg_ptr + prog * 3)
+        begin = tl.load(seg_ptr + prog * 3 + 1)
+        end = tl.load(seg_ptr + prog * 3 + 2)
+    return row, begin, end
+
+
+@triton.jit
 def stream_totals_kernel(
-    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr, c4_ptr, totals_ptr, scalars_ptr,
+    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr, c4_ptr, totals_ptr, scalars_ptr, seg_ptr,
     T, D, L, CHUNK, NCHUNK,
     HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, SINKS_AS_SOURCES: tl.constexpr, HAS_C4: tl.constexpr,
-    SCALARS: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
+    SCALARS: tl.constexpr, HAS_SEGMENTS: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """``totals[row, chunk, 0/1, :]``: the chunk's sums of the source rows and score-weighted rows,
     ``totals[row, chunk, 2/3, :]`` their compensations (the rounding errors of the block adds).
@@ -125,9 +143,10 @@ def stream_totals_kernel(
     ``scalars[row, chunk, :] = Σ w, Σ u w`` and their compensations (one column of ones as source:
     what a caller needs to shift the sums afterwards, ``Σ w (x - c) = Σ w x - c Σ w``).
     """
-    row, chunk, dblk, d, dmask = _program_block(D, BD)
+    prog, chunk, dblk, d, dmask = _program_block(D, BD)
+    row, begin, end = _stream_range(seg_ptr, prog, L, HAS_SEGMENTS)
     acc_dtype = u_ptr.dtype.element_ty
-    xshift, xlow = _shift(xshift_ptr, row, d, dmask, D, acc_dtype, HAS_XSHIFT)
+    xshift, xlow = _shift(xshift_ptr, prog, d, dmask, D, acc_dtype, HAS_XSHIFT)
     sum_w = tl.full([BD], 0.0, acc_dtype)
     sum_x = tl.full([BD], 0.0, acc_dtype)
     err_w = tl.full([BD], 0.0, acc_dtype)
@@ -138,8 +157,8 @@ def stream_totals_kernel(
     count_u = tl.full([1], 0.0, acc_dtype)
     err_count = tl.full([1], 0.0, acc_dtype)
     err_count_u = tl.full([1], 0.0, acc_dtype)
-    start = chunk * CHUNK
-    stop = tl.minimum(start + CHUNK, L)
+    start = begin + chunk * CHUNK
+    stop = tl.minimum(start + CHUNK, end)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         p = start + it * BLOCK + tl.arange(0, BLOCK)
         pmask = p < stop
@@ -164,13 +183,13 @@ def stream_totals_kernel(
             count_u, err_count_u = _two_sum(count_u, err_count_u, tl.reduce(weight_u, 0, _add))
     if SCALARS:  # noqa: SIM102 - a constexpr, then a runtime test: two statements for triton
         if dblk == 0:
-            at = scalars_ptr + (row * NCHUNK + chunk) * 4 + one
+            at = scalars_ptr + (prog * NCHUNK + chunk) * 4 + one
             tl.store(at, count)
             tl.store(at + 1, count_u)
             tl.store(at + 2, err_count)
             tl.store(at + 3, err_count_u)
     planes = 5 if HAS_C4 else 4
-    base = totals_ptr + ((row * NCHUNK + chunk) * planes) * D + d
+    base = totals_ptr + ((prog * NCHUNK + chunk) * planes) * D + d
     tl.store(base, sum_w, mask=dmask)
     tl.store(base + D, sum_x, mask=dmask)
     tl.store(base + 2 * D, err_w, mask=dmask)
@@ -181,9 +200,9 @@ def stream_totals_kernel(
 
 @triton.jit
 def stream_kernel(
-    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr, c1_ptr, c2_ptr, out_ptr, carry_ptr,
+    order_ptr, x_ptr, xshift_ptr, w_ptr, u_ptr, c1_ptr, c2_ptr, out_ptr, carry_ptr, seg_ptr,
     N, T, D, L, CHUNK, NCHUNK,
-    HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, HAS_CARRY: tl.constexpr,
+    HAS_XSHIFT: tl.constexpr, HAS_W: tl.constexpr, HAS_CARRY: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
     BLOCK: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """One chunk of one row's stream, one block of D columns (grid: rows, chunks, D blocks).
@@ -191,16 +210,17 @@ def stream_kernel(
     At every sink i (with P, Px the sums over the sources before it): ``out[i] = c1 P + c2 Px``.
     Sums run in the accumulation dtype, ``u``'s, with compensated carries.
     """
-    row, chunk, dblk, d, dmask = _program_block(D, BD)
+    prog, chunk, dblk, d, dmask = _program_block(D, BD)
+    row, begin, end = _stream_range(seg_ptr, prog, L, HAS_SEGMENTS)
     acc_dtype = u_ptr.dtype.element_ty
     # running sums of the sources so far, each with its compensation (the rounding errors of the
     # big adds, TwoSum): the carry stays exact to about eps² of its size however long the row
     run_w, run_x, err_w, err_x = _carried(
-        carry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_CARRY
+        carry_ptr, prog, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_CARRY
     )
-    xshift, xlow = _shift(xshift_ptr, row, d, dmask, D, acc_dtype, HAS_XSHIFT)
-    start = chunk * CHUNK
-    stop = tl.minimum(start + CHUNK, L)
+    xshift, xlow = _shift(xshift_ptr, prog, d, dmask, D, acc_dtype, HAS_XSHIFT)
+    start = begin + chunk * CHUNK
+    stop = tl.minimum(start + CHUNK, end)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         is_src, is_sink, j, i, p = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
         rows, scored, _, _ = _weighted_rows(
@@ -225,9 +245,10 @@ def stream_kernel(
 @triton.jit
 def relu_backward_kernel(
     order_ptr, v_ptr, vbar_ptr, w_ptr, u_ptr, g_ptr, a_ptr, mean_ptr,
-    dv_ptr, dots_ptr, kcarry_ptr, qcarry_ptr, bad_ptr,
+    dv_ptr, dots_ptr, kcarry_ptr, qcarry_ptr, bad_ptr, seg_ptr,
     N, T, D, L, CHUNK, NCHUNK,
-    HAS_W: tl.constexpr, HAS_KCARRY: tl.constexpr, BLOCK: tl.constexpr, BD: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_KCARRY: tl.constexpr, HAS_SEGMENTS: tl.constexpr, BLOCK: tl.constexpr,
+    BD: tl.constexpr,
 ):  # fmt: skip
     """Sliced ReLU's backward pass in one walk of the forward's stream (grid: rows, chunks, D blocks).
 
@@ -243,18 +264,19 @@ def relu_backward_kernel(
     backward's ``Σ_i a_i R_i g_i / n`` from ``stream_totals_kernel``'s ``c4`` plane); NaN at the
     real keys of a ``bad`` row (a non-finite score), written here rather than filled in afterwards.
     """
-    row, chunk, dblk, d, dmask = _program_block(D, BD)
+    prog, chunk, dblk, d, dmask = _program_block(D, BD)
+    row, begin, end = _stream_range(seg_ptr, prog, L, HAS_SEGMENTS)
     acc_dtype = u_ptr.dtype.element_ty
     run_k, run_kt, err_k, err_kt = _carried(
-        kcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_KCARRY
+        kcarry_ptr, prog, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_KCARRY
     )
-    run_q, run_qs, err_q, err_qs = _carried(qcarry_ptr, row, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, True)
-    vbar, vbar_low = _shift(vbar_ptr, row, d, dmask, D, acc_dtype, True)
-    mean = tl.load(mean_ptr + row * D + d, mask=dmask, other=0.0).to(acc_dtype)
-    bad = tl.load(bad_ptr + row) != 0
+    run_q, run_qs, err_q, err_qs = _carried(qcarry_ptr, prog, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, True)
+    vbar, vbar_low = _shift(vbar_ptr, prog, d, dmask, D, acc_dtype, True)
+    mean = tl.load(mean_ptr + prog * D + d, mask=dmask, other=0.0).to(acc_dtype)
+    bad = tl.load(bad_ptr + prog) != 0
     plane = N.to(tl.int64) * T  # one (N, T) plane of ``dots``: its third starts past 2³¹ at B·H·T ≥ 2³⁰
-    start = chunk * CHUNK
-    stop = tl.minimum(start + CHUNK, L)
+    start = begin + chunk * CHUNK
+    stop = tl.minimum(start + CHUNK, end)
     for it in range(0, (stop - start + BLOCK - 1) // BLOCK):
         is_key, is_query, j, i, p = _merged_entries(order_ptr, row, L, T, start + it * BLOCK, stop, BLOCK)
         u = tl.load(u_ptr + row * L + p, mask=is_key | is_query, other=0.0).to(acc_dtype)  # by slot

@@ -62,7 +62,13 @@ def test_the_probe_compiles_the_walks_as_they_are_launched():
     from attnlab.attention.common.triton import runtime
     from triton_builds import KERNELS, VAL
 
-    names = {torch.int32: "*i32", torch.float32: "*fp32", torch.bool: "*i1", torch.bfloat16: VAL}
+    names = {
+        torch.int32: "*i32",
+        torch.int64: "*i64",
+        torch.float32: "*fp32",
+        torch.bool: "*i1",
+        torch.bfloat16: VAL,
+    }
     for name, args, options in sliced._walk_signatures(torch.bfloat16, torch.float32, 64):
         got = [names[a] if isinstance(a, torch.dtype) else "i32" for a in args]
         assert got == KERNELS[name][0], name

@@ -1,0 +1,91 @@
+"""Sliced ReLU's Triton walks on packed rows (``sliced_relu.triton_segments``), under Triton's
+interpreter: every sequence of a packed row gets what the float64 reference gives it alone, outputs
+and gradients, in one chunk per segment and in many (segments that start and end inside a chunk)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from attnlab.attention.common.packing import PackedLayout  # noqa: E402
+from attnlab.attention.common.triton.runtime import TritonUnavailableError  # noqa: E402
+from attnlab.attention.sliced_relu import reference  # noqa: E402
+from attnlab.attention.sliced_relu import triton as triton_sliced  # noqa: E402
+from attnlab.attention.sliced_relu.segments import sliced_relu_attention_segments  # noqa: E402
+
+F64 = torch.float64
+HEADS, DIM = 2, 5
+SHORT = ([5, 3, 1, 7, 2, 2, 9], [[0, 1, 2], [3], [4, 5], [6]])  # rows of 9 slots, two partly empty
+LONG = ([37, 3, 24, 1, 70, 9, 2], [[0, 1, 2], [3, 4, 5], [6]])  # rows of 80 slots
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _inputs(lengths, rows, grid, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    layout = PackedLayout.from_rows(lengths, rows)
+    batch, length = layout.pack_index.shape
+    s, t = (torch.randn(batch, HEADS, length, generator=gen, dtype=F64) for _ in range(2))
+    if grid:  # ties between queries and keys
+        s, t = (torch.round(x * 4) / 4 for x in (s, t))
+    v = torch.randn(batch, HEADS, length, DIM, generator=gen, dtype=F64)
+    return layout, s, t, v
+
+
+@pytest.mark.parametrize("chunk", [None, 16], ids=["one-chunk", "chunks-of-16"])
+@pytest.mark.parametrize("grid", [False, True], ids=["random", "ties"])
+@pytest.mark.parametrize("case", [SHORT, LONG], ids=["short", "long"])
+def test_each_sequence_gets_what_the_reference_gives_it_alone(interpret, monkeypatch, case, grid, chunk):
+    if chunk is not None:
+        monkeypatch.setattr(triton_sliced.TUNING, "chunk", chunk)
+        monkeypatch.setattr(triton_sliced.TUNING, "block", 16)
+    lengths, rows = case
+    layout, *inputs = _inputs(lengths, rows, grid)
+    s, t, v = (x.requires_grad_(True) for x in inputs)
+    out = sliced_relu_attention_segments(s, t, v, layout.segments, impl="triton")
+    grad = torch.randn_like(out) * layout.row_mask[:, None, :, None]  # empty slots read by no loss
+    out.backward(grad)
+    got = [layout.unpack_heads(x) for x in (out, s.grad, t.grad, v.grad)]
+    for n, length in enumerate(lengths):
+        alone = [
+            layout.unpack_heads(x.detach())[n : n + 1, :, :length].requires_grad_(True) for x in (s, t, v)
+        ]
+        want = reference.sliced_relu_attention(*alone)
+        want.backward(layout.unpack_heads(grad)[n : n + 1, :, :length])
+        for name, mine, theirs in zip(
+            ["out", "ds", "dt", "dv"], got, [want, *(x.grad for x in alone)], strict=True
+        ):
+            torch.testing.assert_close(mine[n : n + 1, :, :length], theirs, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_float32_keeps_float32_precision(interpret):
+    """float32 packed rows within float32's rounding of the float64 results: each segment's walk
+    starts from its own carries, so no earlier sequence's sums reach its outputs or gradients."""
+    layout, *inputs = _inputs(*LONG, grid=False, seed=1)
+    results = []
+    for dtype, impl in ((torch.float32, "triton"), (F64, "torch")):
+        s, t, v = (x.to(dtype).requires_grad_(True) for x in inputs)
+        out = sliced_relu_attention_segments(s, t, v, layout.segments, impl=impl)
+        out.backward(torch.ones_like(out) * layout.row_mask[:, None, :, None])
+        results.append([x.double() for x in (out, s.grad, t.grad, v.grad)])
+    for name, got, want in zip(["out", "ds", "dt", "dv"], *results, strict=True):
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6 * scale, msg=name)
+
+
+def test_triton_is_refused_by_name_for_the_causal_op():
+    layout, s, t, v = _inputs(*SHORT, grid=False)
+    with pytest.raises(TritonUnavailableError, match="causal op on packed rows"):
+        sliced_relu_attention_segments(s, t, v, layout.segments, causal=True, impl="triton")
+
+
+def test_triton_is_refused_by_name_for_cpu_tensors_outside_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    layout, s, t, v = _inputs(*SHORT, grid=False)
+    with pytest.raises(TritonUnavailableError, match="take CUDA tensors"):
+        sliced_relu_attention_segments(s, t, v, layout.segments, impl="triton")
