@@ -63,22 +63,29 @@ KERNELS = {
     # ReLU-bump: the keys' prefix table, then the walk in its three modes (forward, query and key
     # sides of the backward); scores in the accumulation dtype, tables float64
     "bump_table_kernel": (
-        ["*i32", F32, VAL, "*i32", F64, F64, *["i32"] * 4],
-        {k: v for k, v in BUMP.items() if k != "BK"},
+        ["*i32", F32, VAL, "*i32", F64, F64, "*i64", *["i32"] * 4],
+        {"HAS_SEGMENTS": True, **{k: v for k, v in BUMP.items() if k != "BK"}},
     ),
     **{
         f"bump_walk_kernel[{name}]": (
             [F32, "*i32", F32, "*i32", VAL, VAL, F64, F64, "*i32", F32, F32, "*i32", "*i32"]
-            + [VAL, F32, F64, F64, F64, "*i1", "*i32", *["i32"] * 7],
-            {"MODE": mode, "KEY_SINKS": mode == 2, "STATS": False, **BUMP, **_bump_blocks(mode)},
+            + [VAL, F32, F64, F64, F64, "*i1", "*i32", "*i64", *["i32"] * 7],
+            {
+                "MODE": mode,
+                "KEY_SINKS": mode == 2,
+                "STATS": False,
+                "HAS_SEGMENTS": True,
+                **BUMP,
+                **_bump_blocks(mode),
+            },
         )
         for mode, name in enumerate(("fwd", "query", "key"))
     },
     # scalar (N, T) passes, in the accumulation dtype whatever the op's
     **{
         f"bump_plan_kernel[{name}-scalar]": (
-            [F32, F32, "*i32", F32, "*i32", "i32", "i32"],
-            {"KEY_SINKS": keys, "SINKS": BUMP_TUNING.sinks, "BLOCK": 64},
+            [F32, F32, "*i32", F32, "*i32", "*i64", "i32", "i32"],
+            {"KEY_SINKS": keys, "SINKS": BUMP_TUNING.sinks, "HAS_SEGMENTS": True, "BLOCK": 64},
         )
         for keys, name in ((False, "queries"), (True, "keys"))
     },

@@ -27,6 +27,7 @@ import torch
 
 from attnlab.attention.common.packing import run_ids
 from attnlab.attention.common.precision import FLOAT_DTYPES, accumulation_dtype, no_autocast
+from attnlab.attention.common.triton import runtime
 from attnlab.attention.sliced_common.dominance import prefix_sums_
 from attnlab.attention.sliced_common.rows import take_rows
 
@@ -278,3 +279,22 @@ def standardise_scores_prefix_segments(
     mean, square = (segment_running_sum(x, runs) / count for x in (ds + dt, ds * ds + dt * dt))
     std = torch.sqrt((square - mean * mean).clamp_min(0.0) + eps)
     return ((ds - mean) / std).view(batch, heads, length), ((dt - mean) / std).view(batch, heads, length)
+
+
+def triton_takes(op: str, impl: str, causal: bool, s, t, v) -> bool:
+    """Whether an op on packed rows runs its Triton walks: ``impl="triton"``, or ``"auto"`` on CUDA
+    where Triton runs; bidirectional only. ``impl="triton"`` where they cannot raises, naming why."""
+    if impl == "torch":
+        return False
+    cuda = runtime.on_cuda((s, t, v))
+    if impl == "auto" and not cuda:
+        return False
+    if causal:
+        problem = "no Triton kernel takes the causal op on packed rows"
+    elif not cuda and not runtime.interpret_mode():
+        problem = f"the Triton kernels take CUDA tensors (or run under TRITON_INTERPRET=1), got {v.device}"
+    else:
+        problem = runtime.triton_problem(op, impl, v.device, cuda)
+    if problem is not None and impl == "triton":
+        raise runtime.TritonUnavailableError(f"{op}: impl='triton' cannot run: {problem}", problem)
+    return problem is None

@@ -27,6 +27,7 @@ from attnlab.attention.sliced_common.segments import (
     on_packed_rows,
     segment_mean,
     sort_keys,
+    triton_takes,
 )
 from attnlab.attention.sliced_relu.causal import causal_sliced_relu_rows
 
@@ -61,7 +62,7 @@ def sliced_relu_attention_segments(
     if compiler.compiling():  # its hand-written backward pass: called, not traced
         return _OPAQUE(s, t, v, segments, float(eps), causal, impl)
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype)
-    if _triton_runs(impl, causal, s, t, v):
+    if triton_takes(OP, impl, causal, s, t, v):
         from attnlab.attention.sliced_relu.triton_segments import SegmentedSlicedReLUTriton  # loads triton
 
         def walks(s, t, v, r):
@@ -75,25 +76,6 @@ def sliced_relu_attention_segments(
         return on_packed_rows(op, s, t, v, segments, acc, centre=False)
     op = lambda s, t, v, r: SegmentedSlicedReLU.apply(s, t, v, r.local, r.start, r.size, float(eps))  # noqa: E731
     return on_packed_rows(op, s, t, v, segments, acc)
-
-
-def _triton_runs(impl: str, causal: bool, s, t, v) -> bool:
-    """Whether the Triton walks take the call: asked for, or ``auto`` on CUDA where Triton runs;
-    ``impl="triton"`` where they cannot raises, naming why."""
-    if impl == "torch":
-        return False
-    cuda = runtime.on_cuda((s, t, v))
-    if impl == "auto" and not cuda:
-        return False
-    if causal:
-        problem = "no Triton kernel takes the causal op on packed rows"
-    elif not cuda and not runtime.interpret_mode():
-        problem = f"the Triton kernels take CUDA tensors (or run under TRITON_INTERPRET=1), got {v.device}"
-    else:
-        problem = runtime.triton_problem(OP, impl, v.device, cuda)
-    if problem is not None and impl == "triton":
-        raise runtime.TritonUnavailableError(f"{OP}: impl='triton' cannot run: {problem}", problem)
-    return problem is None
 
 
 class SegmentedSlicedReLU(torch.autograd.Function):

@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 
 from attnlab.attention.common import compiler
+from attnlab.attention.common.dispatch import check_choice
 from attnlab.attention.common.precision import accumulation_dtype
+from attnlab.attention.common.triton import runtime
 from attnlab.attention.sliced_common.rows import (
     cumsum_rows_,
     exclusive_cumsum,
@@ -22,6 +24,7 @@ from attnlab.attention.sliced_common.segments import (
     on_packed_rows,
     segment_mean,
     sort_keys,
+    triton_takes,
 )
 from attnlab.attention.sliced_relu_bump.causal import causal_sliced_relu_bump_rows
 from attnlab.attention.sliced_relu_bump.normaliser import check_bump_normaliser
@@ -42,23 +45,37 @@ def sliced_relu_bump_attention_segments(
     causal: bool = False,
     normaliser: str = "count",
     mass_eps: float = 1e-2,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """`sliced_relu_bump_attention` inside segments:
     ``o_i = (1/n) Σ_j max(0, 1 − |s_i − t_j| / b_h) v_j`` over the n keys of the query's own segment
     (``segments`` (B, L), contiguous runs, `PackedLayout.segments`); s, t (B, H, L), v (B, H, L, D),
     ``bandwidth`` (H,). O(L log L) per row; ``causal=True``: keys ``j ≤ i`` of the segment only,
     ``normaliser`` and ``mass_eps`` as in `sliced_relu_bump_attention`, O(L log² L)
-    (`causal_sliced_relu_bump_rows`). Torch code on every device; differentiable in s, t, v and the
-    bandwidth (first order: the backward passes are hand-written)."""
+    (`causal_sliced_relu_bump_rows`). ``impl``: ``"auto"`` (the Triton walks for CUDA tensors,
+    bidirectional: ``sliced_relu_bump.triton_segments``; torch code otherwise), ``"triton"`` or
+    ``"torch"``. Differentiable in s, t, v and the bandwidth (first order: the backward passes are
+    hand-written)."""
     check_segment_inputs(OP, s, t, v, segments)
     check_bandwidth(OP, bandwidth, v.shape[1])
     if type(causal) is not bool:
         raise TypeError(f"{OP}: causal must be True or False, got {causal!r}")
     check_bump_normaliser(OP, normaliser, mass_eps, causal)
+    check_choice(OP, impl)
     if compiler.compiling():  # its hand-written backward pass: called, not traced
-        return _OPAQUE(s, t, v, bandwidth, segments, causal, normaliser, float(mass_eps))
+        return _OPAQUE(s, t, v, bandwidth, segments, causal, normaliser, float(mass_eps), impl)
     acc = accumulation_dtype(s.dtype, t.dtype, v.dtype, bandwidth.dtype)
     width = bandwidth.to(device=v.device, dtype=acc).repeat(v.shape[0])[:, None]  # row (b, h) → b_h
+    if triton_takes(OP, impl, causal, s, t, v):
+        # imported here: it loads triton
+        from attnlab.attention.sliced_relu_bump.triton_segments import SegmentedSlicedReLUBumpTriton
+
+        def walks(s, t, v, r):
+            return SegmentedSlicedReLUBumpTriton.apply(s, t, v, width, r.local, r.start, r.size)
+
+        out = runtime.launch(OP, impl, v.device, lambda: on_packed_rows(walks, s, t, v, segments, acc))
+        if out is not None:
+            return out
     if causal:
         eps = None if normaliser == "count" else float(mass_eps)
         op = lambda s, t, v, r: causal_sliced_relu_bump_rows(s, t, v, width, r, mass_eps=eps)  # noqa: E731
@@ -122,6 +139,6 @@ _OPAQUE = compiler.opaque_op(
     OP,
     sliced_relu_bump_attention_segments,
     "Tensor s, Tensor t, Tensor v, Tensor bandwidth, Tensor segments, bool causal, str normaliser, "
-    "float mass_eps",
+    "float mass_eps, str impl",
     differentiable=4,
 )

@@ -37,6 +37,7 @@ the key walk spills kilobytes of stack per thread in float64.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -89,34 +90,52 @@ def _block_d(dim: int) -> tuple[int, int]:
     return block, -(-dim // block)
 
 
-def _plan(sinks_sorted, sources_sorted, width, n_sink, sinks, key_sinks):
-    """Where each block of ``sinks`` sorted sinks walks over the sorted sources ``(N, blocks, 2)``
-    int32: its lowest and highest window edge (``bump_plan_kernel``); queries over keys, or keys
+class Segments(NamedTuple):
+    """Packed rows' segments as the kernels' programs (``_sorted_run`` in the kernels): ``table (S, 3)``
+    int64, each segment's row, first position and size, and the longest size."""
+
+    table: torch.Tensor
+    longest: int
+
+
+def _programs(rows: int, length: int, segments: Segments | None) -> tuple[int, int]:
+    """``(programs, positions)``: one per row of ``length`` sorted positions, or one per segment,
+    the longest deciding the blocks."""
+    return (rows, length) if segments is None else (segments.table.shape[0], segments.longest)
+
+
+def _plan(sinks_sorted, sources_sorted, width, n_sink, sinks, key_sinks, segments=None):
+    """Where each block of ``sinks`` sorted sinks walks over the sorted sources ``(programs, blocks,
+    2)`` int32: its lowest and highest window edge (``bump_plan_kernel``); queries over keys, or keys
     over queries (``key_sinks``)."""
     rows, length = sinks_sorted.shape
-    blocks = -(-length // sinks)
-    plan = torch.empty(rows, blocks, 2, dtype=torch.int32, device=sinks_sorted.device)
-    kernels().bump_plan_kernel[(rows, -(-blocks // PLAN_BLOCK))](
-        sinks_sorted, sources_sorted, n_sink, width, plan, length, blocks,
-        KEY_SINKS=key_sinks, SINKS=sinks, BLOCK=PLAN_BLOCK,
+    programs, positions = _programs(rows, length, segments)
+    blocks = -(-positions // sinks)
+    plan = torch.empty(programs, blocks, 2, dtype=torch.int32, device=sinks_sorted.device)
+    kernels().bump_plan_kernel[(programs, -(-blocks // PLAN_BLOCK))](
+        sinks_sorted, sources_sorted, n_sink, width, plan,
+        segments.table if segments is not None else plan, length, blocks,
+        KEY_SINKS=key_sinks, SINKS=sinks, HAS_SEGMENTS=segments is not None, BLOCK=PLAN_BLOCK,
     )  # fmt: skip
     return plan
 
 
-def _query_plan(s_search, t_search, width, n_query, sinks):
+def _query_plan(s_search, t_search, width, n_query, sinks, segments=None):
     """The walk of each block of ``sinks`` sorted queries over the sorted keys."""
-    return _plan(s_search, t_search, width, n_query, sinks, key_sinks=False)
+    return _plan(s_search, t_search, width, n_query, sinks, False, segments)
 
 
-def _key_plan(t_search, s_search, width, n_key):
+def _key_plan(t_search, s_search, width, n_key, segments=None):
     """The walk of each block of sorted keys over the sorted queries (the same pairs)."""
-    return _plan(t_search, s_search, width, n_key, BUMP.key_sinks, key_sinks=True)
+    return _plan(t_search, s_search, width, n_key, BUMP.key_sinks, True, segments)
 
 
-def _table_buffers(x: torch.Tensor, blocks: int, sinks: int):
-    """Empty prefix-table rows ``(N, blocks · rows per block + 1, 2, D)`` float64 (the last, past
-    every block, zero) and block totals ``(N, blocks, 2, D)``."""
+def _table_buffers(x: torch.Tensor, blocks: int, sinks: int, programs: int | None = None):
+    """Empty prefix-table rows ``(programs, blocks · rows per block + 1, 2, D)`` float64 (the last,
+    past every block, zero) and block totals ``(programs, blocks, 2, D)``; a program per row of
+    ``x`` unless ``programs`` says."""
     rows, _, dim = x.shape
+    rows = rows if programs is None else programs
     local = torch.empty(
         rows, blocks * (sinks // BUMP.table) + 1, 2, dim, dtype=torch.float64, device=x.device
     )
@@ -133,15 +152,18 @@ def _carry(totals: torch.Tensor) -> torch.Tensor:
     return carry
 
 
-def _key_table(k_order, t_search, v, n_key):
-    """The prefix table of v over the sorted keys (``bump_table_kernel``): ``(local, carry)``."""
+def _key_table(k_order, t_search, v, n_key, segments=None):
+    """The prefix table of v over the sorted keys (``bump_table_kernel``): ``(local, carry)``, per
+    row or per segment."""
     rows, length, dim = v.shape
-    blocks = -(-length // BUMP.sinks)
-    local, totals = _table_buffers(v, blocks, BUMP.sinks)
+    programs, positions = _programs(rows, length, segments)
+    blocks = -(-positions // BUMP.sinks)
+    local, totals = _table_buffers(v, blocks, BUMP.sinks, programs)
     block_d, d_blocks = _block_d(dim)
-    kernels().bump_table_kernel[(rows, blocks, d_blocks)](
-        k_order, t_search, v, n_key, local, totals, length, dim, local.shape[1], blocks,
-        BS=BUMP.sinks, TB=BUMP.table, BD=block_d, num_warps=BUMP.num_warps,
+    kernels().bump_table_kernel[(programs, blocks, d_blocks)](
+        k_order, t_search, v, n_key, local, totals, segments.table if segments is not None else n_key,
+        length, dim, local.shape[1], blocks,
+        HAS_SEGMENTS=segments is not None, BS=BUMP.sinks, TB=BUMP.table, BD=block_d, num_warps=BUMP.num_warps,
     )  # fmt: skip
     return local, _carry(totals)
 
@@ -171,30 +193,33 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
 
 def _walk(
     mode, sinks, sources, x, table, plan, width, count, bad, *, y=None, out=None, scal=None, part=None,
-    write=None,
+    write=None, segments=None,
 ):  # fmt: skip
     """``bump_walk_kernel`` in ``mode``: ``sinks``/``sources`` are ``(sorted scores, order, real
     count)``; ``table`` the sources' ``(local, carry)``; ``write`` the sinks' table buffers; ``count``
     the rows' real keys (n in the factor 1 / (n b)); ``bad``
-    the rows whose ``out`` is NaN at the real sinks."""
+    the rows whose ``out`` is NaN at the real sinks; with ``segments``, every per-row array is per
+    segment."""
     rows, length, dim = x.shape
     block_d, d_blocks = _block_d(dim)
-    blocks = plan.shape[1]
+    programs, blocks = plan.shape[:2]
     (sink_score, sink_order, n_sink), (src_score, src_order, n_src) = sinks, sources
     local, carry = table
     dummy = width
     tloc, ttot = write if write is not None else (dummy, dummy)
     stats = None
     if WALK_STATS is not None:
-        stats = torch.zeros(rows, blocks, 2, dtype=torch.int32, device=x.device)
+        stats = torch.zeros(programs, blocks, 2, dtype=torch.int32, device=x.device)
         WALK_STATS.append((mode, stats))
-    kernels().bump_walk_kernel[(rows, blocks, d_blocks)](
+    kernels().bump_walk_kernel[(programs, blocks, d_blocks)](
         sink_score, sink_order, src_score, src_order, x, y if y is not None else x,
         local, carry, plan, width, count, n_sink, n_src,
         out if out is not None else dummy, scal if scal is not None else dummy,
         part if part is not None else dummy, tloc, ttot, bad, stats if stats is not None else plan,
+        segments.table if segments is not None else plan,
         rows, length, dim, blocks, local.shape[1], carry.shape[1], tloc.shape[1] if write is not None else 0,
         MODE=mode, KEY_SINKS=mode == 2, RPB=(BUMP.query_sinks if mode == 2 else BUMP.sinks) // BUMP.table,
+        HAS_SEGMENTS=segments is not None,
         BS=(BUMP.sinks, BUMP.query_sinks, BUMP.key_sinks)[mode], BK=BUMP.sources,
         TB=BUMP.table, BD=block_d, STATS=stats is not None, num_warps=BUMP.num_warps,
         **dot_format(x.dtype, width.dtype, _capability(x.device)),

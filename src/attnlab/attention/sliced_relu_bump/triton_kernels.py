@@ -127,37 +127,57 @@ def _write_table(x64, score64, loc_ptr, tot_ptr, row, blk, NT, NB, d, dmask, D,
 
 
 @triton.jit
+def _sorted_run(seg_ptr, prog, T, HAS_SEGMENTS: tl.constexpr):
+    """What program ``prog`` reads: ``(row, base, length)``, its row of the (N, T) token arrays and
+    the start (row · T + ...) and length of its run of the row's sorted lists. The whole row
+    ``prog``, or with ``HAS_SEGMENTS`` segment ``prog`` of a packed row (``seg (S, 3)`` int64: its
+    row, first position and size; sorted by (segment, score), a segment's keys and queries hold
+    the positions its tokens hold). Every per-row array (width, counts, plan, tables) is then
+    indexed by ``prog``."""
+    row = prog
+    start = prog * 0
+    length = start + T
+    if HAS_SEGMENTS:
+        row = tl.load(seg_ptr + prog * 3)
+        start = tl.load(seg_ptr + prog * 3 + 1)
+        length = tl.load(seg_ptr + prog * 3 + 2)
+    return row, row * T + start, length.to(tl.int32)
+
+
+@triton.jit
 def bump_table_kernel(
-    order_ptr, score_ptr, x_ptr, n_ptr, loc_ptr, tot_ptr, T, D, NT, NB,
-    BS: tl.constexpr, TB: tl.constexpr, BD: tl.constexpr,
+    order_ptr, score_ptr, x_ptr, n_ptr, loc_ptr, tot_ptr, seg_ptr, T, D, NT, NB,
+    HAS_SEGMENTS: tl.constexpr, BS: tl.constexpr, TB: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     """The sources' prefix table in blocks of ``BS`` sorted positions (grid: rows, blocks, D blocks):
     each block writes its local rows and its totals (``_write_table``); the first ``n`` positions
     of a row are sources (``order``: their rows in ``x``, ``score``: their sorted scores)."""
-    row, blk, _, d, dmask = _program_block(D, BD)
+    prog, blk, _, d, dmask = _program_block(D, BD)
+    row, base, _ = _sorted_run(seg_ptr, prog, T, HAS_SEGMENTS)
     p = blk * BS + tl.arange(0, BS)
-    valid = p < tl.load(n_ptr + row)
-    idx = tl.load(order_ptr + row * T + p, mask=valid, other=0)
+    valid = p < tl.load(n_ptr + prog)
+    idx = tl.load(order_ptr + base + p, mask=valid, other=0)
     x = tl.load(
         x_ptr + (row * T + idx)[:, None] * D + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0
     )
-    score = tl.load(score_ptr + row * T + p, mask=valid, other=0.0)
+    score = tl.load(score_ptr + base + p, mask=valid, other=0.0)
     _write_table(
-        x.to(tl.float64), score.to(tl.float64), loc_ptr, tot_ptr, row, blk, NT, NB, d, dmask, D, BS, TB, BD
+        x.to(tl.float64), score.to(tl.float64), loc_ptr, tot_ptr, prog, blk, NT, NB, d, dmask, D, BS, TB, BD
     )
 
 
 @triton.jit
-def _walk_tile(acc1, acc2, kt, src_score_ptr, src_order_ptr, x_ptr, row, T, D, n_src, d, dmask,
+def _walk_tile(acc1, acc2, kt, src_score_ptr, src_order_ptr, x_ptr, base, token_base, D, n_src, d, dmask,
                sink_nan, width, MODE: tl.constexpr, KEY_SINKS: tl.constexpr, BK: tl.constexpr,
                DOT: tl.constexpr, OPERAND: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-    """``acc1``, ``acc2`` plus tile ``kt`` of the sorted sources, pair by pair (``_bump_weights``)."""
+    """``acc1``, ``acc2`` plus tile ``kt`` of the sorted sources, pair by pair (``_bump_weights``);
+    the sorted run starts at ``base``, its row's tokens at ``token_base``."""
     k = kt * BK + tl.arange(0, BK)
     kmask = k < n_src
-    idx = tl.load(src_order_ptr + row * T + k, mask=kmask, other=0)
-    src = tl.load(src_score_ptr + row * T + k, mask=kmask, other=0.0).to(width.dtype)
+    idx = tl.load(src_order_ptr + base + k, mask=kmask, other=0)
+    src = tl.load(src_score_ptr + base + k, mask=kmask, other=0.0).to(width.dtype)
     x = tl.load(
-        x_ptr + (row * T + idx)[:, None] * D + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0
+        x_ptr + (token_base + idx)[:, None] * D + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0
     )
     x_dot = x.to(OPERAND)  # exact: the dot's format holds x's dtype
     weight, dist, sign = _bump_weights(sink_nan, tl.where(kmask, src, float("nan")), width, KEY_SINKS)
@@ -198,9 +218,10 @@ def _same_sides(first, last, sink, width, valid, KEY_SINKS: tl.constexpr):
 
 
 @triton.jit
-def _score(src_score_ptr, row, T, at):
-    """The sorted source score at position ``at``; +inf past the row (a padded source's score)."""
-    return tl.load(src_score_ptr + row * T + at, mask=at < T, other=float("inf"))
+def _score(src_score_ptr, base, length, at):
+    """The sorted source score at position ``at`` of the run from ``base``; +inf past its ``length``
+    (a padded source's score)."""
+    return tl.load(src_score_ptr + base + at, mask=at < length, other=float("inf"))
 
 
 @triton.jit
@@ -241,9 +262,9 @@ def _jump_run(acc1, acc2, j0, j1, tau, valid, sink, width, loc_ptr, carry_ptr, r
 def bump_walk_kernel(
     sink_score_ptr, sink_order_ptr, src_score_ptr, src_order_ptr, x_ptr, y_ptr,
     loc_ptr, carry_ptr, plan_ptr, width_ptr, count_ptr, n_sink_ptr, n_src_ptr,
-    out_ptr, scal_ptr, part_ptr, tloc_ptr, ttot_ptr, bad_ptr, stats_ptr,
+    out_ptr, scal_ptr, part_ptr, tloc_ptr, ttot_ptr, bad_ptr, stats_ptr, seg_ptr,
     N, T, D, NB, NT, NC, TNT,
-    MODE: tl.constexpr, KEY_SINKS: tl.constexpr, RPB: tl.constexpr,
+    MODE: tl.constexpr, KEY_SINKS: tl.constexpr, RPB: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
     BS: tl.constexpr, BK: tl.constexpr, TB: tl.constexpr, BD: tl.constexpr,
     DOT: tl.constexpr, OPERAND: tl.constexpr, PRECISION: tl.constexpr, STATS: tl.constexpr,
 ):  # fmt: skip
@@ -266,24 +287,26 @@ def bump_walk_kernel(
     here, where masked fills afterwards would read and write them again. ``STATS``: the tiles
     walked and table rows jumped go to ``stats[row, blk]`` (tests and benchmarks).
     """
-    row, blk, dblk, d, dmask = _program_block(D, BD)
+    prog, blk, dblk, d, dmask = _program_block(D, BD)
+    row, base, length = _sorted_run(seg_ptr, prog, T, HAS_SEGMENTS)
+    token_base = row * T
     acc_dtype = width_ptr.dtype.element_ty
-    width = tl.load(width_ptr + row)
+    width = tl.load(width_ptr + prog)
     # coef = 1 / (n b) in float64 (n: the row's real keys): dL/db's factor 1 / (n b²) must not round twice
-    coef64 = 1.0 / (tl.load(count_ptr + row).to(tl.float64) * width.to(tl.float64))
+    coef64 = 1.0 / (tl.load(count_ptr + prog).to(tl.float64) * width.to(tl.float64))
     coef = coef64.to(acc_dtype)
-    n_src = tl.load(n_src_ptr + row)
+    n_src = tl.load(n_src_ptr + prog)
     p = blk * BS + tl.arange(0, BS)
-    pmask = p < T
-    valid = p < tl.load(n_sink_ptr + row)
-    sink = tl.load(sink_score_ptr + row * T + p, mask=valid, other=0.0).to(acc_dtype)
+    pmask = p < length
+    valid = p < tl.load(n_sink_ptr + prog)
+    sink = tl.load(sink_score_ptr + base + p, mask=valid, other=0.0).to(acc_dtype)
     sink_nan = tl.where(valid, sink, float("nan"))
     acc1 = tl.full([BS, BD], 0.0, acc_dtype)
     # dL/db sums every query's Σ |s - t| v_j · g_i: they cancel, so acc2 is float64 in mode 1
     acc2 = tl.full([BS, BD], 0.0, tl.float64 if MODE == 1 else acc_dtype)
     PER_ROW: tl.constexpr = TB // BK
-    kt = tl.load(plan_ptr + (row * NB + blk) * 2) // BK  # the tile of the lowest edge
-    end = tl.load(plan_ptr + (row * NB + blk) * 2 + 1)  # the highest edge: no window reaches past it
+    kt = tl.load(plan_ptr + (prog * NB + blk) * 2) // BK  # the tile of the lowest edge
+    end = tl.load(plan_ptr + (prog * NB + blk) * 2 + 1)  # the highest edge: no window reaches past it
     last_row = tl.minimum((end + TB - 1) // TB, NT - 1)
     end_tile = (end + BK - 1) // BK
     walked = 0
@@ -292,14 +315,14 @@ def bump_walk_kernel(
         j0 = kt // PER_ROW
         j1 = j0  # the end of the run jumped over from here (none yet)
         if kt % PER_ROW == 0:  # a table row starts: do its first and last sources lie alike?
-            tau = _score(src_score_ptr, row, T, j0 * TB)
-            last = _score(src_score_ptr, row, T, j0 * TB + TB - 1)
+            tau = _score(src_score_ptr, base, length, j0 * TB)
+            last = _score(src_score_ptr, base, length, j0 * TB + TB - 1)
             if _same_sides(tau, last, sink, width, valid, KEY_SINKS):
                 lo = j0 + 1  # then the run's end: the last row whose last source still does
                 hi = tl.maximum(last_row, lo)
                 while lo < hi:
                     mid = (lo + hi + 1) // 2
-                    last = _score(src_score_ptr, row, T, mid * TB - 1)
+                    last = _score(src_score_ptr, base, length, mid * TB - 1)
                     if _same_sides(tau, last, sink, width, valid, KEY_SINKS):
                         lo = mid
                     else:
@@ -307,13 +330,14 @@ def bump_walk_kernel(
                 j1 = lo
                 acc1, acc2 = _jump_run(
                     acc1, acc2, j0, j1, tau, valid, sink, width, loc_ptr, carry_ptr,
-                    row, NT, NC, d, dmask, D, MODE, RPB, KEY_SINKS,
+                    prog, NT, NC, d, dmask, D, MODE, RPB, KEY_SINKS,
                 )  # fmt: skip
         # no jump: walk the tiles up to the next table row, where the test comes again
         stop = tl.where(j1 > j0, kt, tl.minimum((j0 + 1) * PER_ROW, end_tile))
         for tile in range(kt, stop):
             acc1, acc2 = _walk_tile(
-                acc1, acc2, tile, src_score_ptr, src_order_ptr, x_ptr, row, T, D, n_src, d, dmask, sink_nan,
+                acc1, acc2, tile, src_score_ptr, src_order_ptr, x_ptr, base, token_base, D, n_src, d, dmask,
+                sink_nan,
                 width, MODE, KEY_SINKS, BK, DOT, OPERAND, PRECISION,
             )  # fmt: skip
         if STATS:
@@ -321,12 +345,12 @@ def bump_walk_kernel(
             jumped += j1 - j0
         kt = tl.where(j1 > j0, j1 * PER_ROW, stop)
     if STATS and dblk == 0:
-        tl.store(stats_ptr + (row * NB + blk) * 2, walked)
-        tl.store(stats_ptr + (row * NB + blk) * 2 + 1, jumped)
-    idx = tl.load(sink_order_ptr + row * T + p, mask=pmask, other=0)
-    at = (row * T + idx)[:, None] * D + d[None, :]
+        tl.store(stats_ptr + (prog * NB + blk) * 2, walked)
+        tl.store(stats_ptr + (prog * NB + blk) * 2 + 1, jumped)
+    idx = tl.load(sink_order_ptr + base + p, mask=pmask, other=0)
+    at = (token_base + idx)[:, None] * D + d[None, :]
     both = pmask[:, None] & dmask[None, :]
-    poisoned = valid & (tl.load(bad_ptr + row) != 0)
+    poisoned = valid & (tl.load(bad_ptr + prog) != 0)
     value = coef * acc1
     value = tl.where(poisoned[:, None], float("nan"), value)
     if out_ptr.dtype.element_ty != acc_dtype:  # via float32, as torch converts float64
@@ -343,12 +367,12 @@ def bump_walk_kernel(
             y64 = y.to(tl.float64)
             part = tl.reduce(tl.reduce(y64 * acc2, 1, _add), 0, _add)
             tl.store(
-                part_ptr + (row * NB + blk) * tl.num_programs(2) + dblk,
+                part_ptr + (prog * NB + blk) * tl.num_programs(2) + dblk,
                 part * (coef64 / width.to(tl.float64)),
             )
             _write_table(
                 y64, tl.where(valid, sink, 0.0).to(tl.float64), tloc_ptr, ttot_ptr,
-                row, blk, TNT, NB, d, dmask, D, BS, TB, BD,
+                prog, blk, TNT, NB, d, dmask, D, BS, TB, BD,
             )  # fmt: skip
         else:
             tl.store(out_ptr + at, value.to(out_ptr.dtype.element_ty), mask=both)
@@ -402,23 +426,23 @@ def _window_edge(sink_ptr, src_ptr, base, T, at, live, width, HIGH: tl.constexpr
 
 @triton.jit
 def bump_plan_kernel(
-    sink_ptr, src_ptr, n_sink_ptr, width_ptr, plan_ptr, T, NB,
-    KEY_SINKS: tl.constexpr, SINKS: tl.constexpr, BLOCK: tl.constexpr,
+    sink_ptr, src_ptr, n_sink_ptr, width_ptr, plan_ptr, seg_ptr, T, NB,
+    KEY_SINKS: tl.constexpr, SINKS: tl.constexpr, HAS_SEGMENTS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Where each block of ``SINKS`` sorted sinks walks (grid: rows, groups of ``BLOCK`` blocks):
     ``plan[row, blk, 0:2]`` = the lowest window edge of the block's first real sink and the
     highest of its last (``_window_edge``): no sink's window holds a source outside (the edges
     grow with the score). Zeros for a block with no real sink."""
-    row = tl.program_id(0).to(tl.int64)
+    prog = tl.program_id(0).to(tl.int64)
     blk = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    base = row * T
+    _, base, length = _sorted_run(seg_ptr, prog, T, HAS_SEGMENTS)
     first = blk * SINKS
-    last = tl.minimum(first + SINKS, tl.load(n_sink_ptr + row)) - 1
+    last = tl.minimum(first + SINKS, tl.load(n_sink_ptr + prog)) - 1
     live = (blk < NB) & (last >= first)
-    width = tl.load(width_ptr + row)
-    low = _window_edge(sink_ptr, src_ptr, base, T, first, live, width, False, KEY_SINKS)
-    high = _window_edge(sink_ptr, src_ptr, base, T, tl.maximum(last, 0), live, width, True, KEY_SINKS)
-    out = plan_ptr + (row * NB + blk) * 2
+    width = tl.load(width_ptr + prog)
+    low = _window_edge(sink_ptr, src_ptr, base, length, first, live, width, False, KEY_SINKS)
+    high = _window_edge(sink_ptr, src_ptr, base, length, tl.maximum(last, 0), live, width, True, KEY_SINKS)
+    out = plan_ptr + (prog * NB + blk) * 2
     inside = blk < NB
     tl.store(out, tl.where(live, low, 0), mask=inside)
     tl.store(out + 1, tl.where(live, high, 0), mask=inside)
