@@ -9,6 +9,7 @@ from attnlab.attention.common import compiler
 from attnlab.attention.common.checks import check_qkv
 from attnlab.attention.common.packing import check_segments, run_ids
 from attnlab.attention.common.padding import PADDED_QUERIES, check_padded_queries, query_mask
+from attnlab.attention.softmax import flex
 
 
 def softmax_attention(
@@ -81,12 +82,17 @@ def softmax_attention_segments(
 ) -> torch.Tensor:
     """Softmax attention inside segments: q, k, v (B, H, L, D) hold several sequences end to end in
     each row, ``segments`` (B, L) says which each position belongs to, and a query attends to the
-    keys of its own segment only (j <= i too when ``causal``), through SDPA with a block-diagonal
-    mask: a packed row pays L² per row instead of M² per sequence of a padded layout. Every query
-    sees at least itself, so no row is empty; non-finite inputs follow SDPA's own rules."""
+    keys of its own segment only (j <= i too when ``causal``). On CUDA without dropout through
+    FlexAttention's block mask (``softmax.flex``: about M² per sequence, the blocks no sequence
+    reaches skipped), elsewhere through SDPA with a block-diagonal mask (L² per row). Every query
+    sees at least itself, so no row is empty; non-finite inputs follow the kernels' own rules."""
     check_qkv(q, k, v, None)
     check_segments(segments, q)
     runs = run_ids(segments)  # an id may come back later in the row: compare runs, not ids
+    if q.is_cuda and dropout_p == 0.0:
+        out = flex.flex_segments(q, k, v, runs, causal)
+        if out is not None:
+            return out
     allowed = runs[:, :, None] == runs[:, None, :]  # (B, L, L)
     if causal:
         allowed = allowed & torch.ones_like(allowed[0]).tril()
