@@ -9,32 +9,18 @@ import torch
 
 pytest.importorskip("triton")
 
-from attnlab.attention.common.packing import PackedLayout  # noqa: E402
 from attnlab.attention.common.triton.runtime import TritonUnavailableError  # noqa: E402
 from attnlab.attention.sliced_relu import reference  # noqa: E402
 from attnlab.attention.sliced_relu import triton as triton_sliced  # noqa: E402
 from attnlab.attention.sliced_relu.segments import sliced_relu_attention_segments  # noqa: E402
+from packed_rows import LONG, SHORT, packed_inputs  # noqa: E402
 
 F64 = torch.float64
-HEADS, DIM = 2, 5
-SHORT = ([5, 3, 1, 7, 2, 2, 9], [[0, 1, 2], [3], [4, 5], [6]])  # rows of 9 slots, two partly empty
-LONG = ([37, 3, 24, 1, 70, 9, 2], [[0, 1, 2], [3, 4, 5], [6]])  # rows of 80 slots
 
 
 @pytest.fixture
 def interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-def _inputs(lengths, rows, grid, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    layout = PackedLayout.from_rows(lengths, rows)
-    batch, length = layout.pack_index.shape
-    s, t = (torch.randn(batch, HEADS, length, generator=gen, dtype=F64) for _ in range(2))
-    if grid:  # ties between queries and keys
-        s, t = (torch.round(x * 4) / 4 for x in (s, t))
-    v = torch.randn(batch, HEADS, length, DIM, generator=gen, dtype=F64)
-    return layout, s, t, v
 
 
 @pytest.mark.parametrize("chunk", [None, 16], ids=["one-chunk", "chunks-of-16"])
@@ -45,7 +31,7 @@ def test_each_sequence_gets_what_the_reference_gives_it_alone(interpret, monkeyp
         monkeypatch.setattr(triton_sliced.TUNING, "chunk", chunk)
         monkeypatch.setattr(triton_sliced.TUNING, "block", 16)
     lengths, rows = case
-    layout, *inputs = _inputs(lengths, rows, grid)
+    layout, *inputs = packed_inputs(lengths, rows, grid)
     s, t, v = (x.requires_grad_(True) for x in inputs)
     out = sliced_relu_attention_segments(s, t, v, layout.segments, impl="triton")
     grad = torch.randn_like(out) * layout.row_mask[:, None, :, None]  # empty slots read by no loss
@@ -66,7 +52,7 @@ def test_each_sequence_gets_what_the_reference_gives_it_alone(interpret, monkeyp
 def test_float32_keeps_float32_precision(interpret):
     """float32 packed rows within float32's rounding of the float64 results: each segment's walk
     starts from its own carries, so no earlier sequence's sums reach its outputs or gradients."""
-    layout, *inputs = _inputs(*LONG, grid=False, seed=1)
+    layout, *inputs = packed_inputs(*LONG, grid=False, seed=1)
     results = []
     for dtype, impl in ((torch.float32, "triton"), (F64, "torch")):
         s, t, v = (x.to(dtype).requires_grad_(True) for x in inputs)
@@ -79,13 +65,13 @@ def test_float32_keeps_float32_precision(interpret):
 
 
 def test_triton_is_refused_by_name_for_the_causal_op():
-    layout, s, t, v = _inputs(*SHORT, grid=False)
+    layout, s, t, v = packed_inputs(*SHORT, grid=False)
     with pytest.raises(TritonUnavailableError, match="causal op on packed rows"):
         sliced_relu_attention_segments(s, t, v, layout.segments, causal=True, impl="triton")
 
 
 def test_triton_is_refused_by_name_for_cpu_tensors_outside_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    layout, s, t, v = _inputs(*SHORT, grid=False)
+    layout, s, t, v = packed_inputs(*SHORT, grid=False)
     with pytest.raises(TritonUnavailableError, match="take CUDA tensors"):
         sliced_relu_attention_segments(s, t, v, layout.segments, impl="triton")

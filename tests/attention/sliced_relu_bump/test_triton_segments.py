@@ -10,33 +10,20 @@ import torch
 
 pytest.importorskip("triton")
 
-from attnlab.attention.common.packing import PackedLayout  # noqa: E402
 from attnlab.attention.common.triton.runtime import TritonUnavailableError  # noqa: E402
 from attnlab.attention.sliced_relu_bump import reference  # noqa: E402
 from attnlab.attention.sliced_relu_bump import triton as triton_bump  # noqa: E402
 from attnlab.attention.sliced_relu_bump.segments import sliced_relu_bump_attention_segments  # noqa: E402
+from packed_rows import LONG, SHORT, packed_inputs  # noqa: E402
 
 F64 = torch.float64
-HEADS, DIM = 2, 5
-SHORT = ([5, 3, 1, 7, 2, 2, 9], [[0, 1, 2], [3], [4, 5], [6]])  # rows of 9 slots, two partly empty
-LONG = ([37, 3, 24, 1, 70, 9, 2], [[0, 1, 2], [3, 4, 5], [6]])  # rows of 80 slots
+HEADS = 2  # packed_inputs' heads
 SMALL_BLOCKS = {"sinks": 32, "query_sinks": 32, "key_sinks": 32, "sources": 16, "table": 32, "block_d": 16}
 
 
 @pytest.fixture
 def interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-def _inputs(lengths, rows, grid, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    layout = PackedLayout.from_rows(lengths, rows)
-    batch, length = layout.pack_index.shape
-    s, t = (torch.randn(batch, HEADS, length, generator=gen, dtype=F64) for _ in range(2))
-    if grid:  # ties, and keys exactly at a window's edge (bandwidth 0.5 on a 0.25 grid)
-        s, t = (torch.round(x * 4) / 4 for x in (s, t))
-    v = torch.randn(batch, HEADS, length, DIM, generator=gen, dtype=F64)
-    return layout, s, t, v
 
 
 @pytest.mark.parametrize("blocks", ["one", "small"])
@@ -47,7 +34,7 @@ def test_each_sequence_gets_what_the_reference_gives_it_alone(interpret, monkeyp
         for name, value in SMALL_BLOCKS.items():
             monkeypatch.setattr(triton_bump.BUMP, name, value)
     lengths, rows = case
-    layout, *inputs = _inputs(lengths, rows, grid)
+    layout, *inputs = packed_inputs(lengths, rows, grid)
     s, t, v = (x.requires_grad_(True) for x in inputs)
     bandwidth = torch.tensor([0.5, 1.25], dtype=F64, requires_grad=True)
     out = sliced_relu_bump_attention_segments(s, t, v, bandwidth, layout.segments, impl="triton")
@@ -71,7 +58,7 @@ def test_each_sequence_gets_what_the_reference_gives_it_alone(interpret, monkeyp
 
 def test_float32_keeps_float32_precision(interpret):
     """float32 packed rows within float32's rounding of the float64 results."""
-    layout, *inputs = _inputs(*LONG, grid=False, seed=1)
+    layout, *inputs = packed_inputs(*LONG, grid=False, seed=1)
     results = []
     for dtype, impl in ((torch.float32, "triton"), (F64, "torch")):
         s, t, v = (x.to(dtype).requires_grad_(True) for x in inputs)
@@ -85,7 +72,7 @@ def test_float32_keeps_float32_precision(interpret):
 
 
 def test_triton_is_refused_by_name_for_the_causal_op(interpret):
-    layout, s, t, v = _inputs(*SHORT, grid=False)
+    layout, s, t, v = packed_inputs(*SHORT, grid=False)
     bandwidth = torch.ones(HEADS, dtype=F64)
     with pytest.raises(TritonUnavailableError, match="causal op on packed rows"):
         sliced_relu_bump_attention_segments(s, t, v, bandwidth, layout.segments, causal=True, impl="triton")

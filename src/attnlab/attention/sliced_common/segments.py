@@ -22,6 +22,7 @@ the references' conventions (``relu'(0) = abs'(0) = 0``: tied keys in neither on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -298,3 +299,20 @@ def triton_takes(op: str, impl: str, causal: bool, s, t, v) -> bool:
     if problem is not None and impl == "triton":
         raise runtime.TritonUnavailableError(f"{op}: impl='triton' cannot run: {problem}", problem)
     return problem is None
+
+
+class SegmentTable(NamedTuple):
+    """Packed rows' segments as the Triton kernels' programs (``_packed_segment``): ``table (S, 3)``
+    int64, each segment's row, first position and size, and the longest size (the launch grid)."""
+
+    table: torch.Tensor
+    longest: int
+
+
+def segment_table(runs: Runs) -> SegmentTable:
+    """The `SegmentTable` of packed rows' `Runs` (one read from the device: the count and longest)."""
+    rows, length = runs.start.shape
+    position = torch.arange(length, device=runs.start.device).expand(rows, -1)
+    row, start = (runs.start == position).nonzero(as_tuple=True)
+    size = runs.size[row, start]
+    return SegmentTable(torch.stack([row, start, size], dim=1).contiguous(), int(size.max()))

@@ -174,7 +174,7 @@ def _layout(
 
 def _walks(x: torch.Tensor, segments: torch.Tensor | None) -> int:
     """The walks over a stream of rows ``x``: one per row, or one per segment of packed rows
-    (``segments (S, 3)``: each segment's row and its slots of the row's stream, ``_stream_range``)."""
+    (``segments (S, 3)``: each segment's row, first position and size, ``segment_table``)."""
     return x.shape[0] if segments is None else segments.shape[0]
 
 

@@ -34,6 +34,7 @@ import triton.language as tl
 _add = globals()["_add"]  # from common/triton/kernels.py, executed into the same module first
 _two_sum = globals()["_two_sum"]
 _program_block = globals()["_program_block"]
+_packed_segment = globals()["_packed_segment"]
 
 
 @triton.jit
@@ -110,21 +111,12 @@ def _carried(
 
 
 @triton.jit
-def _stream_range(seg_ptr, prog, L, HAS_SEGMENTS: tl.constexpr):
-    """The row of the merged stream a program walks and its slots ``[begin, end)``: the whole row
-    ``prog``, or with ``HAS_SEGMENTS`` segment ``prog`` of a packed row (``seg (S, 3)`` int64: its
-    row, first slot and end slot; a segment's keys and queries sorted by (segment, score) hold
-    slots ``2·start .. 2·(start + size)`` of the row's stream, so its walk restarts there). Every
-    per-row array (shift, carry, totals, mean) is then indexed by ``prog``, the token arrays by
-    ``row``."""
-    row = prog
-    begin = prog * 0
-    end = begin + L
-    if HAS_SEGMENTS:
-        row = tl.load(seg_ptr + prog * 3)
-        begin = tl.load(seg_ptr + prog * 3 + 1)
-        end = tl.load(seg_ptr + prog * 3 + 2)
-    return row, begin, end
+def _stream_range(seg_ptr, prog, T, HAS_SEGMENTS: tl.constexpr):
+    """The row of the merged stream a program walks and its slots ``[begin, end)``: the whole row,
+    or a segment of a packed row (``_packed_segment``), whose keys and queries hold slots
+    ``2·start .. 2·(start + size)`` of the row's stream: its walk restarts there."""
+    row, start, size = _packed_segment(seg_ptr, prog, T, HAS_SEGMENTS)
+    return row, 2 * start, 2 * (start + size)
 
 
 @triton.jit
@@ -144,7 +136,7 @@ def stream_totals_kernel(
     what a caller needs to shift the sums afterwards, ``Σ w (x - c) = Σ w x - c Σ w``).
     """
     prog, chunk, dblk, d, dmask = _program_block(D, BD)
-    row, begin, end = _stream_range(seg_ptr, prog, L, HAS_SEGMENTS)
+    row, begin, end = _stream_range(seg_ptr, prog, T, HAS_SEGMENTS)
     acc_dtype = u_ptr.dtype.element_ty
     xshift, xlow = _shift(xshift_ptr, prog, d, dmask, D, acc_dtype, HAS_XSHIFT)
     sum_w = tl.full([BD], 0.0, acc_dtype)
@@ -211,7 +203,7 @@ def stream_kernel(
     Sums run in the accumulation dtype, ``u``'s, with compensated carries.
     """
     prog, chunk, dblk, d, dmask = _program_block(D, BD)
-    row, begin, end = _stream_range(seg_ptr, prog, L, HAS_SEGMENTS)
+    row, begin, end = _stream_range(seg_ptr, prog, T, HAS_SEGMENTS)
     acc_dtype = u_ptr.dtype.element_ty
     # running sums of the sources so far, each with its compensation (the rounding errors of the
     # big adds, TwoSum): the carry stays exact to about eps² of its size however long the row
@@ -265,7 +257,7 @@ def relu_backward_kernel(
     real keys of a ``bad`` row (a non-finite score), written here rather than filled in afterwards.
     """
     prog, chunk, dblk, d, dmask = _program_block(D, BD)
-    row, begin, end = _stream_range(seg_ptr, prog, L, HAS_SEGMENTS)
+    row, begin, end = _stream_range(seg_ptr, prog, T, HAS_SEGMENTS)
     acc_dtype = u_ptr.dtype.element_ty
     run_k, run_kt, err_k, err_kt = _carried(
         kcarry_ptr, prog, chunk, NCHUNK, d, dmask, D, acc_dtype, BD, HAS_KCARRY

@@ -18,24 +18,11 @@ import torch
 from attnlab.attention.common.precision import no_autocast
 from attnlab.attention.common.triton.runtime import kernels
 from attnlab.attention.sliced_common.rows import exclusive_cumsum, first_order_only, take_scalar
-from attnlab.attention.sliced_common.segments import Runs, sort_keys
+from attnlab.attention.sliced_common.segments import Runs, segment_table, sort_keys
 from attnlab.attention.sliced_common.triton_scores import scalar_block
 from attnlab.attention.sliced_relu.triton import centred_carry, relu_backward, stream
 
 OP = "sliced_relu_attention_segments"
-
-
-def segment_table(runs: Runs) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(table (S, 3), first token (S,), longest)``: each segment's row and its slots of the row's
-    merged stream (``_stream_range``), each segment's first token as a flat index into (N·L), and
-    the longest segment's size."""
-    rows, length = runs.start.shape
-    position = torch.arange(length, device=runs.start.device).expand(rows, -1)
-    first = runs.start == position  # (N, L): the segments' first tokens
-    row, start = first.nonzero(as_tuple=True)
-    size = runs.size[row, start]
-    table = torch.stack([row, 2 * start, 2 * (start + size)], dim=1).contiguous()
-    return table, row * length + start, int(runs.size.max())
 
 
 class SegmentedSlicedReLUTriton(torch.autograd.Function):
@@ -60,11 +47,10 @@ class SegmentedSlicedReLUTriton(torch.autograd.Function):
             scale = 2.0 / den.clamp_min(eps)
             relu_mass = (s.double() * (below - start) - (ends[2] - ends[1])).to(s.dtype)  # Σ ReLU(s_i − t_j)
 
-            table, first, longest = segment_table(runs)
-            count = size.reshape(-1)[first].to(s.dtype)
-            first_key = (
-                keys.order.reshape(-1)[first] + first - first % s.shape[1]
-            )  # each segment's lowest key
+            table, longest = segment_table(runs)
+            count = table[:, 2].to(s.dtype)
+            # each segment's lowest key, as a flat index into the rows' tokens
+            first_key = table[:, 0] * s.shape[1] + keys.order[table[:, 0], table[:, 1]]
             span = 2 * longest
             vbar, carry = centred_carry(order, v, slot_score, None, count, first_key, table, span)
             out = torch.empty_like(v)

@@ -37,13 +37,13 @@ the key walk spills kilobytes of stack per thread in float64.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
 from attnlab.attention.common.precision import no_autocast
 from attnlab.attention.common.triton.runtime import kernels
 from attnlab.attention.sliced_common.rows import first_order_only, nan_rows
+from attnlab.attention.sliced_common.segments import SegmentTable
 from attnlab.attention.sliced_common.triton_scores import sort_scores
 
 
@@ -90,15 +90,7 @@ def _block_d(dim: int) -> tuple[int, int]:
     return block, -(-dim // block)
 
 
-class Segments(NamedTuple):
-    """Packed rows' segments as the kernels' programs (``_sorted_run`` in the kernels): ``table (S, 3)``
-    int64, each segment's row, first position and size, and the longest size."""
-
-    table: torch.Tensor
-    longest: int
-
-
-def _programs(rows: int, length: int, segments: Segments | None) -> tuple[int, int]:
+def _programs(rows: int, length: int, segments: SegmentTable | None) -> tuple[int, int]:
     """``(programs, positions)``: one per row of ``length`` sorted positions, or one per segment,
     the longest deciding the blocks."""
     return (rows, length) if segments is None else (segments.table.shape[0], segments.longest)

@@ -24,6 +24,7 @@ import triton.language as tl
 _add = globals()["_add"]  # from common/triton/kernels.py, executed into the same module first
 _max = globals()["_max"]
 _program_block = globals()["_program_block"]
+_packed_segment = globals()["_packed_segment"]
 
 
 @triton.jit
@@ -128,20 +129,11 @@ def _write_table(x64, score64, loc_ptr, tot_ptr, row, blk, NT, NB, d, dmask, D,
 
 @triton.jit
 def _sorted_run(seg_ptr, prog, T, HAS_SEGMENTS: tl.constexpr):
-    """What program ``prog`` reads: ``(row, base, length)``, its row of the (N, T) token arrays and
-    the start (row · T + ...) and length of its run of the row's sorted lists. The whole row
-    ``prog``, or with ``HAS_SEGMENTS`` segment ``prog`` of a packed row (``seg (S, 3)`` int64: its
-    row, first position and size; sorted by (segment, score), a segment's keys and queries hold
-    the positions its tokens hold). Every per-row array (width, counts, plan, tables) is then
-    indexed by ``prog``."""
-    row = prog
-    start = prog * 0
-    length = start + T
-    if HAS_SEGMENTS:
-        row = tl.load(seg_ptr + prog * 3)
-        start = tl.load(seg_ptr + prog * 3 + 1)
-        length = tl.load(seg_ptr + prog * 3 + 2)
-    return row, row * T + start, length.to(tl.int32)
+    """``(row, base, length)``: a program's row of the (N, T) token arrays and the start and length
+    of its run of the row's sorted lists, the whole row or a segment of a packed row
+    (``_packed_segment``)."""
+    row, start, size = _packed_segment(seg_ptr, prog, T, HAS_SEGMENTS)
+    return row, row * T + start, size.to(tl.int32)
 
 
 @triton.jit

@@ -15,10 +15,9 @@ import torch
 
 from attnlab.attention.common.precision import no_autocast
 from attnlab.attention.sliced_common.rows import first_order_only
-from attnlab.attention.sliced_common.segments import Runs, sort_keys
+from attnlab.attention.sliced_common.segments import Runs, segment_table, sort_keys
 from attnlab.attention.sliced_relu_bump.triton import (
     BUMP,
-    Segments,
     _block_d,
     _carry,
     _check_tuning,
@@ -30,15 +29,6 @@ from attnlab.attention.sliced_relu_bump.triton import (
 )
 
 OP = "sliced_relu_bump_attention_segments"
-
-
-def segment_programs(runs: Runs) -> Segments:
-    """Each segment as a program of the kernels: its row, first position and size."""
-    rows, length = runs.start.shape
-    position = torch.arange(length, device=runs.start.device).expand(rows, -1)
-    row, start = (runs.start == position).nonzero(as_tuple=True)
-    size = runs.size[row, start]
-    return Segments(torch.stack([row, start, size], dim=1).contiguous(), int(size.max()))
 
 
 class SegmentedSlicedReLUBumpTriton(torch.autograd.Function):
@@ -54,7 +44,7 @@ class SegmentedSlicedReLUBumpTriton(torch.autograd.Function):
             _, q_order = torch.sort(keys.probe(0), dim=1)
             t_search, s_search = torch.gather(t, 1, keys.order), torch.gather(s, 1, q_order)
             q_order, k_order = q_order.to(torch.int32), keys.order.to(torch.int32)
-            segments = segment_programs(Runs(local, start, size))
+            segments = segment_table(Runs(local, start, size))
             row = segments.table[:, 0]
             real = segments.table[:, 2].to(torch.int32)  # every token of a segment is real
             count = real.to(s.dtype)

@@ -1,7 +1,7 @@
 """The Triton helpers every kernel family shares, and the device probe. Loaded through
 ``runtime.kernels()`` (never imported directly): the families' kernel files (``sliced_relu``,
 ``sliced_relu_bump``, ``linear``: each ``triton_kernels.py``) are executed into this module after it,
-and take ``_add``, ``_max``, ``_two_sum`` and ``_program_block`` from it.
+and take ``_add``, ``_max``, ``_two_sum``, ``_program_block`` and ``_packed_segment`` from it.
 """
 
 from __future__ import annotations
@@ -57,3 +57,20 @@ def _program_block(D, BD: tl.constexpr):
     dblk = tl.program_id(2)
     d = dblk * BD + tl.arange(0, BD)
     return row, chunk, dblk, d, d < D
+
+
+@triton.jit
+def _packed_segment(seg_ptr, prog, T, HAS_SEGMENTS: tl.constexpr):
+    """``(row, start, size)`` of what program ``prog`` reads: the whole row ``prog`` of T positions,
+    or with ``HAS_SEGMENTS`` segment ``prog`` of a packed row (``seg (S, 3)`` int64, each segment's
+    row, first position and size: ``sliced_common.segments.segment_table``). Sorted by (segment,
+    score), a segment's keys and queries hold the positions its tokens hold, so the sliced ops'
+    kernels walk a segment as a row of its own; every per-row array is then indexed by ``prog``."""
+    row = prog
+    start = prog * 0
+    size = start + T
+    if HAS_SEGMENTS:
+        row = tl.load(seg_ptr + prog * 3)
+        start = tl.load(seg_ptr + prog * 3 + 1)
+        size = tl.load(seg_ptr + prog * 3 + 2)
+    return row, start, size
