@@ -340,20 +340,14 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, fin
     if not finite:
         sink_sorted, src_sorted = (torch.nan_to_num(x, nan=float("inf")) for x in (sink_sorted, src_sorted))
     device = sink_sorted.device
-    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=device)
-    slot_score = torch.empty(rows, 2 * length, dtype=sink_sorted.dtype, device=device)  # every slot written
     if device.type == "cuda" or interpret_mode():  # the slots and counts in one kernel
         before_sink, before_src = (
             torch.searchsorted(a, b, side=side, out_int32=True)
             for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
         )
-        counts = torch.empty(rows, length, dtype=torch.int64, device=device)
-        block = scalar_block(length)
-        kernels().merge_kernel[(rows, -(-length // block))](
-            before_sink, sink_order, sink_sorted, before_src, src_order, src_sorted,
-            order, counts, slot_score, length, BLOCK=block,
-        )  # fmt: skip
-        return order, counts, slot_score
+        return place(before_sink, sink_order, sink_sorted, before_src, src_order, src_sorted)
+    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=device)
+    slot_score = torch.empty(rows, 2 * length, dtype=sink_sorted.dtype, device=device)  # every slot written
     before_sink, before_src = (
         torch.searchsorted(a, b, side=side)
         for a, b, side in _merge_sides(sink_sorted, src_sorted, sinks_first)
@@ -364,6 +358,23 @@ def merge(sink_sorted, sink_order, src_sorted, src_order, sinks_first: bool, fin
     slot_score.scatter_(1, arange + before_sink, sink_sorted.nan_to_num(posinf=0.0))
     slot_score.scatter_(1, arange + before_src, src_sorted.nan_to_num(posinf=0.0))
     counts = torch.empty_like(before_sink).scatter_(1, sink_order, before_sink)
+    return order, counts, slot_score
+
+
+def place(before_sink, sink_order, sink_sorted, before_src, src_order, src_sorted):
+    """``merge_kernel``: the merged order of the sorted sinks and sources ``(N, 2T)`` int32 from
+    each one's count of the other kind before it, each sink's source count ``(N, T)`` by original
+    index, and each slot's score ``(N, 2T)`` (see ``merge``)."""
+    rows, length = sink_sorted.shape
+    device = sink_sorted.device
+    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=device)
+    slot_score = torch.empty(rows, 2 * length, dtype=sink_sorted.dtype, device=device)  # every slot written
+    counts = torch.empty(rows, length, dtype=torch.int64, device=device)
+    block = scalar_block(length)
+    kernels().merge_kernel[(rows, -(-length // block))](
+        before_sink, sink_order, sink_sorted, before_src, src_order, src_sorted,
+        order, counts, slot_score, length, BLOCK=block,
+    )  # fmt: skip
     return order, counts, slot_score
 
 
@@ -481,4 +492,4 @@ def sliced_relu(s, t, v, valid, queries, eps, acc):
     return out.view(batch, heads, length, dim)
 
 
-__all__ = ["StreamTuning", "TUNING", "merge", "sliced_relu", "stream"]
+__all__ = ["StreamTuning", "TUNING", "merge", "place", "sliced_relu", "stream"]

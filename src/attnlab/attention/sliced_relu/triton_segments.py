@@ -16,11 +16,9 @@ from __future__ import annotations
 import torch
 
 from attnlab.attention.common.precision import no_autocast
-from attnlab.attention.common.triton.runtime import kernels
 from attnlab.attention.sliced_common.rows import exclusive_cumsum, first_order_only, take_scalar
 from attnlab.attention.sliced_common.segments import Runs, segment_table, sort_keys
-from attnlab.attention.sliced_common.triton_scores import scalar_block
-from attnlab.attention.sliced_relu.triton import centred_carry, relu_backward, stream
+from attnlab.attention.sliced_relu.triton import centred_carry, place, relu_backward, stream
 
 OP = "sliced_relu_attention_segments"
 
@@ -37,7 +35,11 @@ class SegmentedSlicedReLUTriton(torch.autograd.Function):
             q_codes = keys.probe(0).contiguous()
             s_codes, q_order = torch.sort(q_codes, dim=1)
             t_sorted, s_sorted = torch.gather(t, 1, keys.order), torch.gather(s, 1, q_order)
-            order, below, slot_score = _merge(keys.codes, keys.order, t_sorted, s_codes, q_order, s_sorted)
+            # the row's merged stream, placed by the codes: a query before the keys of equal code
+            # (#{t < s}); each query's count of keys before it takes the earlier segments' in too
+            before_sink = torch.searchsorted(keys.codes, s_codes, side="left", out_int32=True)
+            before_src = torch.searchsorted(s_codes, keys.codes, side="right", out_int32=True)
+            order, below, slot_score = place(before_sink, q_order, s_sorted, before_src, keys.order, t_sorted)
             at_or_below = keys.rank(0, "right")
             end = start + size
             p_t = exclusive_cumsum(t_sorted.to(torch.float64))
@@ -89,22 +91,3 @@ class SegmentedSlicedReLUTriton(torch.autograd.Function):
         den_above = take_scalar(q_den, end) - take_scalar(q_den, q_le)
         grad_t = (den_below - den_above).to(s.dtype) - key_dots
         return grad_s, grad_t, grad_v, None, None, None, None
-
-
-def _merge(key_codes, k_order, t_sorted, s_codes, q_order, s_sorted):
-    """``merge``'s stream of a packed row (``merge_kernel``), placed by the codes: a query before the
-    keys of equal code (``#{t < s}``), each segment's entries on its own slots. Returns the order,
-    each query's count of keys before it (the segments before its own included) and the slots'
-    scores."""
-    rows, length = key_codes.shape
-    before_sink = torch.searchsorted(key_codes, s_codes, side="left", out_int32=True)
-    before_src = torch.searchsorted(s_codes, key_codes, side="right", out_int32=True)
-    order = torch.full((rows, 2 * length), -1, dtype=torch.int32, device=key_codes.device)
-    counts = torch.empty(rows, length, dtype=torch.int64, device=key_codes.device)
-    slot_score = torch.empty(rows, 2 * length, dtype=t_sorted.dtype, device=key_codes.device)
-    block = scalar_block(length)
-    kernels().merge_kernel[(rows, -(-length // block))](
-        before_sink, q_order, s_sorted, before_src, k_order, t_sorted, order, counts, slot_score, length,
-        BLOCK=block,
-    )  # fmt: skip
-    return order, counts, slot_score

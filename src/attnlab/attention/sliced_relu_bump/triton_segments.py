@@ -40,11 +40,12 @@ class SegmentedSlicedReLUBumpTriton(torch.autograd.Function):
     def forward(ctx, s, t, v, b, local, start, size):
         _check_tuning()
         with no_autocast(v.device):
-            keys = sort_keys(t, [s], Runs(local, start, size))
-            _, q_order = torch.sort(keys.probe(0), dim=1)
-            t_search, s_search = torch.gather(t, 1, keys.order), torch.gather(s, 1, q_order)
-            q_order, k_order = q_order.to(torch.int32), keys.order.to(torch.int32)
-            segments = segment_table(Runs(local, start, size))
+            runs = Runs(local, start, size)
+            codes = sort_keys(t, [s], runs)
+            _, q_order = torch.sort(codes.probe(0), dim=1)
+            t_search, s_search = torch.gather(t, 1, codes.order), torch.gather(s, 1, q_order)
+            q_order, k_order = q_order.to(torch.int32), codes.order.to(torch.int32)
+            segments = segment_table(runs)
             row = segments.table[:, 0]
             real = segments.table[:, 2].to(torch.int32)  # every token of a segment is real
             count = real.to(s.dtype)
@@ -53,8 +54,8 @@ class SegmentedSlicedReLUBumpTriton(torch.autograd.Function):
             table = _key_table(k_order, t_search, v, real, segments)
             plan = _query_plan(s_search, t_search, width, real, BUMP.sinks, segments)
             out = torch.empty_like(v)
-            queries, keys_ = (s_search, q_order, real), (t_search, k_order, real)
-            _walk(0, queries, keys_, v, table, plan, width, count, bad, out=out, segments=segments)
+            queries, keys = (s_search, q_order, real), (t_search, k_order, real)
+            _walk(0, queries, keys, v, table, plan, width, count, bad, out=out, segments=segments)
         ctx.save_for_backward(v, s_search, q_order, t_search, k_order, width, count, real, bad, *table)
         ctx.segments = segments
         return out
