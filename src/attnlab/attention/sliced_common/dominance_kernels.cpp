@@ -365,7 +365,7 @@ void tied_rows(const T* key, const int64_t* key_order, const T* x, const int64_t
 
 }  // namespace
 
-// Every array contiguous, rows n in [row_begin, row_end) of N: key, x (N, length) with key_order,
+// Every array contiguous, rows n in [row_begin, row_end) of N (over `threads` threads, parallel_rows.h): key, x (N, length) with key_order,
 // x_order their ascending orders; table, out (N, length, width).
 #define ATTNLAB_SUMS(NAME, T) \
   void NAME(const T* key, const int64_t* key_order, const T* x, const int64_t* x_order, int64_t strict, \
@@ -385,7 +385,7 @@ void tied_rows(const T* key, const int64_t* key_order, const T* x, const int64_t
             int64_t row_begin, int64_t row_end, int64_t threads) { \
     parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
       pair_rows(key, key_order, x, x_order, strict, transpose, u, scale, score, first, second, sum_u, sum_score_u, \
-              sum_first, sum_second, length, dim, block, begin, end); \
+                sum_first, sum_second, length, dim, block, begin, end); \
     }); \
   }
 
@@ -399,7 +399,7 @@ void tied_rows(const T* key, const int64_t* key_order, const T* x, const int64_t
             int64_t block, int64_t later, int64_t row_begin, int64_t row_end, int64_t threads) { \
     parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
       combined_rows(key, key_order, n_thresholds, xs, x_orders, strict, table, table_width, width, n_terms, term_out, \
-                  term_threshold, term_block, coefs, n_outs, outs, length, block, later, begin, end); \
+                    term_threshold, term_block, coefs, n_outs, outs, length, block, later, begin, end); \
     }); \
   }
 

@@ -84,9 +84,10 @@ void sort_rows(const T* x, T* sorted, int64_t* order, int64_t length, int64_t ro
 
 }  // namespace
 
-// Every array contiguous, rows n in [row_begin, row_end) of N: x, sorted (N, length), order (N, length).
+// Every array contiguous, rows n in [row_begin, row_end) of N (over `threads` threads, parallel_rows.h): x, sorted (N, length), order (N, length).
 #define ATTNLAB_SORT(NAME, T) \
-  void NAME(const T* x, T* sorted, int64_t* order, int64_t length, int64_t dim, int64_t row_begin, int64_t row_end, int64_t threads) { \
+  void NAME(const T* x, T* sorted, int64_t* order, int64_t length, int64_t dim, int64_t row_begin, int64_t row_end, \
+            int64_t threads) { \
     (void)dim; \
     parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
       if (length > 0) sort_rows(x, sorted, order, length, begin, end); \

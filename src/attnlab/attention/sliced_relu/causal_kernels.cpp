@@ -123,7 +123,7 @@ void backward_keys_rows(const T* g, const T* v, const T* t, const T* real, const
 }  // namespace
 
 // Every array contiguous: (N, length) per token, (N, length, dim) per token and dimension; rows n in
-// [row_begin, row_end) of N; real may be null.
+// [row_begin, row_end) of N (over `threads` threads, parallel_rows.h); real may be null.
 #define ATTNLAB_CAUSAL_RELU(T, SUFFIX) \
   void causal_relu_forward_##SUFFIX(const T* s, const T* t, const T* v, const T* real, const T* sum_v, \
                                     const T* sum_tv, const T* count, const T* sum_t, double eps, T* out, T* den, \
@@ -136,10 +136,11 @@ void backward_keys_rows(const T* g, const T* v, const T* t, const T* real, const
   void causal_relu_backward_queries_##SUFFIX(const T* g, const T* out, const T* v, const T* real, const T* sum_v, \
                                              const T* den, const T* count, const T* count_le, const T* n_safe, \
                                              double eps, T* a_scale, T* grad_den, T* a_vbar, T* grad_s, \
-                                             int64_t length, int64_t dim, int64_t row_begin, int64_t row_end, int64_t threads) { \
+                                             int64_t length, int64_t dim, int64_t row_begin, int64_t row_end, \
+                                             int64_t threads) { \
     parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
       backward_queries_rows(g, out, v, real, sum_v, den, count, count_le, n_safe, eps, a_scale, grad_den, a_vbar, \
-                          grad_s, length, dim, begin, end); \
+                            grad_s, length, dim, begin, end); \
     }); \
   } \
   void causal_relu_backward_keys_##SUFFIX(const T* g, const T* v, const T* t, const T* real, const T* sum_a, \
@@ -149,7 +150,7 @@ void backward_keys_rows(const T* g, const T* v, const T* t, const T* real, const
                                           int64_t row_begin, int64_t row_end, int64_t threads) { \
     parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
       backward_keys_rows(g, v, t, real, sum_a, sum_sa, a_scale, mass, n_safe, grad_den, den_above, at_or_above, \
-                       vbar_a_above, grad_t, length, dim, begin, end); \
+                         vbar_a_above, grad_t, length, dim, begin, end); \
     }); \
   }
 

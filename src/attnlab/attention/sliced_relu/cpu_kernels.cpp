@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "../common/parallel_rows.h"
-
 #include "../sliced_common/real_mean.h"
 
 namespace {
@@ -224,7 +223,7 @@ void ranks_rows(const T* t_search, const T* s, int64_t* rank, int64_t* rank_le, 
 
 }  // namespace
 
-// Every array contiguous, rows n in [row_begin, row_end) of N: v, out, g, grad_v (N, length, dim);
+// Every array contiguous, rows n in [row_begin, row_end) of N (over `threads` threads, parallel_rows.h): v, out, g, grad_v (N, length, dim);
 // order (keys by ascending score, the `count` real ones first), t_sorted, s, rank, rank_le, scale, a,
 // e_scale, e, below, grad_t (N, length); count (N) real keys; vbar (N, dim) in double (the mean the
 // forward centred by, rounded to T it would give the backward other w's: a large common value offset
@@ -244,7 +243,7 @@ void ranks_rows(const T* t_search, const T* s, int64_t* rank, int64_t* rank_le, 
             int64_t row_end, int64_t threads) { \
     parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
       backward_rows(v, order, t_sorted, s, rank, rank_le, count, vbar, g, a, out, e_scale, e, below, grad_v, grad_t, \
-                  length, dim, begin, end); \
+                    length, dim, begin, end); \
     }); \
   }
 

@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "../common/parallel_rows.h"
-
 #include "../sliced_common/real_mean.h"
 
 namespace {
@@ -240,7 +239,7 @@ void key_grads_rows(const T* g, const int64_t* s_order, const T* s_sorted, const
 
 }  // namespace
 
-// Every array contiguous, rows n in [row_begin, row_end) of N: v, g, out, grad_v (N, length, dim); order
+// Every array contiguous, rows n in [row_begin, row_end) of N (over `threads` threads, parallel_rows.h): v, g, out, grad_v (N, length, dim); order
 // (keys by ascending score, the count[n] real ones first) and t_sorted, s_order (every query by ascending
 // score) and s_sorted, s, t, coef, grad_s, grad_b (N, length); count (N) real keys; vbar (N, dim) the
 // mean of the real values (the forward writes it, the queries' gradients read it); width (N) the
@@ -259,7 +258,7 @@ void key_grads_rows(const T* g, const int64_t* s_order, const T* s_sorted, const
             int64_t dim, int64_t row_begin, int64_t row_end, int64_t threads) { \
     parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
       query_grads_rows(v, order, t_sorted, count, vbar, s, s_order, width, coef, g, grad_s, grad_b, length, dim, \
-                     begin, end); \
+                       begin, end); \
     }); \
   }
 #define ATTNLAB_KEY_GRADS(NAME, T) \
