@@ -31,7 +31,7 @@ BUMP = {
 
 
 def _bump_blocks(mode: int) -> dict:
-    """The walk's sinks per program and its sources' table blocks, as ``bump._walk`` launches it."""
+    """The walk's sinks per program and its sources' table blocks, as ``bump.walk`` launches it."""
     sinks = (BUMP_TUNING.sinks, BUMP_TUNING.query_sinks, BUMP_TUNING.key_sinks)[mode]
     table_blocks = BUMP_TUNING.query_sinks if mode == 2 else BUMP_TUNING.sinks
     return {"BS": sinks, "RPB": table_blocks // BUMP_TUNING.table}

@@ -72,7 +72,7 @@ PLAN_BLOCK = 64  # sink blocks per program of the plan kernel
 WALK_STATS: list | None = None
 
 
-def _check_tuning() -> None:
+def check_tuning() -> None:
     tiles, table = BUMP.sources, BUMP.table
     if tiles < 16 or table % tiles or any(n % table for n in (BUMP.sinks, BUMP.query_sinks, BUMP.key_sinks)):
         raise ValueError(f"BumpTuning: sources >= 16, dividing table, dividing every sinks; got {BUMP}")
@@ -85,7 +85,7 @@ def _real(mask: torch.Tensor | None, rows: int, length: int, device) -> torch.Te
     return mask.sum(dim=1, dtype=torch.int32)
 
 
-def _block_d(dim: int) -> tuple[int, int]:
+def column_blocks(dim: int) -> tuple[int, int]:
     block = min(BUMP.block_d, max(16, 1 << (dim - 1).bit_length()))
     return block, -(-dim // block)
 
@@ -112,17 +112,17 @@ def _plan(sinks_sorted, sources_sorted, width, n_sink, sinks, key_sinks, segment
     return plan
 
 
-def _query_plan(s_search, t_search, width, n_query, sinks, segments=None):
+def plan_queries(s_search, t_search, width, n_query, sinks, segments=None):
     """The walk of each block of ``sinks`` sorted queries over the sorted keys."""
     return _plan(s_search, t_search, width, n_query, sinks, False, segments)
 
 
-def _key_plan(t_search, s_search, width, n_key, segments=None):
+def plan_keys(t_search, s_search, width, n_key, segments=None):
     """The walk of each block of sorted keys over the sorted queries (the same pairs)."""
     return _plan(t_search, s_search, width, n_key, BUMP.key_sinks, True, segments)
 
 
-def _table_buffers(x: torch.Tensor, blocks: int, sinks: int, programs: int | None = None):
+def table_buffers(x: torch.Tensor, blocks: int, sinks: int, programs: int | None = None):
     """Empty prefix-table rows ``(programs, blocks · rows per block + 1, 2, D)`` float64 (the last,
     past every block, zero) and block totals ``(programs, blocks, 2, D)``; a program per row of
     ``x`` unless ``programs`` says."""
@@ -135,7 +135,7 @@ def _table_buffers(x: torch.Tensor, blocks: int, sinks: int, programs: int | Non
     return local, torch.empty(rows, blocks, 2, dim, dtype=torch.float64, device=x.device)
 
 
-def _carry(totals: torch.Tensor) -> torch.Tensor:
+def block_carries(totals: torch.Tensor) -> torch.Tensor:
     """Each block's carry ``(N, blocks + 1, 2, D)``: the sums over the blocks before it."""
     carry = torch.zeros(
         totals.shape[0], totals.shape[1] + 1, *totals.shape[2:], dtype=totals.dtype, device=totals.device
@@ -144,20 +144,20 @@ def _carry(totals: torch.Tensor) -> torch.Tensor:
     return carry
 
 
-def _key_table(k_order, t_search, v, n_key, segments=None):
+def key_table(k_order, t_search, v, n_key, segments=None):
     """The prefix table of v over the sorted keys (``bump_table_kernel``): ``(local, carry)``, per
     row or per segment."""
     rows, length, dim = v.shape
     programs, positions = _programs(rows, length, segments)
     blocks = -(-positions // BUMP.sinks)
-    local, totals = _table_buffers(v, blocks, BUMP.sinks, programs)
-    block_d, d_blocks = _block_d(dim)
+    local, totals = table_buffers(v, blocks, BUMP.sinks, programs)
+    block_d, d_blocks = column_blocks(dim)
     kernels().bump_table_kernel[(programs, blocks, d_blocks)](
         k_order, t_search, v, n_key, local, totals, segments.table if segments is not None else n_key,
         length, dim, local.shape[1], blocks,
         HAS_SEGMENTS=segments is not None, BS=BUMP.sinks, TB=BUMP.table, BD=block_d, num_warps=BUMP.num_warps,
     )  # fmt: skip
-    return local, _carry(totals)
+    return local, block_carries(totals)
 
 
 def dot_format(values: torch.dtype, acc: torch.dtype, capability: tuple[int, int] | None) -> dict:
@@ -183,7 +183,7 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
-def _walk(
+def walk(
     mode, sinks, sources, x, table, plan, width, count, bad, *, y=None, out=None, scal=None, part=None,
     write=None, segments=None,
 ):  # fmt: skip
@@ -193,7 +193,7 @@ def _walk(
     the rows whose ``out`` is NaN at the real sinks; with ``segments``, every per-row array is per
     segment."""
     rows, length, dim = x.shape
-    block_d, d_blocks = _block_d(dim)
+    block_d, d_blocks = column_blocks(dim)
     programs, blocks = plan.shape[:2]
     (sink_score, sink_order, n_sink), (src_score, src_order, n_src) = sinks, sources
     local, carry = table
@@ -224,7 +224,7 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s, t, v, b, valid, queries):
-        _check_tuning()
+        check_tuning()
         with no_autocast(v.device):
             rows, length, _ = v.shape
             count, s, t, bad, (t_search, _, k_order), (s_search, q_order) = sort_scores(
@@ -235,11 +235,11 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
             width = b.to(s.dtype).contiguous()
             n_key = _real(valid, rows, length, v.device)
             n_query = _real(queries, rows, length, v.device)
-            table = _key_table(k_order, t_search, v, n_key)
-            plan = _query_plan(s_search, t_search, width, n_query, BUMP.sinks)
+            table = key_table(k_order, t_search, v, n_key)
+            plan = plan_queries(s_search, t_search, width, n_query, BUMP.sinks)
             out = torch.empty_like(v)
             queries_, keys = (s_search, q_order, n_query), (t_search, k_order, n_key)
-            _walk(0, queries_, keys, v, table, plan, width, count, bad, out=out)  # NaN rows included
+            walk(0, queries_, keys, v, table, plan, width, count, bad, out=out)  # NaN rows included
         ctx.save_for_backward(v, s_search, q_order, t_search, k_order, width, count, n_query, n_key, *table)
         ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
         return out
@@ -257,28 +257,28 @@ class SlicedReLUBumpTriton(torch.autograd.Function):
         )
         rows, length, dim = v.shape
         acc = width.dtype
-        _, d_blocks = _block_d(dim)
+        _, d_blocks = column_blocks(dim)
         queries, keys = (s_search, q_order, n_query), (t_search, k_order, n_key)
 
         # Queries: dL/ds and dL/db from one walk over v (the forward's table; blocks of
         # ``query_sinks``), which also writes the prefix table of g over the sorted queries.
-        plan = _query_plan(s_search, t_search, width, n_query, BUMP.query_sinks)
+        plan = plan_queries(s_search, t_search, width, n_query, BUMP.query_sinks)
         grad_s = torch.empty(d_blocks, rows, length, dtype=acc, device=v.device)
         grad_b = torch.empty(rows, plan.shape[1], d_blocks, dtype=torch.float64, device=v.device)
-        g_local, g_totals = _table_buffers(g, plan.shape[1], BUMP.query_sinks)
-        _walk(1, queries, keys, v, (local, carry), plan, width, count, ctx.bad, y=g, scal=grad_s,
+        g_local, g_totals = table_buffers(g, plan.shape[1], BUMP.query_sinks)
+        walk(1, queries, keys, v, (local, carry), plan, width, count, ctx.bad, y=g, scal=grad_s,
               part=grad_b, write=(g_local, g_totals))  # fmt: skip
 
         # Keys: dL/dv and dL/dt from one walk over g, keys as sinks.
         grad_v = torch.empty_like(v)
         grad_t = torch.empty(d_blocks, rows, length, dtype=acc, device=v.device)
-        key_plan = _key_plan(t_search, s_search, width, n_key)
-        _walk(
+        key_plan = plan_keys(t_search, s_search, width, n_key)
+        walk(
             2,
             keys,
             queries,
             g,
-            (g_local, _carry(g_totals)),
+            (g_local, block_carries(g_totals)),
             key_plan,
             width,
             count,

@@ -18,14 +18,14 @@ from attnlab.attention.sliced_common.rows import first_order_only
 from attnlab.attention.sliced_common.segments import Runs, segment_table, sort_keys
 from attnlab.attention.sliced_relu_bump.triton import (
     BUMP,
-    _block_d,
-    _carry,
-    _check_tuning,
-    _key_plan,
-    _key_table,
-    _query_plan,
-    _table_buffers,
-    _walk,
+    block_carries,
+    check_tuning,
+    column_blocks,
+    key_table,
+    plan_keys,
+    plan_queries,
+    table_buffers,
+    walk,
 )
 
 OP = "sliced_relu_bump_attention_segments"
@@ -38,7 +38,7 @@ class SegmentedSlicedReLUBumpTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s, t, v, b, local, start, size):
-        _check_tuning()
+        check_tuning()
         with no_autocast(v.device):
             runs = Runs(local, start, size)
             codes = sort_keys(t, [s], runs)
@@ -51,11 +51,11 @@ class SegmentedSlicedReLUBumpTriton(torch.autograd.Function):
             count = real.to(s.dtype)
             width = b.reshape(-1)[row].to(s.dtype).contiguous()
             bad = torch.zeros(row.shape[0], dtype=torch.bool, device=v.device)  # on_packed_rows has them
-            table = _key_table(k_order, t_search, v, real, segments)
-            plan = _query_plan(s_search, t_search, width, real, BUMP.sinks, segments)
+            table = key_table(k_order, t_search, v, real, segments)
+            plan = plan_queries(s_search, t_search, width, real, BUMP.sinks, segments)
             out = torch.empty_like(v)
             queries, keys = (s_search, q_order, real), (t_search, k_order, real)
-            _walk(0, queries, keys, v, table, plan, width, count, bad, out=out, segments=segments)
+            walk(0, queries, keys, v, table, plan, width, count, bad, out=out, segments=segments)
         ctx.save_for_backward(v, s_search, q_order, t_search, k_order, width, count, real, bad, *table)
         ctx.segments = segments
         return out
@@ -72,24 +72,24 @@ class SegmentedSlicedReLUBumpTriton(torch.autograd.Function):
         segments = ctx.segments
         rows, length, dim = v.shape
         acc = width.dtype
-        _, d_blocks = _block_d(dim)
+        _, d_blocks = column_blocks(dim)
         programs = segments.table.shape[0]
         queries, keys = (s_search, q_order, real), (t_search, k_order, real)
 
         # Queries: dL/ds and dL/db from one walk over v, which also writes the prefix table of g
         # over each segment's sorted queries (as the padded op's backward, per segment).
-        plan = _query_plan(s_search, t_search, width, real, BUMP.query_sinks, segments)
+        plan = plan_queries(s_search, t_search, width, real, BUMP.query_sinks, segments)
         grad_s = torch.zeros(d_blocks, rows, length, dtype=acc, device=v.device)
         grad_b = torch.empty(programs, plan.shape[1], d_blocks, dtype=torch.float64, device=v.device)
-        g_local, g_totals = _table_buffers(g, plan.shape[1], BUMP.query_sinks, programs)
-        _walk(1, queries, keys, v, (local, carry), plan, width, count, bad, y=g, scal=grad_s,
+        g_local, g_totals = table_buffers(g, plan.shape[1], BUMP.query_sinks, programs)
+        walk(1, queries, keys, v, (local, carry), plan, width, count, bad, y=g, scal=grad_s,
               part=grad_b, write=(g_local, g_totals), segments=segments)  # fmt: skip
 
         # Keys: dL/dv and dL/dt from one walk over g, keys as sinks.
         grad_v = torch.empty_like(v)
         grad_t = torch.zeros(d_blocks, rows, length, dtype=acc, device=v.device)
-        key_plan = _key_plan(t_search, s_search, width, real, segments)
-        _walk(2, keys, queries, g, (g_local, _carry(g_totals)), key_plan, width, count, bad, y=v,
+        key_plan = plan_keys(t_search, s_search, width, real, segments)
+        walk(2, keys, queries, g, (g_local, block_carries(g_totals)), key_plan, width, count, bad, y=v,
               out=grad_v, scal=grad_t, segments=segments)  # fmt: skip
 
         grad_s, grad_t = (x.sum(dim=0) if d_blocks > 1 else x[0] for x in (grad_s, grad_t))
