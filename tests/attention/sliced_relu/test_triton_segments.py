@@ -75,3 +75,19 @@ def test_triton_is_refused_by_name_for_cpu_tensors_outside_the_interpreter(monke
     layout, s, t, v = packed_inputs(*SHORT, grid=False)
     with pytest.raises(TritonUnavailableError, match="take CUDA tensors"):
         sliced_relu_attention_segments(s, t, v, layout.segments, impl="triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_compiled_kernels_keep_float32_precision_on_cuda():
+    """float32 on the GPU against the torch code in float64 on it."""
+    layout, *inputs = packed_inputs(*LONG, grid=False, seed=2)
+    segments = layout.segments.cuda()
+    results = []
+    for dtype, impl in ((torch.float32, "triton"), (F64, "torch")):
+        leaves = [x.to("cuda", dtype).requires_grad_(True) for x in inputs]
+        out = sliced_relu_attention_segments(*leaves, segments, impl=impl)
+        out.backward(torch.ones_like(out) * layout.row_mask.cuda()[:, None, :, None])
+        results.append([x.double() for x in (out, *(x.grad for x in leaves))])
+    for name, got, want in zip(["out", "ds", "dt", "dv"], *results, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item(), msg=name)

@@ -76,3 +76,21 @@ def test_triton_is_refused_by_name_for_the_causal_op(interpret):
     bandwidth = torch.ones(HEADS, dtype=F64)
     with pytest.raises(TritonUnavailableError, match="causal op on packed rows"):
         sliced_relu_bump_attention_segments(s, t, v, bandwidth, layout.segments, causal=True, impl="triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_compiled_kernels_keep_float32_precision_on_cuda():
+    """float32 on the GPU against the torch code in float64 on it."""
+    layout, *inputs = packed_inputs(*LONG, grid=False, seed=2)
+    segments = layout.segments.cuda()
+    results = []
+    for dtype, impl in ((torch.float32, "triton"), (F64, "torch")):
+        leaves = [x.to("cuda", dtype).requires_grad_(True) for x in inputs]
+        out = sliced_relu_bump_attention_segments(
+            *leaves, torch.tensor([0.5, 1.25], device="cuda", dtype=dtype), segments, impl=impl
+        )
+        out.backward(torch.ones_like(out) * layout.row_mask.cuda()[:, None, :, None])
+        results.append([x.double() for x in (out, *(x.grad for x in leaves))])
+    for name, got, want in zip(["out", "ds", "dt", "dv"], *results, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item(), msg=name)
