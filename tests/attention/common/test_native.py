@@ -15,7 +15,7 @@ import torch
 
 from attnlab.attention.common import native
 from attnlab.attention.sliced_common import decoding
-from attnlab.attention.sliced_common.rows import sort_rows
+from attnlab.attention.sliced_common.rows import SORT_KERNELS, sort_rows
 from attnlab.attention.sliced_relu.decoding import sliced_relu_attention_state, sliced_relu_attention_step
 
 
@@ -63,6 +63,35 @@ def test_a_failed_build_warns_once_and_the_torch_code_gives_the_same_steps(monke
         native.library_name(decoding.KERNELS) in warnings[0] and "not built (Ninja is required" in warnings[0]
     )
     assert "using the torch code" in warnings[0]
+
+
+def test_a_compiler_without_openmp_still_builds_the_kernels_for_one_thread(tmp_path, monkeypatch, caplog):
+    """Apple's clang has no ``-fopenmp``: the kernels are built without it (their rows on one thread)."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    real = native._cpp_extension()
+    flags = []
+
+    class NoOpenMP:
+        _get_build_directory = staticmethod(real._get_build_directory)
+
+        @staticmethod
+        def load(*args, **kwargs):
+            flags.append(kwargs["extra_cflags"][-1])
+            if "-fopenmp" in kwargs["extra_cflags"]:
+                raise RuntimeError("clang: error: unsupported option '-fopenmp'")
+            return real.load(*args, **kwargs)
+
+    monkeypatch.setattr(native, "_cpp_extension", lambda: NoOpenMP)
+    native._build.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=native.__name__):
+            library = native._build(str(SORT_KERNELS))
+    finally:
+        native._build.cache_clear()
+    assert flags == ["-fopenmp", "-fopenmp-simd"]
+    assert library is not None and hasattr(library, "sort_rows_f32")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "built without OpenMP (clang: error" in warnings[0], warnings
 
 
 def test_large_calls_run_on_torchs_threads_and_small_ones_on_one():

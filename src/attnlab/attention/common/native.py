@@ -84,20 +84,43 @@ def _build(source: str) -> ctypes.CDLL | None:
     try:
         cpp_extension = _cpp_extension()
         _clear_stale_lock(Path(cpp_extension._get_build_directory(name, verbose=False)))
-        library = cpp_extension.load(
-            name,
-            [str(path)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],  # libgomp.so.1: the OpenMP runtime torch loaded (parallel_rows.h)
-            is_python_module=False,
-            verbose=False,
-        )
+        library = _load(cpp_extension, name, path)
     except Exception as error:  # no compiler, no ninja, a read-only cache: the torch code runs instead
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        log.warning("C++ CPU kernels %s not built (%s): using the torch code, which is slower", name, reason)
+        log.warning(
+            "C++ CPU kernels %s not built (%s): using the torch code, which is slower", name, _reason(error)
+        )
         return None
     log.info("C++ CPU kernels %s ready in %.1f s (%s)", name, time.perf_counter() - started, library)
     return ctypes.CDLL(library)
+
+
+def _load(cpp_extension, name: str, path: Path) -> str:
+    """The built library's path: with OpenMP (libgomp.so.1, the runtime torch loaded: the kernels
+    split their rows over torch's threads, ``parallel_rows.h``), or where the compiler has no
+    OpenMP (Apple's clang), without it, each call then on one thread (one warning)."""
+
+    def load(openmp: bool) -> str:
+        return cpp_extension.load(
+            name,
+            [str(path)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp" if openmp else "-fopenmp-simd"],
+            extra_ldflags=["-fopenmp"] if openmp else [],
+            is_python_module=False,
+            verbose=False,
+        )
+
+    try:
+        return load(openmp=True)
+    except Exception as error:  # noqa: BLE001 - one more try, without OpenMP; its failure is the caller's
+        without = load(openmp=False)
+        log.warning(
+            "C++ CPU kernels %s built without OpenMP (%s): each call on one thread", name, _reason(error)
+        )
+        return without
+
+
+def _reason(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 #: a build takes about a second: a build lock older than this was left by a process that was killed
