@@ -23,8 +23,10 @@ from attnlab.attention.sliced_common.rows import (
 )
 from attnlab.attention.sliced_common.segments import (
     Runs,
+    add_back_totals_,
     check_segment_inputs,
     on_packed_rows,
+    restart_at_segment_ends_,
     segment_mean,
     sort_keys,
     triton_takes,
@@ -134,7 +136,7 @@ class SegmentedSlicedReLU(torch.autograd.Function):
         _, q_order = torch.sort(ctx.keys.descending(0, runs), dim=1)
         q_a = sorted_rows(grad_out, q_order, None, torch.gather(a_scale, 1, q_order))
         q_sa = times_scores(q_a, torch.gather(s, 1, q_order))
-        totals = [_restart_at_segment_ends_(table, runs) for table in (q_a, q_sa)]
+        totals = [restart_at_segment_ends_(table, runs) for table in (q_a, q_sa)]
         cumsum_rows_(q_a)
         cumsum_rows_(q_sa)
         q_den = exclusive_cumsum(torch.gather(grad_den, 1, q_order).to(torch.float64))
@@ -142,7 +144,7 @@ class SegmentedSlicedReLU(torch.autograd.Function):
         above = start + count_greater(below, order) - later  # start + #{i in segment : s_i > t_j}
         at_or_above = start + count_greater(at_or_below, order) - later
         sum_a, grad_w = (
-            _add_back_totals_(take_difference(table, above, start), total, above == runs.end, runs)
+            add_back_totals_(take_difference(table, above, start), total, above == runs.end, runs)
             for table, total in zip((q_a, q_sa), totals, strict=True)
         )
         del q_a, q_sa
@@ -152,36 +154,6 @@ class SegmentedSlicedReLU(torch.autograd.Function):
         grad_t = (den_below - den_above).to(s.dtype) - rowdot(w, sum_a)
         grad_v = grad_w.sub_(segment_mean(grad_w, runs))  # w = v − its segment's mean
         return grad_s, grad_t, grad_v, None, None, None, None
-
-
-def _restart_at_segment_ends_(table: torch.Tensor, runs: Runs) -> torch.Tensor:
-    """Take each segment's total away at its last row of a ``sorted_rows`` table (rows sorted by
-    segment; row ``p + 1`` holds position p), so that its running sum comes back to about 0 at
-    every segment's end: read as differences at each segment's start, a row-wide float32 running
-    sum keeps the rounding of every earlier segment's sums (dL/dt and dL/dv 1,000x the float32
-    error of each sequence alone, measured), where this keeps each segment's own. Returns the
-    totals ``(N, segments, D)``."""
-    rows, length, width = table.shape[0], table.shape[1] - 1, table.shape[-1]
-    slots = int(runs.local.max()) + 2  # per row: a slot for its zero row, then one per segment
-    row_base = torch.arange(rows, device=table.device)[:, None] * slots
-    index = torch.cat([row_base, row_base + runs.local + 1], dim=1).reshape(-1)  # every table row's slot
-    totals = table.new_zeros(rows * slots, width).index_add_(0, index, table.view(-1, width))
-    totals = totals.view(rows, slots, width)[:, 1:]
-    position = torch.arange(length, device=table.device)
-    n, p = (runs.start + runs.size - 1 == position).nonzero(as_tuple=True)  # each segment's last row
-    table[n, p + 1] -= totals[n, runs.local[n, p]]
-    return totals
-
-
-def _add_back_totals_(
-    sums: torch.Tensor, totals: torch.Tensor, whole: torch.Tensor, runs: Runs
-) -> torch.Tensor:
-    """``sums`` (N, L, D) read from a table restarted at each segment's end
-    (`_restart_at_segment_ends_`): the reads that reach their segment's end (``whole``, (N, L))
-    get its total back."""
-    n, p = whole.nonzero(as_tuple=True)
-    sums[n, p] += totals[n, runs.local[n, p]]
-    return sums
 
 
 #: the op as ``torch.compile`` calls it (``attnlab.attention.common.compiler``)

@@ -114,7 +114,7 @@ class SegmentedSlicedReLUBump(torch.autograd.Function):
         lo, below, mid, hi = _windows(keys)
         out = hat_output(p_v, p_tv, p_t, (lo, mid, hi), s, b, coef, vbar)
         ctx.save_for_backward(s, t, v, b, p_v, p_tv, p_t, vbar, lo, below, mid, hi, coef)
-        ctx.keys = keys
+        ctx.keys, ctx.runs = keys, runs
         return out
 
     @staticmethod
@@ -129,7 +129,7 @@ class SegmentedSlicedReLUBump(torch.autograd.Function):
         queries = ctx.keys.among(1, [3, 4, 5])  # by (segment, s), with t − b, t, t + b to search
         s_sorted = torch.gather(s, 1, queries.order)
         grad_v, grad_t = key_gradients(
-            grad_out, queries.order, s_sorted, _windows(queries), t, v, b, coef, buffer
+            grad_out, queries.order, s_sorted, _windows(queries), t, v, b, coef, buffer, ctx.runs
         )
         return grad_s, grad_t, grad_v, grad_b, None, None, None
 

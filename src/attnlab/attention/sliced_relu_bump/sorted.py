@@ -41,19 +41,23 @@ from attnlab.attention.sliced_common.rows import (
     take_rows,
     times_scores,
 )
+from attnlab.attention.sliced_common.segments import add_back_totals_, restart_at_segment_ends_
 
 
-def _gather_combine(table, terms, dots_with=None, out=None, buffer=None):
+def _gather_combine(table, terms, dots_with=None, out=None, buffer=None, read=None):
     """``out += Σ_k coef_k · table[index_k]`` (row-wise) and the row dots ``dots_with · table[index_k]``.
 
     ``terms`` is a list of ``(index (N, T), coef (N, T) or None)``; a ``None`` coefficient only
     takes the dot. Every gathered row goes through one reused buffer, so a combination of any
-    number of prefix-table lookups costs two ``(N, T, D)`` tensors at most.
+    number of prefix-table lookups costs two ``(N, T, D)`` tensors at most. ``read(rows, index)``:
+    what a gather needs added (a table restarted at each segment's end).
     Returns ``(out, [dots...] or None, buffer)``.
     """
     dots = [] if dots_with is not None else None
     for index, coef in terms:
         buffer = take_rows(table, index, out=buffer)
+        if read is not None:
+            buffer = read(buffer, index)
         if dots is not None:
             dots.append(rowdot(dots_with, buffer))
         if coef is None:
@@ -217,22 +221,33 @@ def query_gradients(p_v, p_tv, p_t, windows, grad_out, g_vbar, s, b, coef):
     return grad_s, grad_b, buffer
 
 
-def key_gradients(grad_out, q_order, s_sorted, windows, t, v, b, coef, buffer=None):
+def key_gradients(grad_out, q_order, s_sorted, windows, t, v, b, coef, buffer=None, runs=None):
     """dL/dv and dL/dt: the same windows with queries and keys exchanged (the hat is symmetric), on
     prefix tables of c_i g_i and s_i c_i g_i over the queries sorted by s (``q_order``, ``s_sorted``;
     c = coef); ``windows`` = (lo, below, mid, hi), each key's bounds among the sorted queries.
       dL/dv_j = Σ_i c_i hat(s_i - t_j) g_i
       dL/dt_j = v_j · (Σ_{s∈(t,t+b)} c g - Σ_{s∈(t-b,t)} c g)
+    ``runs``: packed rows (queries sorted by segment first), the tables restarted at each segment's
+    end (`segments.restart_at_segment_ends_`).
     """
     k_lo, k_below, k_mid, k_hi = windows
     q_g = sorted_rows(grad_out, q_order, None, torch.gather(coef, 1, q_order))
     q_sg = times_scores(q_g, s_sorted)
+    reads = [None, None]
+    if runs is not None:
+        totals = [restart_at_segment_ends_(table, runs) for table in (q_g, q_sg)]
+        reads = [
+            lambda rows, index, total=total: add_back_totals_(rows, total, index == runs.end, runs)
+            for total in totals
+        ]
     cumsum_rows_(q_g)
     cumsum_rows_(q_sg)
     rows, scored = hat_terms(k_lo, k_mid, k_hi, t, b, torch.ones_like(coef))
-    grad_v, (v_lo, v_mid, v_hi), buffer = _gather_combine(q_g, rows, dots_with=v, buffer=buffer)
-    _, (v_below,), buffer = _gather_combine(q_g, [(k_below, None)], dots_with=v, buffer=buffer)
-    grad_v, _, _ = _gather_combine(q_sg, scored, out=grad_v, buffer=buffer)
+    grad_v, (v_lo, v_mid, v_hi), buffer = _gather_combine(
+        q_g, rows, dots_with=v, buffer=buffer, read=reads[0]
+    )
+    _, (v_below,), buffer = _gather_combine(q_g, [(k_below, None)], dots_with=v, buffer=buffer, read=reads[0])
+    grad_v, _, _ = _gather_combine(q_sg, scored, out=grad_v, buffer=buffer, read=reads[1])
     return grad_v, v_hi - v_mid + v_lo - v_below
 
 
