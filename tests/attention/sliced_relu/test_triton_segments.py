@@ -23,9 +23,21 @@ def interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-@pytest.mark.parametrize("chunk", [None, 16], ids=["one-chunk", "chunks-of-16"])
-@pytest.mark.parametrize("grid", [False, True], ids=["random", "ties"])
-@pytest.mark.parametrize("case", [SHORT, LONG], ids=["short", "long"])
+# the short rows in every form; the long ones (5 s each interpreted) across chunks in the fast suite
+CASES = [
+    *(
+        pytest.param(SHORT, grid, chunk, id=f"short-{'ties' if grid else 'random'}-{chunk or 'one'}")
+        for grid in (False, True)
+        for chunk in (None, 16)
+    ),
+    pytest.param(LONG, False, 16, id="long-random-16"),
+    pytest.param(LONG, True, 16, id="long-ties-16", marks=pytest.mark.slow),
+    pytest.param(LONG, False, None, id="long-random-one", marks=pytest.mark.slow),
+    pytest.param(LONG, True, None, id="long-ties-one", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("case", "grid", "chunk"), CASES)
 def test_each_sequence_gets_what_the_reference_gives_it_alone(interpret, monkeypatch, case, grid, chunk):
     if chunk is not None:
         monkeypatch.setattr(triton_sliced.TUNING, "chunk", chunk)

@@ -26,9 +26,21 @@ def interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-@pytest.mark.parametrize("blocks", ["one", "small"])
-@pytest.mark.parametrize("grid", [False, True], ids=["random", "ties-and-edges"])
-@pytest.mark.parametrize("case", [SHORT, LONG], ids=["short", "long"])
+# the short rows in every form; the long ones (4-5 s each interpreted) in small blocks in the fast suite
+CASES = [
+    *(
+        pytest.param(SHORT, grid, blocks, id=f"short-{'ties-and-edges' if grid else 'random'}-{blocks}")
+        for grid in (False, True)
+        for blocks in ("one", "small")
+    ),
+    pytest.param(LONG, False, "small", id="long-random-small"),
+    pytest.param(LONG, True, "small", id="long-ties-and-edges-small", marks=pytest.mark.slow),
+    pytest.param(LONG, False, "one", id="long-random-one", marks=pytest.mark.slow),
+    pytest.param(LONG, True, "one", id="long-ties-and-edges-one", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("case", "grid", "blocks"), CASES)
 def test_each_sequence_gets_what_the_reference_gives_it_alone(interpret, monkeypatch, case, grid, blocks):
     if blocks == "small":
         for name, value in SMALL_BLOCKS.items():
