@@ -23,14 +23,15 @@ def interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-# the short rows in every form; the long ones (5 s each interpreted) across chunks in the fast suite
+# the short rows in every form in the fast suite (their segments cross chunks of 16 too); the long
+# ones, 5-8 s each interpreted, slow
 CASES = [
     *(
         pytest.param(SHORT, grid, chunk, id=f"short-{'ties' if grid else 'random'}-{chunk or 'one'}")
         for grid in (False, True)
         for chunk in (None, 16)
     ),
-    pytest.param(LONG, False, 16, id="long-random-16"),
+    pytest.param(LONG, False, 16, id="long-random-16", marks=pytest.mark.slow),
     pytest.param(LONG, True, 16, id="long-ties-16", marks=pytest.mark.slow),
     pytest.param(LONG, False, None, id="long-random-one", marks=pytest.mark.slow),
     pytest.param(LONG, True, None, id="long-ties-one", marks=pytest.mark.slow),
