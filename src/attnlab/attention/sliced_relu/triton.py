@@ -42,6 +42,7 @@ from attnlab.attention.common.precision import no_autocast
 from attnlab.attention.common.triton.occupancy import compiled_blocks_per_sm
 from attnlab.attention.common.triton.runtime import interpret_mode, kernels
 from attnlab.attention.sliced_common.rows import exclusive_cumsum, first_order_only
+from attnlab.attention.sliced_common.segments import SegmentTable
 from attnlab.attention.sliced_common.triton_scores import scalar_block, sort_scores
 
 
@@ -172,10 +173,17 @@ def _layout(
     return block_d, d_blocks, chunk, -(-total // chunk)
 
 
-def _walks(x: torch.Tensor, segments: torch.Tensor | None) -> int:
-    """The walks over a stream of rows ``x``: one per row, or one per segment of packed rows
-    (``segments (S, 3)``: each segment's row, first position and size, ``segment_table``)."""
-    return x.shape[0] if segments is None else segments.shape[0]
+def _walks(x: torch.Tensor, order: torch.Tensor, segments: SegmentTable | None) -> tuple[int, int]:
+    """``(walks, entries)``: one walk per row of ``x`` over its stream ``order`` (N, 2T), or one
+    per segment of packed rows (`segment_table`) over its ``2 · size`` slots, the longest deciding."""
+    if segments is None:
+        return x.shape[0], order.shape[1]
+    return segments.table.shape[0], 2 * segments.longest
+
+
+def _table(segments: SegmentTable | None, dummy: torch.Tensor) -> torch.Tensor:
+    """The kernels' ``seg_ptr``: the segments' table, or any tensor where ``HAS_SEGMENTS`` is off."""
+    return dummy if segments is None else segments.table
 
 
 def _totals(
@@ -185,12 +193,12 @@ def _totals(
     with ``scalars``, a ``(walks, chunks, 4)`` tensor, the chunks' ``Σ w``, ``Σ u w`` go there)."""
     block_d, d_blocks, chunk, n_chunks = layout
     _, length, dim = x.shape
-    walks = _walks(x, segments)
+    walks, _ = _walks(x, order, segments)
     totals = torch.empty(walks, n_chunks, 4 if c4 is None else 5, dim, dtype=score.dtype, device=x.device)
     kernels().stream_totals_kernel[(walks, n_chunks, d_blocks)](
         order, x, xshift if xshift is not None else score, weight if weight is not None else score,
         score, c4 if c4 is not None else score, totals, scalars if scalars is not None else score,
-        segments if segments is not None else order, length, dim, order.shape[1], chunk, n_chunks,
+        _table(segments, order), length, dim, order.shape[1], chunk, n_chunks,
         HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, SINKS_AS_SOURCES=sinks_as_sources,
         HAS_C4=c4 is not None, SCALARS=scalars is not None, HAS_SEGMENTS=segments is not None,
         BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
@@ -198,7 +206,7 @@ def _totals(
     return totals
 
 
-def centred_carry(order, v, score, weight, count, first, segments=None, span=None):
+def centred_carry(order, v, score, weight, count, first, segments=None):
     """The mean ``vbar (N, 2, D)`` (nearest value and rest) of the sources of ``stream(order, v,
     score, xshift=vbar, weight=weight)`` (over ``count`` real ones) and that stream's chunk carry
     (None: one chunk), from one pass over ``v - p``: the chunks' sums (compensated) and their
@@ -208,17 +216,17 @@ def centred_carry(order, v, score, weight, count, first, segments=None, span=Non
     rounded, and of values near one of them far less than of values with a common offset (1e4:
     the outputs were 3e-3 off in float32). ``segments``: one walk per segment of packed rows
     (``_walks``; ``count``, ``first`` per segment, ``first`` as a flat index into the rows'
-    tokens), each over at most ``span`` slots."""
+    tokens)."""
     order, v, score, weight = (None if a is None else a.contiguous() for a in (order, v, score, weight))
     acc = score.dtype
     rows, length, dim = v.shape
-    walks = _walks(v, segments)
+    walks, entries = _walks(v, order, segments)
     pivot = torch.zeros(walks, 2, dim, dtype=acc, device=v.device)
     if segments is None:
         pivot[:, 0] = v[torch.arange(rows, device=v.device), first]
     else:
         pivot[:, 0] = v.reshape(rows * length, dim)[first]
-    layout = _layout(v, order.shape[1] if span is None else span, acc, walks)
+    layout = _layout(v, entries, acc, walks)
     scalars = torch.empty(walks, layout[3], 4, dtype=acc, device=v.device)
     totals = _totals(order, v, score, pivot, weight, layout, scalars=scalars, segments=segments)
     carry, vbar = _chunk_carry(totals, 1, count, scalars, pivot)
@@ -236,8 +244,7 @@ def stream(
     xshift: torch.Tensor | None = None,
     weight: torch.Tensor | None = None,
     carry: torch.Tensor | None = None,
-    segments: torch.Tensor | None = None,
-    span: int | None = None,
+    segments: SegmentTable | None = None,
 ) -> None:
     """Walk the merged stream ``order (N, 2T)`` (see ``kernels.stream_kernel``).
 
@@ -247,30 +254,28 @@ def stream(
     the second running sum. At each sink ``out`` gets ``c1 P + c2 Px``. ``carry``: the chunks'
     starting sums (computed here when the row has several chunks and it is None; ``centred_carry``
     gives them with the mean). ``segments``: one walk per segment of packed rows (``_walks``; the
-    shift and carry per segment), each over at most ``span`` slots.
+    shift and carry per segment).
     """
     order, x, score, xshift, weight, c1, c2 = (
         None if a is None else a.contiguous() for a in (order, x, score, xshift, weight, c1, c2)
     )
     rows, length, dim = x.shape
-    walks = _walks(x, segments)
-    layout = _layout(x, order.shape[1] if span is None else span, score.dtype, walks)
+    walks, entries = _walks(x, order, segments)
+    layout = _layout(x, entries, score.dtype, walks)
     block_d, d_blocks, chunk, n_chunks = layout
     dummy = score
     if n_chunks > 1 and carry is None:
         carry, _ = _chunk_carry(_totals(order, x, score, xshift, weight, layout, segments=segments), 0)
     kernels().stream_kernel[(walks, n_chunks, d_blocks)](
         order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy, score,
-        c1, c2, out, carry if carry is not None else dummy, segments if segments is not None else order,
+        c1, c2, out, carry if carry is not None else dummy, _table(segments, order),
         rows, length, dim, order.shape[1], chunk, n_chunks,
         HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, HAS_CARRY=carry is not None,
         HAS_SEGMENTS=segments is not None, BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
     )  # fmt: skip
 
 
-def relu_backward(
-    order, v, vbar, weight, score, g, a_scale, c4, count, kcarry, bad, segments=None, span=None
-):
+def relu_backward(order, v, vbar, weight, score, g, a_scale, c4, count, kcarry, bad, segments=None):
     """Sliced ReLU's backward walk (``kernels.relu_backward_kernel``) over the forward's ``order``:
     returns dv ``(N, T, D)`` and the dots ``(3, N, T)``: g·P and g·P_t at the queries, (v - vbar)·Q
     at the keys. ``score (N, 2T)``: each slot's score (``merge``). One pass over g first
@@ -278,14 +283,13 @@ def relu_backward(
     each chunk at minus the sum above it) and ``Σ c4 a g``, the mean of dL/dw times ``count``
     (``c4``: R, ``a``: the scale). ``kcarry``: the forward's ``centred_carry`` (the key sums);
     ``bad (N,)``: the rows whose dv is NaN at the real keys. ``segments``: one walk per segment of
-    packed rows (``_walks``: ``vbar``, ``count``, ``kcarry``, ``bad`` per segment), each over at
-    most ``span`` slots."""
+    packed rows (``_walks``: ``vbar``, ``count``, ``kcarry``, ``bad`` per segment)."""
     order, v, vbar, weight, score, g, a_scale, c4 = (
         None if x is None else x.contiguous() for x in (order, v, vbar, weight, score, g, a_scale, c4)
     )
     rows, length, dim = v.shape
-    walks = _walks(v, segments)
-    layout = _layout(v, order.shape[1] if span is None else span, score.dtype, walks)
+    walks, entries = _walks(v, order, segments)
+    layout = _layout(v, entries, score.dtype, walks)
     block_d, d_blocks, chunk, n_chunks = layout
     totals = _totals(order, g, score, None, a_scale, layout, sinks_as_sources=True, c4=c4, segments=segments)
     qcarry, mean = _chunk_carry(totals, 2, count)  # minus the sums above each chunk; dL/dw's mean
@@ -294,7 +298,7 @@ def relu_backward(
     kernels().relu_backward_kernel[(walks, n_chunks, d_blocks)](
         order, v, vbar, weight if weight is not None else score, score, g, a_scale, mean,
         grad_v, dots, kcarry if kcarry is not None else score, qcarry, bad,
-        segments if segments is not None else order, rows, length, dim, order.shape[1], chunk, n_chunks,
+        _table(segments, order), rows, length, dim, order.shape[1], chunk, n_chunks,
         HAS_W=weight is not None, HAS_KCARRY=kcarry is not None, HAS_SEGMENTS=segments is not None,
         BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps, maxnreg=TUNING.backward_max_registers,
     )  # fmt: skip

@@ -49,19 +49,18 @@ class SegmentedSlicedReLUTriton(torch.autograd.Function):
             scale = 2.0 / den.clamp_min(eps)
             relu_mass = (s.double() * (below - start) - (ends[2] - ends[1])).to(s.dtype)  # Σ ReLU(s_i − t_j)
 
-            table, longest = segment_table(runs)
-            count = table[:, 2].to(s.dtype)
-            # each segment's lowest key, as a flat index into the rows' tokens
-            first_key = table[:, 0] * s.shape[1] + keys.order[table[:, 0], table[:, 1]]
-            span = 2 * longest
-            vbar, carry = centred_carry(order, v, slot_score, None, count, first_key, table, span)
+            segments = segment_table(runs)
+            seg_row, seg_start, seg_size = segments.table.unbind(1)
+            count = seg_size.to(s.dtype)
+            first_key = seg_row * s.shape[1] + keys.order[seg_row, seg_start]  # its lowest key, flat
+            vbar, carry = centred_carry(order, v, slot_score, None, count, first_key, segments)
             out = torch.empty_like(v)
             stream(
                 order, v, slot_score, xshift=vbar, c1=scale * s, c2=-scale, out=out, carry=carry,
-                segments=table, span=span,
+                segments=segments,
             )  # fmt: skip
         ctx.save_for_backward(s, v, vbar, scale, den, balance, relu_mass, count, order, slot_score, carry)
-        ctx.others = (table, span, keys, s_codes, q_order, runs, eps)
+        ctx.others = (segments, keys, s_codes, q_order, runs, eps)
         return out
 
     @staticmethod
@@ -73,10 +72,10 @@ class SegmentedSlicedReLUTriton(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, g):
         s, v, vbar, scale, den, balance, relu_mass, count, order, slot_score, carry = ctx.saved_tensors
-        table, span, keys, s_codes, q_order, runs, eps = ctx.others
-        bad = torch.zeros(table.shape[0], dtype=torch.bool, device=s.device)  # on_packed_rows has them
+        segments, keys, s_codes, q_order, runs, eps = ctx.others
+        bad = torch.zeros(count.shape[0], dtype=torch.bool, device=s.device)  # on_packed_rows has them
         grad_v, dots = relu_backward(
-            order, v, vbar, None, slot_score, g, scale, relu_mass, count, carry, bad, table, span
+            order, v, vbar, None, slot_score, g, scale, relu_mass, count, carry, bad, segments
         )
         g_below, g_scored, key_dots = dots.unbind(0)  # g·P, g·P_t at queries; (v − vbar)·Q at keys
         grad_den = torch.where(den >= eps, -0.5 * scale * scale, 0.0) * (s * g_below - g_scored)
