@@ -318,24 +318,29 @@ def segment_table(runs: Runs) -> SegmentTable:
     return SegmentTable(torch.stack([row, start, size], dim=1).contiguous(), int(size.max()))
 
 
-def restart_at_segment_ends_(table: torch.Tensor, runs: Runs) -> torch.Tensor:
-    """Take each segment's total away at its last row of a ``sorted_rows`` table (rows sorted by
+def restart_at_segment_ends_(tables: list[torch.Tensor], runs: Runs) -> list[torch.Tensor]:
+    """Take each segment's total away at its last row of each ``sorted_rows`` table (rows sorted by
     segment; row ``p + 1`` holds position p), so that its running sum comes back to about 0 at
     every segment's end: read as differences inside a segment, a row-wide float32 running sum
     keeps the rounding of every earlier segment's sums (sliced ReLU's dL/dt and dL/dv 1,000x the
     float32 error of each sequence alone, ReLU-bump's 10-35x, measured), where this keeps each
     segment's own. A read at a segment's end then needs the total back (`add_back_totals_`).
-    Returns the totals ``(N, segments, D)``."""
-    rows, length, width = table.shape[0], table.shape[1] - 1, table.shape[-1]
+    Returns each table's totals ``(N, segments, D)``."""
+    rows, length = runs.start.shape
+    device = runs.start.device
     slots = int(runs.local.max()) + 2  # per row: a slot for its zero row, then one per segment
-    row_base = torch.arange(rows, device=table.device)[:, None] * slots
+    row_base = torch.arange(rows, device=device)[:, None] * slots
     index = torch.cat([row_base, row_base + runs.local + 1], dim=1).reshape(-1)  # every table row's slot
-    totals = table.new_zeros(rows * slots, width).index_add_(0, index, table.view(-1, width))
-    totals = totals.view(rows, slots, width)[:, 1:]
-    position = torch.arange(length, device=table.device)
+    position = torch.arange(length, device=device)
     n, p = (runs.start + runs.size - 1 == position).nonzero(as_tuple=True)  # each segment's last row
-    table[n, p + 1] -= totals[n, runs.local[n, p]]
-    return totals
+    all_totals = []
+    for table in tables:
+        width = table.shape[-1]
+        totals = table.new_zeros(rows * slots, width).index_add_(0, index, table.view(-1, width))
+        totals = totals.view(rows, slots, width)[:, 1:]
+        table[n, p + 1] -= totals[n, runs.local[n, p]]
+        all_totals.append(totals)
+    return all_totals
 
 
 def add_back_totals_(

@@ -136,7 +136,7 @@ class SegmentedSlicedReLU(torch.autograd.Function):
         _, q_order = torch.sort(ctx.keys.descending(0, runs), dim=1)
         q_a = sorted_rows(grad_out, q_order, None, torch.gather(a_scale, 1, q_order))
         q_sa = times_scores(q_a, torch.gather(s, 1, q_order))
-        totals = [restart_at_segment_ends_(table, runs) for table in (q_a, q_sa)]
+        totals = restart_at_segment_ends_([q_a, q_sa], runs)
         cumsum_rows_(q_a)
         cumsum_rows_(q_sa)
         q_den = exclusive_cumsum(torch.gather(grad_den, 1, q_order).to(torch.float64))

@@ -235,7 +235,7 @@ def key_gradients(grad_out, q_order, s_sorted, windows, t, v, b, coef, buffer=No
     q_sg = times_scores(q_g, s_sorted)
     reads = [None, None]
     if runs is not None:
-        totals = [restart_at_segment_ends_(table, runs) for table in (q_g, q_sg)]
+        totals = restart_at_segment_ends_([q_g, q_sg], runs)
         reads = [
             lambda rows, index, total=total: add_back_totals_(rows, total, index == runs.end, runs)
             for total in totals
