@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.attention.common.packing import PackedLayout, run_ids
+from attnlab.attention.common.packing import PackedLayout, run_ids, segment_mask
 from attnlab.attention.softmax import flex
 from attnlab.attention.softmax import reference as softmax_reference
 from attnlab.attention.softmax.ops import softmax_attention_segments
@@ -83,9 +83,6 @@ def test_compiled_flex_matches_sdpa_on_cuda(causal):
     flex._TRUSTED.clear()
     got = softmax_attention_segments(q, k, v, segments, causal)
     assert any(flex._TRUSTED.values()), "the first-use check refused FlexAttention on this GPU"
-    runs = run_ids(segments)
-    allowed = runs[:, :, None] == runs[:, None, :]
-    if causal:
-        allowed = allowed & torch.ones_like(allowed[0]).tril()
-    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+    mask = segment_mask(run_ids(segments), causal)[:, None]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -156,6 +156,13 @@ def run_ids(segments: torch.Tensor) -> torch.Tensor:
     return change.cumsum(1)
 
 
+def segment_mask(runs: torch.Tensor, causal: bool) -> torch.Tensor:
+    """(B, L, L) bool, the pairs (query i, key j) of one run (`run_ids`), and ``j <= i`` when
+    ``causal``: the block-diagonal mask of attention on packed rows."""
+    allowed = runs[:, :, None] == runs[:, None, :]
+    return allowed & torch.ones_like(allowed[0]).tril() if causal else allowed
+
+
 def first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """Indices of ``lengths`` grouped into rows of at most ``capacity`` tokens: first-fit decreasing
     (longest first, each into the first row with room), no sequence split. Rows come out in the order

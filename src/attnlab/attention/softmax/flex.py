@@ -17,6 +17,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from attnlab.attention.common.packing import segment_mask
+
 OP = "softmax_attention_segments"
 
 
@@ -86,11 +88,8 @@ def _first_use_check(like: torch.Tensor, dim_v: int) -> bool:
             leaves = [x.clone().requires_grad_() for x in (q, k, v)]
             got = attend(*leaves, runs, causal)
             got_grads = torch.autograd.grad(got.sum(), leaves)
-            allowed = runs[:, :, None] == runs[:, None, :]
-            if causal:
-                allowed = allowed & torch.ones_like(allowed[0]).tril()
             leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-            want = F.scaled_dot_product_attention(*leaves, attn_mask=allowed[:, None])
+            want = F.scaled_dot_product_attention(*leaves, attn_mask=segment_mask(runs, causal)[:, None])
             want_grads = torch.autograd.grad(want.sum(), leaves)
             tol = 1e-2 if like.dtype in (torch.float16, torch.bfloat16) else 1e-4
             for a, b in zip((got, *got_grads), (want, *want_grads), strict=True):

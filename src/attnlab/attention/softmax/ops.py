@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from attnlab.attention.common import compiler
 from attnlab.attention.common.checks import check_qkv
-from attnlab.attention.common.packing import check_segments, run_ids
+from attnlab.attention.common.packing import check_segments, run_ids, segment_mask
 from attnlab.attention.common.padding import PADDED_QUERIES, check_padded_queries, query_mask
 from attnlab.attention.softmax import flex
 
@@ -93,10 +93,8 @@ def softmax_attention_segments(
         out = flex.flex_segments(q, k, v, runs, causal)
         if out is not None:
             return out
-    allowed = runs[:, :, None] == runs[:, None, :]  # (B, L, L)
-    if causal:
-        allowed = allowed & torch.ones_like(allowed[0]).tril()
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None], dropout_p=dropout_p)
+    mask = segment_mask(runs, causal)[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 def _softmax_attention(
