@@ -309,6 +309,12 @@ class SegmentTable(NamedTuple):
     longest: int
 
 
+def table_or(segments: SegmentTable | None, dummy: torch.Tensor) -> torch.Tensor:
+    """The Triton kernels' ``seg_ptr``: the segments' table, or any tensor where ``HAS_SEGMENTS``
+    is off (one row per program)."""
+    return dummy if segments is None else segments.table
+
+
 def segment_table(runs: Runs) -> SegmentTable:
     """The `SegmentTable` of packed rows' `Runs` (one read from the device: the count and longest)."""
     rows, length = runs.start.shape

@@ -42,7 +42,7 @@ from attnlab.attention.common.precision import no_autocast
 from attnlab.attention.common.triton.occupancy import compiled_blocks_per_sm
 from attnlab.attention.common.triton.runtime import interpret_mode, kernels
 from attnlab.attention.sliced_common.rows import exclusive_cumsum, first_order_only
-from attnlab.attention.sliced_common.segments import SegmentTable
+from attnlab.attention.sliced_common.segments import SegmentTable, table_or
 from attnlab.attention.sliced_common.triton_scores import scalar_block, sort_scores
 
 
@@ -181,11 +181,6 @@ def _walks(x: torch.Tensor, order: torch.Tensor, segments: SegmentTable | None) 
     return segments.table.shape[0], 2 * segments.longest
 
 
-def _table(segments: SegmentTable | None, dummy: torch.Tensor) -> torch.Tensor:
-    """The kernels' ``seg_ptr``: the segments' table, or any tensor where ``HAS_SEGMENTS`` is off."""
-    return dummy if segments is None else segments.table
-
-
 def _totals(
     order, x, score, xshift, weight, layout, *, sinks_as_sources=False, c4=None, scalars=None, segments=None
 ):
@@ -198,7 +193,7 @@ def _totals(
     kernels().stream_totals_kernel[(walks, n_chunks, d_blocks)](
         order, x, xshift if xshift is not None else score, weight if weight is not None else score,
         score, c4 if c4 is not None else score, totals, scalars if scalars is not None else score,
-        _table(segments, order), length, dim, order.shape[1], chunk, n_chunks,
+        table_or(segments, order), length, dim, order.shape[1], chunk, n_chunks,
         HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, SINKS_AS_SOURCES=sinks_as_sources,
         HAS_C4=c4 is not None, SCALARS=scalars is not None, HAS_SEGMENTS=segments is not None,
         BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
@@ -268,7 +263,7 @@ def stream(
         carry, _ = _chunk_carry(_totals(order, x, score, xshift, weight, layout, segments=segments), 0)
     kernels().stream_kernel[(walks, n_chunks, d_blocks)](
         order, x, xshift if xshift is not None else dummy, weight if weight is not None else dummy, score,
-        c1, c2, out, carry if carry is not None else dummy, _table(segments, order),
+        c1, c2, out, carry if carry is not None else dummy, table_or(segments, order),
         rows, length, dim, order.shape[1], chunk, n_chunks,
         HAS_XSHIFT=xshift is not None, HAS_W=weight is not None, HAS_CARRY=carry is not None,
         HAS_SEGMENTS=segments is not None, BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps,
@@ -298,7 +293,7 @@ def relu_backward(order, v, vbar, weight, score, g, a_scale, c4, count, kcarry, 
     kernels().relu_backward_kernel[(walks, n_chunks, d_blocks)](
         order, v, vbar, weight if weight is not None else score, score, g, a_scale, mean,
         grad_v, dots, kcarry if kcarry is not None else score, qcarry, bad,
-        _table(segments, order), rows, length, dim, order.shape[1], chunk, n_chunks,
+        table_or(segments, order), rows, length, dim, order.shape[1], chunk, n_chunks,
         HAS_W=weight is not None, HAS_KCARRY=kcarry is not None, HAS_SEGMENTS=segments is not None,
         BLOCK=TUNING.block, BD=block_d, num_warps=TUNING.num_warps, maxnreg=TUNING.backward_max_registers,
     )  # fmt: skip

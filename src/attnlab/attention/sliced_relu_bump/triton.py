@@ -43,7 +43,7 @@ import torch
 from attnlab.attention.common.precision import no_autocast
 from attnlab.attention.common.triton.runtime import kernels
 from attnlab.attention.sliced_common.rows import first_order_only, nan_rows
-from attnlab.attention.sliced_common.segments import SegmentTable
+from attnlab.attention.sliced_common.segments import SegmentTable, table_or
 from attnlab.attention.sliced_common.triton_scores import sort_scores
 
 
@@ -106,7 +106,7 @@ def _plan(sinks_sorted, sources_sorted, width, n_sink, sinks, key_sinks, segment
     plan = torch.empty(programs, blocks, 2, dtype=torch.int32, device=sinks_sorted.device)
     kernels().bump_plan_kernel[(programs, -(-blocks // PLAN_BLOCK))](
         sinks_sorted, sources_sorted, n_sink, width, plan,
-        segments.table if segments is not None else plan, length, blocks,
+        table_or(segments, plan), length, blocks,
         KEY_SINKS=key_sinks, SINKS=sinks, HAS_SEGMENTS=segments is not None, BLOCK=PLAN_BLOCK,
     )  # fmt: skip
     return plan
@@ -153,7 +153,7 @@ def key_table(k_order, t_search, v, n_key, segments=None):
     local, totals = table_buffers(v, blocks, BUMP.sinks, programs)
     block_d, d_blocks = column_blocks(dim)
     kernels().bump_table_kernel[(programs, blocks, d_blocks)](
-        k_order, t_search, v, n_key, local, totals, segments.table if segments is not None else n_key,
+        k_order, t_search, v, n_key, local, totals, table_or(segments, n_key),
         length, dim, local.shape[1], blocks,
         HAS_SEGMENTS=segments is not None, BS=BUMP.sinks, TB=BUMP.table, BD=block_d, num_warps=BUMP.num_warps,
     )  # fmt: skip
@@ -208,7 +208,7 @@ def walk(
         local, carry, plan, width, count, n_sink, n_src,
         out if out is not None else dummy, scal if scal is not None else dummy,
         part if part is not None else dummy, tloc, ttot, bad, stats if stats is not None else plan,
-        segments.table if segments is not None else plan,
+        table_or(segments, plan),
         rows, length, dim, blocks, local.shape[1], carry.shape[1], tloc.shape[1] if write is not None else 0,
         MODE=mode, KEY_SINKS=mode == 2, RPB=(BUMP.query_sinks if mode == 2 else BUMP.sinks) // BUMP.table,
         HAS_SEGMENTS=segments is not None,
