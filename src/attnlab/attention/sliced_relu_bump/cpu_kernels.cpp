@@ -6,9 +6,11 @@
 //   b Σ_k hat(c − x_k) u_k = (b − c) L + L_x + (b + c) R − R_x      (L, R: Σ u; L_x, R_x: Σ x u)
 // and the derivative's windows split at c (keys tied with c drop out). The torch code builds (T + 1) x D
 // prefix tables of u and x u and gathers them at each centre's window bounds. Here the centres are
-// visited in ascending order, so every bound (c − b, c, c + b) only moves up: four walkers (at the bounds
-// x <= c − b, x < c, x <= c, x < c + b) go up the sorted sources once each, keeping their running sums
-// in double, and each centre reads its windows as differences of the walkers' sums. Forward (sources:
+// visited in ascending order, so every bound (c − b, c, c + b) only moves up: three walkers (at the
+// bounds x <= c − b, x <= c, x < c + b) go up the sorted sources once each, keeping their running sums
+// in double, and each centre reads its windows as differences of the walkers' sums. The derivatives'
+// left window without the sources tied with c (x < c) is the one to x <= c less the tied run, summed
+// apart where there is one (rarely: a fourth walker at x < c cost a seventh of the walks). Forward (sources:
 // the keys, centres: the queries), the queries' gradients (the same walk, dotted with g_i) and the
 // keys' gradients (sources: the queries' c_i g_i, centres: the keys; the hat is symmetric). Plain C++
 // without torch's headers (attnlab.attention.common.native builds it).
@@ -86,31 +88,48 @@ struct Walker {
   }
 };
 
-// The four walkers at one centre: lo (x <= c − b), below (x < c), mid (x <= c), hi (x < c + b).
+// The three walkers at one centre: lo (x <= c − b), mid (x <= c), hi (x < c + b).
 template <typename T>
 struct Windows {
-  Walker<T> lo, below, mid, hi;
-  explicit Windows(int64_t dim) : lo(dim, true), below(dim, false), mid(dim, true), hi(dim, true) {}
+  Walker<T> lo, mid, hi;
+  std::vector<double> tied_rows;
+  explicit Windows(int64_t dim) : lo(dim, true), mid(dim, true), hi(dim, true), tied_rows(dim) {}
 
   // Moves to the centre c (centres visited in ascending order); the bounds in T's arithmetic, as the
   // torch code computes them.
   void move_to(const Sources<T>& src, T c, T width) {
     const T low = c - width, high = c + width;
     lo.advance(src, [low](T x) { return x <= low; });
-    below.advance(src, [c](T x) { return x < c; });
     mid.advance(src, [c](T x) { return x <= c; });
     hi.advance(src, [high](T x) { return x < high; });
+  }
+
+  // The sources tied with the centre c (x == c, the last ones mid passed): their count, and their rows'
+  // sum in tied_rows when there are any (the walkers' w (u − shift)).
+  int64_t tied(const Sources<T>& src, T c) {
+    int64_t first = mid.at;
+    while (first > 0 && src.x_sorted[first - 1] == c) --first;
+    if (first == mid.at) return 0;
+    const int64_t dim = src.dim;
+    std::fill(tied_rows.begin(), tied_rows.end(), 0.0);
+    for (int64_t p = first; p < mid.at; ++p) {
+      const int64_t k = src.order[p];
+      const T* row = src.u + k * dim;
+      const double w = src.weight == nullptr ? 1.0 : static_cast<double>(src.weight[k]);
+      for (int64_t d = 0; d < dim; ++d)
+        tied_rows[d] += w * (src.shift == nullptr ? row[d] : row[d] - static_cast<double>(src.shift[d]));
+    }
+    return mid.at - first;
   }
 };
 
 // The walkers' running sums as local pointers, for the loops over the dimension: read through the
 // vectors (or a struct's pointers) inside an `omp simd` reduction, GCC 12 gathers every element by
 // its own address.
-#define WINDOW_ROWS(w)                                                                                  \
-  const double *lo = (w).lo.rows.data(), *below = (w).below.rows.data(), *mid = (w).mid.rows.data(),  \
-               *hi = (w).hi.rows.data(), *lo_x = (w).lo.scored_rows.data(),                           \
-               *mid_x = (w).mid.scored_rows.data(), *hi_x = (w).hi.scored_rows.data();               \
-  (void)below
+#define WINDOW_ROWS(w)                                                                                 \
+  const double *lo = (w).lo.rows.data(), *mid = (w).mid.rows.data(), *hi = (w).hi.rows.data(),       \
+               *lo_x = (w).lo.scored_rows.data(), *mid_x = (w).mid.scored_rows.data(),               \
+               *hi_x = (w).hi.scored_rows.data()
 
 // Visits every centre of `centre_order` (ascending, `n_centres` of them) with its windows, after
 // prefetch(i) of the centre AHEAD of it (the rows its visit reads or writes: in sorted order, random).
@@ -141,7 +160,7 @@ void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const int
     std::copy(sums.begin(), sums.end(), mean);  // rounded to T, as the kernels below read it
     const Sources<T> keys{v + at * dim, order + at, t_sorted + at, nullptr, mean, count[n], dim};
     const double b = width[n];
-    walk_windows(keys, s + at, s_order + at, length, width[n], [&](int64_t i, const Windows<T>& w) {
+    walk_windows(keys, s + at, s_order + at, length, width[n], [&](int64_t i, Windows<T>& w) {
       const double c = s[at + i], a = coef[at + i];
       const double left_n = w.mid.at - w.lo.at, right_n = w.hi.at - w.mid.at;
       const double left_t = w.mid.sum_x - w.lo.sum_x, right_t = w.hi.sum_x - w.mid.sum_x;
@@ -172,22 +191,24 @@ void query_grads_rows(const T* v, const int64_t* order, const T* t_sorted, const
     const Sources<T> keys{v + at * dim, order + at, t_sorted + at, nullptr, vbar + n * dim, count[n], dim};
     const T* mean = vbar + n * dim;
     const double b = width[n];
-    walk_windows(keys, s + at, s_order + at, length, width[n], [&](int64_t i, const Windows<T>& w) {
+    walk_windows(keys, s + at, s_order + at, length, width[n], [&](int64_t i, Windows<T>& w) {
       const T* gi = g + (at + i) * dim;
       WINDOW_ROWS(w);
-      double g_left = 0.0, g_right = 0.0, g_tied_left = 0.0, g_left_x = 0.0, g_right_x = 0.0, g_mean = 0.0;
-#pragma omp simd reduction(+ : g_left, g_right, g_tied_left, g_left_x, g_right_x, g_mean)
+      double g_left = 0.0, g_right = 0.0, g_left_x = 0.0, g_right_x = 0.0, g_mean = 0.0;
+#pragma omp simd reduction(+ : g_left, g_right, g_left_x, g_right_x, g_mean)
       for (int64_t k = 0; k < dim; ++k) {
         const double gk = gi[k];
         g_left += gk * (mid[k] - lo[k]);
         g_right += gk * (hi[k] - mid[k]);
-        g_tied_left += gk * (below[k] - lo[k]);  // the left window without the tied keys
         g_left_x += gk * (mid_x[k] - lo_x[k]);
         g_right_x += gk * (hi_x[k] - mid_x[k]);
         g_mean += gk * static_cast<double>(mean[k]);
       }
+      const int64_t tied = w.tied(keys, s[at + i]);  // the left window without the tied keys
+      double g_tied_left = g_left;
+      for (int64_t k = 0; tied > 0 && k < dim; ++k) g_tied_left -= static_cast<double>(gi[k]) * w.tied_rows[k];
       const double c = s[at + i], a = coef[at + i];
-      const double left_n = w.mid.at - w.lo.at, right_n = w.hi.at - w.mid.at, strict_left_n = w.below.at - w.lo.at;
+      const double left_n = w.mid.at - w.lo.at, right_n = w.hi.at - w.mid.at, strict_left_n = left_n - tied;
       const double left_t = w.mid.sum_x - w.lo.sum_x, right_t = w.hi.sum_x - w.mid.sum_x;
       grad_s[at + i] = static_cast<T>(a * ((g_right + g_mean * right_n) - (g_tied_left + g_mean * strict_left_n)));
       const double left = g_left + g_mean * left_n, right = g_right + g_mean * right_n;
@@ -209,7 +230,7 @@ void key_grads_rows(const T* g, const int64_t* s_order, const T* s_sorted, const
     const int64_t at = n * length;
     const Sources<T> queries{g + at * dim, s_order + at, s_sorted + at, coef + at, nullptr, length, dim};
     const double b = width[n];
-    walk_windows(queries, t + at, order + at, count[n], width[n], [&](int64_t j, const Windows<T>& w) {
+    walk_windows(queries, t + at, order + at, count[n], width[n], [&](int64_t j, Windows<T>& w) {
       const double c = t[at + j];
       const T* vj = v + (at + j) * dim;
       T* target = grad_v + (at + j) * dim;
@@ -220,7 +241,11 @@ void key_grads_rows(const T* g, const int64_t* s_order, const T* s_sorted, const
         const double left = mid[k] - lo[k], right = hi[k] - mid[k];
         const double left_x = mid_x[k] - lo_x[k], right_x = hi_x[k] - mid_x[k];
         target[k] = static_cast<T>((b - c) * left + left_x + (b + c) * right - right_x);
-        dot += vj[k] * (right - (below[k] - lo[k]));
+        dot += vj[k] * (right - left);
+      }
+      // the left window without the queries tied with t_j: dot with right − (left − tied)
+      if (w.tied(queries, t[at + j]) > 0) {
+        for (int64_t k = 0; k < dim; ++k) dot += static_cast<double>(vj[k]) * w.tied_rows[k];
       }
       grad_t[at + j] = static_cast<T>(dot);
     }, [&](int64_t j) {
