@@ -78,6 +78,8 @@ struct PairRows {
 
 // A Fenwick tree over time blocks; each node is a row of `width` doubles.
 class BlockTree {
+  static constexpr int64_t CHUNK = 16;  // columns summed in registers at once (four AVX2 vectors)
+
  public:
   BlockTree(int64_t blocks, int64_t width) : blocks_(blocks), width_(width), node_((blocks + 1) * width, 0.0) {}
 
@@ -89,13 +91,25 @@ class BlockTree {
     }
   }
 
-  // acc = the sum of the rows added to blocks 0 .. block - 1
+  // acc = the sum of the rows added to blocks 0 .. block - 1. Column chunks outside, nodes inside: each
+  // chunk's sums stay in registers and acc is written once, not once per node.
   void before(int64_t block, double* acc) const {
-    std::fill(acc, acc + width_, 0.0);
-    for (int64_t p = block; p > 0; p -= p & -p) {
-      const double* source = node_.data() + p * width_;
+    const double* path[64];
+    int64_t nodes = 0;
+    for (int64_t p = block; p > 0; p -= p & -p) path[nodes++] = node_.data() + p * width_;
+    int64_t c = 0;
+    for (; c + CHUNK <= width_; c += CHUNK) {
+      double sum[CHUNK] = {};
+      for (int64_t k = 0; k < nodes; ++k) {
 #pragma omp simd
-      for (int64_t c = 0; c < width_; ++c) acc[c] += source[c];
+        for (int64_t j = 0; j < CHUNK; ++j) sum[j] += path[k][c + j];
+      }
+      for (int64_t j = 0; j < CHUNK; ++j) acc[c + j] = sum[j];
+    }
+    for (; c < width_; ++c) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < nodes; ++k) sum += path[k][c];
+      acc[c] = sum;
     }
   }
 
