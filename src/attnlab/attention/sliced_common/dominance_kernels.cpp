@@ -150,6 +150,7 @@ struct WalkRows {
   std::unique_ptr<T[]> rows;  // uninitialised: the walk writes every row before it is read
   int64_t capacity = 0;
   std::vector<int64_t> rank;
+  std::vector<T> key_sorted, x_sorted;  // the compared scores in their walk order: read in sequence
 
   void reserve(int64_t length, int64_t width) {
     if (length * width > capacity) {
@@ -157,6 +158,8 @@ struct WalkRows {
       rows.reset(new T[capacity]);
     }
     rank.resize(length);
+    key_sorted.resize(length);
+    x_sorted.resize(length);
   }
 };
 
@@ -171,6 +174,9 @@ void dominance_row(const T* key, const int64_t* key_order, const T* x, const int
                    bool transpose, const Rows& rows, int64_t length, int64_t width, int64_t block, Emit emit,
                    WalkRows<T>& walked) {
   walked.reserve(length, width);
+  T *key_sorted = walked.key_sorted.data(), *x_sorted = walked.x_sorted.data();
+  for (int64_t k = 0; k < length; ++k) key_sorted[k] = key[key_order[k]];
+  for (int64_t q = 0; q < length; ++q) x_sorted[q] = x[x_order[q]];
   std::vector<double> acc(width);
   const int64_t blocks = (length + block - 1) / block;
   BlockTree tree(blocks, width);
@@ -186,7 +192,7 @@ void dominance_row(const T* key, const int64_t* key_order, const T* x, const int
     int64_t k = 0;
     for (int64_t q = 0; q < length; ++q) {
       const int64_t i = x_order[q];
-      while (k < length && counts(key[key_order[k]], x[i], strict)) {
+      while (k < length && counts(key_sorted[k], x_sorted[q], strict)) {
         if (k + AHEAD < length) rows.prefetch(key_order[k + AHEAD]);
         const int64_t j = key_order[k++];
         std::fill(row.begin(), row.end(), 0.0);
@@ -200,7 +206,7 @@ void dominance_row(const T* key, const int64_t* key_order, const T* x, const int
     int64_t q = length - 1;
     for (int64_t k = length - 1; k >= 0; --k) {
       const int64_t j = key_order[k];
-      while (q >= 0 && counts(key[j], x[x_order[q]], strict)) {
+      while (q >= 0 && counts(key_sorted[k], x_sorted[q], strict)) {
         if (q >= AHEAD) rows.prefetch(x_order[q - AHEAD]);
         const int64_t i = x_order[q--];
         std::fill(row.begin(), row.end(), 0.0);
@@ -309,14 +315,19 @@ void combined_rows(const T* key, const int64_t* key_order, int64_t n_thresholds,
     BlockTree tree(blocks, table_width);
     std::vector<double> row(table_width), acc(table_width);
     std::vector<int64_t> next(n_thresholds, 0);
-    const T* key_row = key + at;
     const int64_t* key_sorted = key_order + at;
+    // the compared scores in walk order (read in sequence, not through the orders)
+    std::vector<T> key_scores(length), x_scores(n_thresholds * length);
+    for (int64_t k = 0; k < length; ++k) key_scores[k] = key[at + key_sorted[k]];
+    for (int64_t h = 0; h < n_thresholds; ++h) {
+      for (int64_t q = 0; q < length; ++q) x_scores[h * length + q] = xs[h][at + x_orders[h][at + q]];
+    }
     for (int64_t k = 0; k <= length; ++k) {  // k == length: every key is in, the rest read
       for (int64_t h = 0; h < n_thresholds; ++h) {
-        const T* x = xs[h] + at;
+        const T* x_sorted = x_scores.data() + h * length;
         const int64_t* x_order = x_orders[h] + at;
         const bool strict_h = strict[h] != 0;
-        while (next[h] < length && (k == length || !counts(key_row[key_sorted[k]], x[x_order[next[h]]], strict_h))) {
+        while (next[h] < length && (k == length || !counts(key_scores[k], x_sorted[next[h]], strict_h))) {
           if (next[h] + AHEAD < length) {  // its output rows and coefficients, in sorted order: random
             const int64_t ahead = x_order[next[h] + AHEAD];
             for (int64_t o = 0; o < n_outs; ++o) prefetch_row(sums_of[o] + ahead * width, width, 1);
