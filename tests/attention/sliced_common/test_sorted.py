@@ -525,16 +525,18 @@ def test_float32_error_does_not_depend_on_the_score_offset(
         assert err < 2 * near[name] + 1e-7, f"{name}: {err:.3g} at offset {offset}, {near[name]:.3g} at 0"
 
 
-def test_float32_error_does_not_depend_on_a_common_value_offset():
-    """The C++ kernels centre the values by their mean in double, forward and backward alike, so a
-    common offset of 1e4 costs no precision. (With the mean rounded to float32 between the passes,
-    the backward's centred values differed from the forward's and dL/ds was 2 % off; the torch code
-    centres in float32 and loses as much.)"""
+@pytest.mark.parametrize("kind,bandwidth", [("relu", None), ("bump", 0.5)])
+def test_float32_error_does_not_depend_on_a_common_value_offset(kind, bandwidth):
+    """A common offset of 1e4 on the values costs the C++ kernels no precision: sliced ReLU centres
+    them by their mean in double, forward and backward alike (with the mean rounded to float32
+    between the passes, the backward's centred values differed from the forward's and dL/ds was 2 %
+    off; the torch code centres in float32 and loses as much); ReLU-bump's walkers sum them as they
+    are, in double."""
     from attnlab.attention.sliced_common.path import KERNEL_SOURCES
 
-    if os.environ.get(native.SWITCH) == "off" or native.library(KERNEL_SOURCES["relu"]) is None:
+    if os.environ.get(native.SWITCH) == "off" or native.library(KERNEL_SOURCES[kind]) is None:
         pytest.skip("the C++ kernels are off or not built: the torch code centres in float32")
-    far = float32_errors("relu", 4096, 0.0, None, value_mean=1e4)
-    near = float32_errors("relu", 4096, 0.0, None, value_mean=0.0)
+    far = float32_errors(kind, 4096, 0.0, bandwidth, value_mean=1e4)
+    near = float32_errors(kind, 4096, 0.0, bandwidth, value_mean=0.0)
     for name, err in far.items():
         assert err < 2 * near[name] + 1e-7, f"{name}: {err:.3g} with values near 1e4, {near[name]:.3g} near 0"

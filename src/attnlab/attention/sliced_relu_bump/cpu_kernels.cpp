@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "../common/parallel_rows.h"
-#include "../sliced_common/real_mean.h"
 
 namespace {
 
@@ -36,7 +35,7 @@ inline void prefetch_row_for_write(T* row, int64_t dim) {
   for (int64_t c = 0; c < dim; c += 64 / sizeof(T)) __builtin_prefetch(row + c, 1);
 }
 
-// The sources of one row: row k is weight_k (u_k − shift) at score x_k; `order` lists them by ascending
+// The sources of one row: row k is weight_k u_k at score x_k; `order` lists them by ascending
 // score (x_sorted), the first `count` of them real (the walks stop there).
 template <typename T>
 struct Sources {
@@ -44,7 +43,6 @@ struct Sources {
   const int64_t* order;
   const T* x_sorted;
   const T* weight;  // by index, null: one
-  const T* shift;   // (dim), null: none
   int64_t count, dim;
 };
 
@@ -66,21 +64,11 @@ struct Walker {
       const T* row = src.u + k * dim;
       const double w = src.weight == nullptr ? 1.0 : static_cast<double>(src.weight[k]);
       const double x = src.x_sorted[at], wx = w * x;
-      if (src.shift == nullptr) {
 #pragma omp simd
-        for (int64_t c = 0; c < dim; ++c) rows[c] += w * row[c];
-      } else {
-#pragma omp simd
-        for (int64_t c = 0; c < dim; ++c) rows[c] += w * (row[c] - static_cast<double>(src.shift[c]));
-      }
+      for (int64_t c = 0; c < dim; ++c) rows[c] += w * row[c];
       if (!scored_rows.empty()) {
-        if (src.shift == nullptr) {
 #pragma omp simd
-          for (int64_t c = 0; c < dim; ++c) scored_rows[c] += wx * row[c];
-        } else {
-#pragma omp simd
-          for (int64_t c = 0; c < dim; ++c) scored_rows[c] += wx * (row[c] - static_cast<double>(src.shift[c]));
-        }
+        for (int64_t c = 0; c < dim; ++c) scored_rows[c] += wx * row[c];
       }
       sum_x += x;
       ++at;
@@ -105,7 +93,7 @@ struct Windows {
   }
 
   // The sources tied with the centre c (x == c, the last ones mid passed): their count, and their rows'
-  // sum in tied_rows when there are any (the walkers' w (u − shift)).
+  // sum in tied_rows when there are any (the walkers' w u).
   int64_t tied(const Sources<T>& src, T c) {
     int64_t first = mid.at;
     while (first > 0 && src.x_sorted[first - 1] == c) --first;
@@ -116,8 +104,7 @@ struct Windows {
       const int64_t k = src.order[p];
       const T* row = src.u + k * dim;
       const double w = src.weight == nullptr ? 1.0 : static_cast<double>(src.weight[k]);
-      for (int64_t d = 0; d < dim; ++d)
-        tied_rows[d] += w * (src.shift == nullptr ? row[d] : row[d] - static_cast<double>(src.shift[d]));
+      for (int64_t d = 0; d < dim; ++d) tied_rows[d] += w * row[d];
     }
     return mid.at - first;
   }
@@ -145,26 +132,19 @@ void walk_windows(const Sources<T>& src, const T* centre, const int64_t* centre_
   }
 }
 
-// Forward: vbar the mean of the real values (written for the backward), then out_i = coef_i (b Σ_j
-// hat(s_i − t_j) w_j) + mass_i vbar with w = v − vbar (centred: the running sums stay of order
-// sqrt(T)), mass_i = coef_i b Σ_j hat(s_i − t_j).
+// Forward: out_i = coef_i b Σ_j hat(s_i − t_j) v_j. The walkers sum the values as they are, in double:
+// a common offset of the values costs no precision the outputs can show (centring them, as the torch
+// code's float32 tables must, cost every walker a subtraction per element).
 template <typename T>
-void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, T* vbar, const T* s,
+void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, const T* s,
                   const int64_t* s_order, const T* width, const T* coef, T* out, int64_t length, int64_t dim,
                   int64_t row_begin, int64_t row_end) {
-  std::vector<double> sums(dim);
   for (int64_t n = row_begin; n < row_end; ++n) {
     const int64_t at = n * length;
-    T* mean = vbar + n * dim;
-    real_mean(v + at * dim, order + at, count[n], length, dim, sums.data());
-    std::copy(sums.begin(), sums.end(), mean);  // rounded to T, as the kernels below read it
-    const Sources<T> keys{v + at * dim, order + at, t_sorted + at, nullptr, mean, count[n], dim};
+    const Sources<T> keys{v + at * dim, order + at, t_sorted + at, nullptr, count[n], dim};
     const double b = width[n];
     walk_windows(keys, s + at, s_order + at, length, width[n], [&](int64_t i, Windows<T>& w) {
       const double c = s[at + i], a = coef[at + i];
-      const double left_n = w.mid.at - w.lo.at, right_n = w.hi.at - w.mid.at;
-      const double left_t = w.mid.sum_x - w.lo.sum_x, right_t = w.hi.sum_x - w.mid.sum_x;
-      const double mass = a * ((b - c) * left_n + left_t + (b + c) * right_n - right_t);
       const double left_coef = a * (b - c), right_coef = a * (b + c);
       T* target = out + (at + i) * dim;
       WINDOW_ROWS(w);
@@ -172,47 +152,41 @@ void forward_rows(const T* v, const int64_t* order, const T* t_sorted, const int
       for (int64_t k = 0; k < dim; ++k) {
         const double left = mid[k] - lo[k], right = hi[k] - mid[k];
         const double left_x = mid_x[k] - lo_x[k], right_x = hi_x[k] - mid_x[k];
-        target[k] = static_cast<T>(left_coef * left + a * left_x + right_coef * right - a * right_x + mass * mean[k]);
+        target[k] = static_cast<T>(left_coef * left + a * left_x + right_coef * right - a * right_x);
       }
     }, [&](int64_t i) { prefetch_row_for_write(out + (at + i) * dim, dim); });
   }
 }
 
-// The queries' gradients, with g_i = dL/do_i and gv_i = g_i · vbar (window sums of v are those of w
-// plus vbar times the window's key count or score sum):
+// The queries' gradients, with g_i = dL/do_i:
 //   dL/ds_i = coef_i g_i · (Σ_{t∈(s,s+b)} v − Σ_{t∈(s−b,s)} v)         (keys tied with s_i drop out)
 //   dL/db  += coef_i / b · g_i · (s_i (L − R) + R_x − L_x)               (per query, summed by the caller)
 template <typename T>
-void query_grads_rows(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, const T* vbar,
-                      const T* s, const int64_t* s_order, const T* width, const T* coef, const T* g, T* grad_s,
-                      T* grad_b, int64_t length, int64_t dim, int64_t row_begin, int64_t row_end) {
+void query_grads_rows(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, const T* s,
+                      const int64_t* s_order, const T* width, const T* coef, const T* g, T* grad_s, T* grad_b,
+                      int64_t length, int64_t dim, int64_t row_begin, int64_t row_end) {
   for (int64_t n = row_begin; n < row_end; ++n) {
     const int64_t at = n * length;
-    const Sources<T> keys{v + at * dim, order + at, t_sorted + at, nullptr, vbar + n * dim, count[n], dim};
-    const T* mean = vbar + n * dim;
+    const Sources<T> keys{v + at * dim, order + at, t_sorted + at, nullptr, count[n], dim};
     const double b = width[n];
     walk_windows(keys, s + at, s_order + at, length, width[n], [&](int64_t i, Windows<T>& w) {
       const T* gi = g + (at + i) * dim;
       WINDOW_ROWS(w);
-      double g_left = 0.0, g_right = 0.0, g_left_x = 0.0, g_right_x = 0.0, g_mean = 0.0;
-#pragma omp simd reduction(+ : g_left, g_right, g_left_x, g_right_x, g_mean)
+      double left = 0.0, right = 0.0, left_x = 0.0, right_x = 0.0;
+#pragma omp simd reduction(+ : left, right, left_x, right_x)
       for (int64_t k = 0; k < dim; ++k) {
         const double gk = gi[k];
-        g_left += gk * (mid[k] - lo[k]);
-        g_right += gk * (hi[k] - mid[k]);
-        g_left_x += gk * (mid_x[k] - lo_x[k]);
-        g_right_x += gk * (hi_x[k] - mid_x[k]);
-        g_mean += gk * static_cast<double>(mean[k]);
+        left += gk * (mid[k] - lo[k]);
+        right += gk * (hi[k] - mid[k]);
+        left_x += gk * (mid_x[k] - lo_x[k]);
+        right_x += gk * (hi_x[k] - mid_x[k]);
       }
-      const int64_t tied = w.tied(keys, s[at + i]);  // the left window without the tied keys
-      double g_tied_left = g_left;
-      for (int64_t k = 0; tied > 0 && k < dim; ++k) g_tied_left -= static_cast<double>(gi[k]) * w.tied_rows[k];
+      double tied_left = left;  // the left window without the tied keys
+      if (w.tied(keys, s[at + i]) > 0) {
+        for (int64_t k = 0; k < dim; ++k) tied_left -= static_cast<double>(gi[k]) * w.tied_rows[k];
+      }
       const double c = s[at + i], a = coef[at + i];
-      const double left_n = w.mid.at - w.lo.at, right_n = w.hi.at - w.mid.at, strict_left_n = left_n - tied;
-      const double left_t = w.mid.sum_x - w.lo.sum_x, right_t = w.hi.sum_x - w.mid.sum_x;
-      grad_s[at + i] = static_cast<T>(a * ((g_right + g_mean * right_n) - (g_tied_left + g_mean * strict_left_n)));
-      const double left = g_left + g_mean * left_n, right = g_right + g_mean * right_n;
-      const double left_x = g_left_x + g_mean * left_t, right_x = g_right_x + g_mean * right_t;
+      grad_s[at + i] = static_cast<T>(a * (right - tied_left));
       grad_b[at + i] = static_cast<T>(a / b * (c * (left - right) + right_x - left_x));
     }, [&](int64_t i) { prefetch_row(g + (at + i) * dim, dim); });
   }
@@ -228,7 +202,7 @@ void key_grads_rows(const T* g, const int64_t* s_order, const T* s_sorted, const
                     int64_t length, int64_t dim, int64_t row_begin, int64_t row_end) {
   for (int64_t n = row_begin; n < row_end; ++n) {
     const int64_t at = n * length;
-    const Sources<T> queries{g + at * dim, s_order + at, s_sorted + at, coef + at, nullptr, length, dim};
+    const Sources<T> queries{g + at * dim, s_order + at, s_sorted + at, coef + at, length, dim};
     const double b = width[n];
     walk_windows(queries, t + at, order + at, count[n], width[n], [&](int64_t j, Windows<T>& w) {
       const double c = t[at + j];
@@ -266,24 +240,23 @@ void key_grads_rows(const T* g, const int64_t* s_order, const T* s_sorted, const
 
 // Every array contiguous, rows n in [row_begin, row_end) of N (over `threads` threads, parallel_rows.h): v, g, out, grad_v (N, length, dim); order
 // (keys by ascending score, the count[n] real ones first) and t_sorted, s_order (every query by ascending
-// score) and s_sorted, s, t, coef, grad_s, grad_b (N, length); count (N) real keys; vbar (N, dim) the
-// mean of the real values (the forward writes it, the queries' gradients read it); width (N) the
+// score) and s_sorted, s, t, coef, grad_s, grad_b (N, length); count (N) real keys; width (N) the
 // bandwidth.
 #define ATTNLAB_FORWARD(NAME, T) \
-  void NAME(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, T* vbar, const T* s, \
+  void NAME(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, const T* s, \
             const int64_t* s_order, const T* width, const T* coef, T* out, int64_t length, int64_t dim, \
             int64_t row_begin, int64_t row_end, int64_t threads) { \
     parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
-      forward_rows(v, order, t_sorted, count, vbar, s, s_order, width, coef, out, length, dim, begin, end); \
+      forward_rows(v, order, t_sorted, count, s, s_order, width, coef, out, length, dim, begin, end); \
     }); \
   }
 #define ATTNLAB_QUERY_GRADS(NAME, T) \
-  void NAME(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, const T* vbar, const T* s, \
+  void NAME(const T* v, const int64_t* order, const T* t_sorted, const int64_t* count, const T* s, \
             const int64_t* s_order, const T* width, const T* coef, const T* g, T* grad_s, T* grad_b, int64_t length, \
             int64_t dim, int64_t row_begin, int64_t row_end, int64_t threads) { \
     parallel_rows(row_begin, row_end, threads, [&](int64_t begin, int64_t end) { \
-      query_grads_rows(v, order, t_sorted, count, vbar, s, s_order, width, coef, g, grad_s, grad_b, length, dim, \
-                       begin, end); \
+      query_grads_rows(v, order, t_sorted, count, s, s_order, width, coef, g, grad_s, grad_b, length, dim, begin, \
+                       end); \
     }); \
   }
 #define ATTNLAB_KEY_GRADS(NAME, T) \

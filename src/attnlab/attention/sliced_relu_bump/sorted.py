@@ -99,13 +99,11 @@ class SlicedReLUBump(torch.autograd.Function):
             real = real_keys(valid, n_rows, length)
             s_sorted, s_order = sort_rows(s)  # every query (dropped ones: s = 0, coef = 0)
             v, coef, width = v.contiguous(), coef.contiguous(), b.reshape(-1).contiguous()
-            out, vbar = torch.empty_like(v), v.new_empty(n_rows, v.shape[-1])  # vbar: the kernel's
-            arrays = (v, order, t_sorted, real, vbar, s, s_order, width, coef, out)
+            out = torch.empty_like(v)
+            arrays = (v, order, t_sorted, real, s, s_order, width, coef, out)
             native.call_rows(ctx.kernels.forward, arrays, v.shape)
             nan_rows(out, bad, queries)
-            ctx.save_for_backward(
-                s, t.contiguous(), v, width, order, t_sorted, real, vbar, s_sorted, s_order, coef
-            )
+            ctx.save_for_backward(s, t.contiguous(), v, width, order, t_sorted, real, s_sorted, s_order, coef)
             ctx.valid, ctx.queries, ctx.bad = valid, queries, bad
             return out
         # Tables of the centred values w = v - vbar (running totals stay of order sqrt(T) instead of
@@ -150,9 +148,9 @@ class SlicedReLUBump(torch.autograd.Function):
     @staticmethod
     def _kernel_gradients(ctx, grad_out):
         """The CPU: the queries' side and the keys' side in one walk each (``cpu_kernels.cpp``)."""
-        s, t, v, width, order, t_sorted, real, vbar, s_sorted, s_order, coef = ctx.saved_tensors
+        s, t, v, width, order, t_sorted, real, s_sorted, s_order, coef = ctx.saved_tensors
         grad_s, grad_b = torch.empty_like(s), torch.empty_like(s)
-        arrays = (v, order, t_sorted, real, vbar, s, s_order, width, coef, grad_out, grad_s, grad_b)
+        arrays = (v, order, t_sorted, real, s, s_order, width, coef, grad_out, grad_s, grad_b)
         native.call_rows(ctx.kernels.query_grads, arrays, v.shape)
         grad_v, grad_t = torch.empty_like(v), torch.empty_like(t)
         arrays = (grad_out, s_order, s_sorted, coef, v, order, real, t, width, grad_v, grad_t)
@@ -254,8 +252,8 @@ def key_gradients(grad_out, q_order, s_sorted, windows, t, v, b, coef, buffer=No
 KERNELS = KERNEL_SOURCES["bump"]  # cpu_kernels.cpp beside this file (path.py's crossover reads it too)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = {
-    "sliced_relu_bump_forward": [_P] * 10 + [_I] * 5,
-    "sliced_relu_bump_query_grads": [_P] * 12 + [_I] * 5,
+    "sliced_relu_bump_forward": [_P] * 9 + [_I] * 5,
+    "sliced_relu_bump_query_grads": [_P] * 11 + [_I] * 5,
     "sliced_relu_bump_key_grads": [_P] * 11 + [_I] * 5,
 }
 
