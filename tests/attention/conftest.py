@@ -1,6 +1,7 @@
 """Every test starts with no first-use verdict on the Triton kernels (``selfcheck.trusted``): a test
 that breaks a kernel on purpose must not leave the torch fallback to the tests after it. ``cpu_code``
-runs a test by the C++ kernels and by the torch code."""
+runs a test by the C++ kernels and by the torch code; ``interpret`` runs the Triton kernels under
+Triton's interpreter."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ CPU_KERNELS = [
     causal_native.SOURCE,
     *dict.fromkeys(KERNEL_SOURCES.values()),
 ]
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """The Triton kernels under Triton's interpreter: on the CPU, for this test only."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

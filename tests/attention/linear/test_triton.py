@@ -16,11 +16,6 @@ from attnlab.attention.linear.ops import linear_attention  # noqa: E402
 F64 = torch.float64
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def qkv(batch, heads, length, dim, dim_v, seed=0, dtype=torch.float32, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
     shapes = [(batch, heads, length, dim)] * 2 + [(batch, heads, length, dim_v)]

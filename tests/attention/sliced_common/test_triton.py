@@ -24,11 +24,6 @@ OPS = {
 }
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def inputs(batch, heads, length, dim, seed=0, dtype=F64, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
     s, t = (torch.randn(batch, heads, length, generator=gen, dtype=F64) for _ in range(2))

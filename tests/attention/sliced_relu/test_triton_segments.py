@@ -18,11 +18,6 @@ from packed_rows import LONG, SHORT, packed_inputs  # noqa: E402
 F64 = torch.float64
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 # the short rows in every form in the fast suite (their segments cross chunks of 16 too); the long
 # ones, 5-8 s each interpreted, slow
 CASES = [

@@ -28,11 +28,6 @@ F64 = torch.float64
 NAMES = ["output", "grad s", "grad t", "grad v", "grad bandwidth"]
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def inputs(batch, length, dim, offset, bandwidth, padded_from=None):
     """float32 inputs (one head), with key padding from ``padded_from`` in the last batch row."""
     gen = torch.Generator().manual_seed(length)

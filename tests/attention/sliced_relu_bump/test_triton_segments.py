@@ -21,11 +21,6 @@ HEADS = 2  # packed_inputs' heads
 SMALL_BLOCKS = {"sinks": 32, "query_sinks": 32, "key_sinks": 32, "sources": 16, "table": 32, "block_d": 16}
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 # the short rows in every form; the long ones (4-5 s each interpreted) in small blocks in the fast suite
 CASES = [
     *(

@@ -23,8 +23,8 @@ TUNING = {"sinks": 64, "query_sinks": 32, "key_sinks": 64, "sources": 16, "table
 
 
 @pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def interpret(interpret, monkeypatch):
+    """The shared interpreter fixture, with this file's tile sizes."""
     for name, value in TUNING.items():
         monkeypatch.setattr(triton_bump.BUMP, name, value)
 

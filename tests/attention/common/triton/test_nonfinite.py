@@ -30,11 +30,6 @@ BAD = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
 LENGTH = 13
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def inputs(value, masked, dtype=F64):
     """Rows (b, h): (0, 1) has a bad key score, (1, 0) a bad query score; (0, 0) and (1, 1) are
     clean, and with ``masked`` batch 1 is padded from position 9 with bad scores there."""
