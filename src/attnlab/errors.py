@@ -19,6 +19,13 @@ class CheckpointError(UserError):
     """A checkpoint that cannot be used (the message names the file and what is wrong with it)."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (its type's name where it has none): the reason a one-line
+    warning or error message gives for what it caught."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def user_error(error: BaseException) -> UserError | None:
     """The `UserError` behind ``error``, if any.
 

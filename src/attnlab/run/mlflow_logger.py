@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnlab.errors import UserError
+from attnlab.errors import UserError, first_line
 from attnlab.files import file_lock
 
 if TYPE_CHECKING:
@@ -71,9 +71,8 @@ def prepare_mlflow_store(
 
 
 def _store_error(db: Path, err: Exception) -> MlflowStoreError:
-    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return MlflowStoreError(
-        f"cannot open the MLflow store {db}: {first_line}. If an earlier crash left it half-created, "
+        f"cannot open the MLflow store {db}: {first_line(err)}. If an earlier crash left it half-created, "
         f"upgrade it (`mlflow db upgrade sqlite:///{db}`) or move it aside to start a new one "
         "(the runs' summary.json files are not affected)"
     )

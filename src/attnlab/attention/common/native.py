@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from attnlab.errors import first_line
+
 log = logging.getLogger(__name__)
 
 #: set to "off" to use the torch code instead of the C++ kernels
@@ -87,7 +89,9 @@ def _build(source: str) -> ctypes.CDLL | None:
         library = _load(cpp_extension, name, path)
     except Exception as error:  # no compiler, no ninja, a read-only cache: the torch code runs instead
         log.warning(
-            "C++ CPU kernels %s not built (%s): using the torch code, which is slower", name, _reason(error)
+            "C++ CPU kernels %s not built (%s): using the torch code, which is slower",
+            name,
+            first_line(error),
         )
         return None
     log.info("C++ CPU kernels %s ready in %.1f s (%s)", name, time.perf_counter() - started, library)
@@ -114,13 +118,9 @@ def _load(cpp_extension, name: str, path: Path) -> str:
     except Exception as error:  # noqa: BLE001 - one more try, without OpenMP; its failure is the caller's
         without = load(openmp=False)
         log.warning(
-            "C++ CPU kernels %s built without OpenMP (%s): each call on one thread", name, _reason(error)
+            "C++ CPU kernels %s built without OpenMP (%s): each call on one thread", name, first_line(error)
         )
         return without
-
-
-def _reason(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 #: a build takes about a second: a build lock older than this was left by a process that was killed

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.attention.common.packing import segment_mask
+from attnlab.errors import first_line
 
 OP = "softmax_attention_segments"
 
@@ -96,9 +97,8 @@ def _first_use_check(like: torch.Tensor, dim_v: int) -> bool:
                 if not torch.allclose(a.float(), b.float(), rtol=tol, atol=tol):
                     raise ValueError("FlexAttention disagrees with SDPA on the check's packed row")
     except Exception as error:  # noqa: BLE001 - any failure only costs the speed: SDPA runs instead
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         warnings.warn(
-            f"{OP}: FlexAttention is not used on {like.device} {like.dtype} ({reason}); "
+            f"{OP}: FlexAttention is not used on {like.device} {like.dtype} ({first_line(error)}); "
             "SDPA with a dense mask instead",
             RuntimeWarning,
             stacklevel=4,
